@@ -1,0 +1,1 @@
+"""Small, fully offline models and helpers for tests and dry runs."""

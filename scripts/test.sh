@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Run the whole test suite from a fresh machine with only python3: `scripts/test.sh [pytest args]`.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
+cd "$ROOT"
+start=$(date +%s)
+# Two workers on two cores; each worker keeps torch to one thread so they don't oversubscribe.
+set +e
+OMP_NUM_THREADS=1 python -m pytest -n 2 --dist loadfile -q "$@"
+status=$?
+set -e
+echo "[test] pytest finished in $(( $(date +%s) - start )) s with exit code $status" >&2
+exit $status
