@@ -7,11 +7,10 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from entropy_experiments.testing.tiny_model import add_random_lora, build_tiny_model_dir  # noqa: E402
-
+from entropy_experiments.testing.tiny_model import add_random_lora, build_tiny_model_dir
 
 
 @pytest.fixture(scope="session")

@@ -121,3 +121,28 @@ def add_random_lora(model, *, r: int = 4, alpha: int = 8, seed: int = 0, b_scale
             if "lora_B" in name:
                 param.normal_(0.0, b_scale)
     return peft_model.eval()
+
+
+TOY_TOKENS = ["<|im_end|>", "a", "b", "x"]
+
+
+def build_toy_enumerable_dir(path: str | Path, *, seed: int = 0, initializer_range: float = 0.8) -> Path:
+    """A 4-token LM ("<|im_end|>" = EOS = pad, "a", "b", "x") small enough to enumerate every response.
+
+    With the prompt "x" and max_new_tokens = 3 there are 1 + 3 + 9 + 27 = 40 possible responses, so
+    exact entropies and their derivatives can be computed by brute force for reference tests.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    core = Tokenizer(models.WordLevel({t: i for i, t in enumerate(TOY_TOKENS)}, unk_token="x"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|im_end|>",
+                                        unk_token="x", padding_side="left")
+    model = build_tiny_model(len(TOY_TOKENS), tokenizer.eos_token_id, seed=seed, hidden_size=16, num_layers=1,
+                             initializer_range=initializer_range)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
