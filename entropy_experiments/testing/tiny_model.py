@@ -114,12 +114,13 @@ def add_random_lora(model, *, r: int = 4, alpha: int = 8, seed: int = 0, b_scale
 
     lora_config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0,
                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, lora_config)
-    with torch.random.fork_rng(), torch.no_grad():
-        torch.manual_seed(seed)
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, b_scale)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)  # lora_A's initialisation draws from the global RNG too
+        peft_model = get_peft_model(model, lora_config)
+        with torch.no_grad():
+            for name, param in peft_model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, b_scale)
     return peft_model.eval()
 
 

@@ -1,0 +1,138 @@
+"""`entropy-probe` command line: run, demo, make-checkpoint, report.
+
+Every user mistake ends as ONE line on stderr and exit code 2 (a `ProbeError`); bugs keep their traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import ProbeError
+
+log = logging.getLogger("entropy_experiments")
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("entropy_experiments")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.propagate = False
+    for noisy in ("transformers", "peft", "accelerate"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def run_with_clean_errors(fn: Callable[[], object]) -> int:
+    """Call fn; a ProbeError becomes `error: <one line>` on stderr and its exit code (2)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        fn()
+        return 0
+    except ProbeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _load(args) -> object:
+    from .config import load_config
+    return load_config(getattr(args, "config", None), getattr(args, "set", None) or [])
+
+
+def cmd_run(args) -> None:
+    from .offline_entropy_probe import run_probe
+    if args.resume and args.out and Path(args.resume) != Path(args.out):
+        from .errors import ConfigError
+        raise ConfigError("--resume and --out name different directories; pass only --resume RUN_DIR")
+    run_probe(_load(args), out=args.out, resume=args.resume, overwrite=args.overwrite, dryrun=args.dryrun)
+
+
+def cmd_make_checkpoint(args) -> None:
+    from .training import make_checkpoint
+    make_checkpoint(args.out, _load(args), steps=args.steps)
+
+
+def demo_checkpoint_dir() -> Path:
+    from .model_loader import cache_root
+    return cache_root() / "demo_checkpoint"
+
+
+def cmd_demo(args) -> None:
+    """Embedded default end to end: cached make-checkpoint, then the probe with the shipped demo config."""
+    from .config import load_config, packaged_config_path
+    from .offline_entropy_probe import run_probe
+    from .training import make_checkpoint
+
+    config = load_config(packaged_config_path("demo"), args.set or [])
+    ckpt = demo_checkpoint_dir()
+    if not (ckpt / "checkpoint.json").exists():
+        log.info("demo: making the demo checkpoint once (%d Dr-GRPO steps) in %s", args.steps, ckpt)
+        make_checkpoint(ckpt, config, steps=args.steps)
+    else:
+        log.info("demo: reusing the cached demo checkpoint %s", ckpt)
+    config = config.model_copy(update={"checkpoint": config.checkpoint.model_copy(update={
+        "checkpoint_path": str(ckpt), "adapter_path": str(ckpt / "model"),
+        "optimizer_path": str(ckpt / "optimizer.pt")})})
+    out = args.out or str(Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_probe(config, out=out, overwrite=args.overwrite)
+
+
+def cmd_report(args) -> None:
+    from .results import load_results, plot_delta_h, print_summary
+    results = load_results(args.run_dir)
+    print_summary(results)
+    plot_delta_h(results, Path(args.run_dir) / "delta_h_vs_eta.png")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="entropy-probe", description=(
+        "Offline entropy probe: predicted (δH₁) vs measured (ΔH) entropy change of one AdamW step."))
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the probe on a config file")
+    run.add_argument("--config", required=True)
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    run.add_argument("--out", help="run directory (default: output.run_dir or runs/<timestamp>)")
+    run.add_argument("--resume", metavar="RUN_DIR", help="finish a run directory, reusing its saved batches")
+    run.add_argument("--overwrite", action="store_true", help="replace a run directory that holds another config")
+    run.add_argument("--dryrun", action="store_true", help="minimal sizes, print the summary, write nothing")
+    run.set_defaults(func=cmd_run)
+
+    demo = sub.add_parser("demo", help="the embedded default model end to end")
+    demo.add_argument("--out")
+    demo.add_argument("--steps", type=int, default=3, help="Dr-GRPO steps for the cached demo checkpoint")
+    demo.add_argument("--set", action="append", metavar="KEY=VALUE")
+    demo.add_argument("--overwrite", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+
+    mk = sub.add_parser("make-checkpoint", help="create a LoRA adapter + AdamW state with N Dr-GRPO steps")
+    mk.add_argument("--out", required=True)
+    mk.add_argument("--steps", type=int, default=2)
+    mk.add_argument("--config")
+    mk.add_argument("--set", action="append", metavar="KEY=VALUE")
+    mk.set_defaults(func=cmd_make_checkpoint)
+
+    report = sub.add_parser("report", help="re-render the summary and plot from RUN_DIR/results.json")
+    report.add_argument("run_dir")
+    report.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    return run_with_clean_errors(lambda: args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""ProbeComponents: pure compute on packed batches (no sampling).
+
+Given the evaluation batch E and the update batch U (batch dicts, see `batches.py`) it computes
+- Ȳ-side: the U gradient g = ∇L_U (Dr-GRPO, MATH.md §4), kept per group of prompts for the U jackknife,
+  and the update direction v per unit learning rate from the loaded AdamW state;
+- X-side: the E scores (ℓ_ik, H_ik and, with variance on, their forward-mode derivatives along v),
+  the surrogate coefficients and X̂ = ∇L_X by a microbatched backward (MATH.md §3);
+- bars_dot = X̂·v (float64) and δH₁ = lr·bars_dot.
+All teacher forcing goes through the SequenceProcessor; the model stays in eval() (no dropout).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from . import adam_preconditioner as adam
+from .batches import batch_to_sequences, subset_batch, zero_advantage_prompts
+from .errors import NumericsError
+from .losses import (
+    SurrogateCoefficients,
+    directional_pieces,
+    dr_grpo_loss,
+    surrogate_coefficients,
+    surrogate_loss,
+)
+
+NamedTensors = dict[str, Tensor]
+
+
+@dataclass
+class EScores:
+    """Teacher-forced quantities on E, one entry per sequence in (prompt, response) order.
+
+    token_logqs / token_entropies: ℓ_ik and H_ik, float64 [T_i]; d_logq / d_entropy: their directional
+    derivatives along v (per unit lr), or None when not requested; unit_of_sequence: the independent
+    unit (E prompt) each sequence belongs to, for the jackknife.
+    """
+
+    token_logqs: list[Tensor]
+    token_entropies: list[Tensor]
+    unit_of_sequence: list[int]
+    d_logq: list[Tensor] | None = None
+    d_entropy: list[Tensor] | None = None
+
+    @property
+    def lengths(self) -> Tensor:
+        return torch.tensor([len(x) for x in self.token_logqs], dtype=torch.float64)
+
+    @property
+    def seq_entropies(self) -> Tensor:
+        return torch.stack([h.sum() for h in self.token_entropies])
+
+
+@dataclass
+class UGradients:
+    """g = Σ_k g_k of the Dr-GRPO loss over K groups of U prompts (each g_k includes the 1/B_U factor)."""
+
+    total: NamedTensors
+    groups: list[NamedTensors]
+    group_sizes: list[int]
+    loss: float
+    zero_advantage_prompts: int
+
+
+@dataclass
+class DeltaH1Result:
+    delta_h1: float
+    bars_dot: float
+    learning_rate: float
+    Xbar: NamedTensors
+    Ybar: NamedTensors                      # v, the update direction per unit lr
+    coefficients: SurrogateCoefficients
+    scores: EScores
+    u_gradients: UGradients
+    update_info: dict
+    timings: dict = field(default_factory=dict)
+
+
+def _flatten(nested: list[list]) -> list:
+    return [x for row in nested for x in row]
+
+
+def chunked(items: list, size: int) -> list[list]:
+    """Consecutive slices of `items` of length `size` (the last may be shorter)."""
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def split_into_groups(n_items: int, n_groups: int) -> list[list[int]]:
+    """Contiguous near-equal groups of range(n_items) (numpy.array_split semantics)."""
+    return [list(map(int, g)) for g in np.array_split(np.arange(n_items), n_groups) if len(g)]
+
+
+class ProbeComponents:
+    """Pure compute on packed E / U batches; see the module docstring."""
+
+    def __init__(self, model, config, logger: logging.Logger | None = None, *, sequence_processor):
+        self.model = model
+        self.config = config
+        self.logger = logger or logging.getLogger("entropy_experiments.probe")
+        self.sp = sequence_processor
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("the model has no trainable parameters (is the LoRA adapter loaded trainable?)")
+        self.param_names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+
+    # ------------------------------------------------------------------ helpers
+    def _progress(self, iterable, desc: str, total: int | None = None):
+        return tqdm(iterable, desc=desc, total=total, leave=False, disable=None)
+
+    def _prompts_per_microbatch(self, batch: dict) -> int:
+        """Whole prompts per backward microbatch: estimator.microbatch_size sequences, at least one prompt."""
+        return max(1, self.config.estimator.microbatch_size // batch["num_responses_per_prompt"])
+
+    def _grad(self, loss: Tensor, where: str) -> list[Tensor]:
+        if not torch.isfinite(loss):
+            raise NumericsError(f"non-finite loss ({loss.item()}) in {where}")
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, self.params)]
+
+    def _zeros(self) -> NamedTensors:
+        return {n: torch.zeros_like(p, dtype=torch.float32) for n, p in zip(self.param_names, self.params)}
+
+    # ------------------------------------------------------------------ U side
+    def accumulate_sum_Y(self, U_batch: dict, groups: list[list[int]] | None = None) -> UGradients:
+        """∇L_U accumulated per group of prompts (default: one group). Zero-advantage prompts are skipped:
+        their contribution to the gradient is exactly zero."""
+        self.model.eval()
+        B_U = U_batch["num_prompts"]
+        groups = groups or [list(range(B_U))]
+        per_mb = self._prompts_per_microbatch(U_batch)
+        group_grads, total_loss = [], 0.0
+        active = (U_batch["advantages"].abs().sum(dim=1) > 0).tolist()
+        for k, group in enumerate(self._progress(groups, "U backward (Dr-GRPO gradient)")):
+            buf = self._zeros()
+            live = [p for p in group if active[p]]
+            for idx in chunked(live, per_mb):
+                sub = subset_batch(U_batch, idx)
+                lp = self.sp.teacher_force_logprobs(batch_to_sequences(sub), with_grad=True, compute_rb=False)
+                seq_sums = torch.stack([torch.stack([t.sum() for t in row]) for row in lp.token_logqs])
+                loss = dr_grpo_loss(seq_sums, sub["advantages"].to(seq_sums.device),
+                                    torch.tensor(sub["max_lengths"], device=seq_sums.device), B_U)
+                for name, g in zip(self.param_names, self._grad(loss, f"U backward, prompts {idx}")):
+                    buf[name] += g.float()
+                total_loss += float(loss.detach())
+            group_grads.append(buf)
+        total = self._zeros()
+        for buf in group_grads:
+            for name in total:
+                total[name] += buf[name]
+        return UGradients(total=total, groups=group_grads, group_sizes=[len(g) for g in groups],
+                          loss=total_loss, zero_advantage_prompts=zero_advantage_prompts(U_batch))
+
+    def learning_rate(self, optimizer) -> float:
+        """The configured learning_rate, else the optimizer's (all param groups must agree)."""
+        if self.config.learning_rate is not None:
+            return float(self.config.learning_rate)
+        lrs = {float(g["lr"]) for g in optimizer.param_groups}
+        if len(lrs) != 1:
+            raise ValueError(f"param groups have different learning rates {sorted(lrs)}; set learning_rate in the config")
+        return lrs.pop()
+
+    def update_direction(self, grads: NamedTensors, optimizer) -> tuple[NamedTensors, dict]:
+        """v per unit lr from g and the optimizer's saved state (MATH.md §4) + a description of it."""
+        est = self.config.estimator
+        params = {n: p.detach() for n, p in zip(self.param_names, self.params)}
+        hyper = adam.hyper_by_name(optimizer, self.param_names)
+        state = adam.adam_state_by_name(optimizer, self.param_names)
+        v = adam.update_direction(est.update_direction, params, grads, state, hyper, max_grad_norm=est.max_grad_norm)
+        grad_norm, coef = adam.clip_coefficient(grads, est.max_grad_norm)
+        first = hyper[self.param_names[0]]
+        info = {
+            "direction": est.update_direction,
+            "norm": adam.named_norm(v),
+            "grad_norm": grad_norm,
+            "clipped": bool(coef < 1.0),
+            "max_grad_norm": est.max_grad_norm,
+            "hyperparameters": {"lr": first.lr, "betas": [first.beta1, first.beta2], "eps": first.eps,
+                                "weight_decay": first.weight_decay, "amsgrad": first.amsgrad,
+                                "step": int(state[self.param_names[0]]["step"])},
+        }
+        return v, info
+
+    # ------------------------------------------------------------------ E side
+    def score_E(self, E_batch: dict, v_named: NamedTensors | None = None) -> EScores:
+        """ℓ_ik and H_ik on E (no graph); with `v_named`, also their exact derivatives along v (forward mode)."""
+        seqs = batch_to_sequences(E_batch)
+        G = E_batch["num_responses_per_prompt"]
+        units = [b for b in range(E_batch["num_prompts"]) for _ in range(G)]
+        if v_named is not None:
+            rows = _flatten(self.sp.teacher_force_directional(seqs, v_named))
+            return EScores(token_logqs=[r["logq"].double() for r in rows],
+                           token_entropies=[r["rb_entropy"].double() for r in rows],
+                           d_logq=[r["d_logq"].double() for r in rows],
+                           d_entropy=[r["d_rb_entropy"].double() for r in rows], unit_of_sequence=units)
+        lp = self.sp.teacher_force_logprobs(seqs, with_grad=False, compute_rb=True)
+        return EScores(token_logqs=[torch.as_tensor(t).double() for t in _flatten(lp.token_logqs)],
+                       token_entropies=[torch.as_tensor(h).double() for h in _flatten(lp.rb_entropies)],
+                       unit_of_sequence=units)
+
+    def coefficients(self, scores: EScores) -> SurrogateCoefficients:
+        est = self.config.estimator
+        return surrogate_coefficients(scores.token_entropies, normalize=est.normalize, x_mode=est.x_mode,
+                                      baseline=est.baseline)
+
+    def accumulate_sum_X(self, E_batch: dict, coefs: SurrogateCoefficients) -> NamedTensors:
+        """X̂ = ∇L_X by a microbatched backward of the surrogate (MATH.md §3), fp32 buffers."""
+        self.model.eval()
+        G = E_batch["num_responses_per_prompt"]
+        X = self._zeros()
+        for idx in self._progress(chunked(list(range(E_batch["num_prompts"])), self._prompts_per_microbatch(E_batch)),
+                                  "E backward (entropy surrogate)"):
+            sub = subset_batch(E_batch, idx)
+            lp = self.sp.teacher_force_logprobs(batch_to_sequences(sub), with_grad=True, compute_rb=True)
+            seq_ids = [b * G + g for b in idx for g in range(G)]
+            loss = surrogate_loss(_flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch),
+                                  [coefs.coefficient(n) for n in seq_ids], coefs.D)
+            for name, g in zip(self.param_names, self._grad(loss, f"E backward, prompts {idx}")):
+                X[name] += g.float()
+        return X
+
+    # ------------------------------------------------------------------ the pure entry point
+    def compute_delta_h1_from_batches(self, E_batch: dict, U_batch: dict, optimizer, *,
+                                      u_groups: list[list[int]] | None = None,
+                                      per_sequence_pieces: bool = False) -> DeltaH1Result:
+        """δH₁ = lr · X̂·v from packed batches and the loaded optimizer.
+
+        U goes first because v is needed for the forward-mode E pass when `per_sequence_pieces` is on
+        (that pass then also yields ℓ, H, so E is scored once). Returns a `DeltaH1Result`; its dict view
+        `as_dict()`-style keys delta_h1, bars_dot, Xbar, Ybar, timings follow the seeds.
+        """
+        timings = {}
+        t0 = time.perf_counter()
+        u_grads = self.accumulate_sum_Y(U_batch, u_groups)
+        v, info = self.update_direction(u_grads.total, optimizer)
+        info["u_loss"] = u_grads.loss
+        timings["U_gradient_and_direction"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        scores = self.score_E(E_batch, v if per_sequence_pieces else None)
+        coefs = self.coefficients(scores)
+        timings["E_scoring"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        X = self.accumulate_sum_X(E_batch, coefs)
+        timings["E_backward"] = time.perf_counter() - t0
+
+        lr = self.learning_rate(optimizer)
+        bars_dot = adam.named_dot(X, v)
+        return DeltaH1Result(delta_h1=lr * bars_dot, bars_dot=bars_dot, learning_rate=lr, Xbar=X, Ybar=v,
+                             coefficients=coefs, scores=scores, u_gradients=u_grads, update_info=info,
+                             timings=timings)
+
+    def pieces(self, result: DeltaH1Result) -> tuple[Tensor, Tensor]:
+        """(a [N], r [N]) per-sequence directional pieces; Σ gives X̂·v = (Σa − Ĥ Σr)/D."""
+        s = result.scores
+        if s.d_logq is None:
+            raise ValueError("per-sequence pieces need compute_delta_h1_from_batches(per_sequence_pieces=True)")
+        return directional_pieces(s.d_logq, s.d_entropy, result.coefficients)

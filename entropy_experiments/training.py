@@ -1,0 +1,70 @@
+"""`make-checkpoint`: a real LoRA adapter with a real AdamW state, from a few Dr-GRPO steps.
+
+Users without a checkpoint (and the tests) get one this way. Each step samples B_U distinct prompts
+× G responses through the SequenceProcessor, takes the gradient of the same Dr-GRPO loss the probe
+uses (`ProbeComponents.accumulate_sum_Y`), clips it and steps AdamW; then `save_checkpoint` writes
+model/, optimizer.pt, optimizer_param_names.json and checkpoint.json.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .config import ProbeConfig
+from .sampling import draw_index_plan, sample_batch
+
+log = logging.getLogger("entropy_experiments.training")
+
+
+def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2, lr: float = 1e-5,
+                    weight_decay: float = 0.01, max_grad_norm: float = 1.0, lora_r: int = 8,
+                    lora_alpha: int = 16, logger: logging.Logger | None = None) -> Path:
+    """Create a LoRA adapter on `config.checkpoint.base_model`, train it `steps` Dr-GRPO steps, save it."""
+    from .datasets import load_examples
+    from .model_loader import create_lora_model, load_tokenizer, save_checkpoint, trainable_named_parameters
+    from .probe_components import ProbeComponents
+    from .utils.sequence_processor import SequenceProcessor
+
+    logger = logger or log
+    if steps < 0:
+        raise ValueError("--steps must be >= 0")
+    ck, bc = config.checkpoint, config.batch_config
+    torch.manual_seed(config.seed)
+    model = create_lora_model(ck.base_model, r=lora_r, alpha=lora_alpha, dropout=0.0, dtype="fp32",
+                              device_map=ck.device_map, seed=config.seed)
+    model.eval()  # dropout is 0 anyway; the probe's passes also run in eval()
+    tokenizer = load_tokenizer(ck.base_model, trust_remote_code=ck.trust_remote_code)
+    sp = SequenceProcessor(model, tokenizer, config=config, logger=logger)
+    components = ProbeComponents(model, config, logger, sequence_processor=sp)
+    named = trainable_named_parameters(model)
+    params = [p for _, p in named]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    examples = load_examples(bc.dataset_name, bc.split, dataset_path=bc.dataset_path, pool_size=bc.pool_size)
+
+    mean_rewards = []
+    for step in tqdm(range(steps), desc="make-checkpoint (Dr-GRPO steps)", disable=None):
+        plan = draw_index_plan(len(examples), B_E=1, B_U=bc.B_U, G=bc.G, E_sampling_mode="replacement",
+                               seed=config.seed + 1000 * (step + 1))
+        U = sample_batch(sp, examples, plan.U_prompt_indices, bc.G, seed=config.seed + 1000 * (step + 1) + 1,
+                         with_rewards=True)
+        grads = components.accumulate_sum_Y(U).total
+        for name, p in named:
+            p.grad = grads[name].to(p.dtype)
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        mean_rewards.append(float(sum(map(sum, U["rewards"])) / (bc.B_U * bc.G)))
+        logger.info("make-checkpoint step %d/%d: mean reward %.3f", step + 1, steps, mean_rewards[-1])
+
+    save_checkpoint(model, optimizer, out_dir, base_model=ck.base_model, step=steps, lr=lr,
+                          weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                          lora={"r": lora_r, "alpha": lora_alpha, "dropout": 0.0,
+                                "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+                          data={"dataset_name": bc.dataset_name, "split": bc.split, "B_U": bc.B_U, "G": bc.G},
+                          mean_rewards=mean_rewards)
+    logger.info("checkpoint written to %s", out_dir)
+    return Path(out_dir)
