@@ -224,3 +224,12 @@ def test_register_reward_adds_a_name_used_in_errors():
             register_reward("test_only_short")(lambda p, r, e: [])
     finally:
         REWARD_REGISTRY.pop("test_only_short")
+
+
+def test_math_density_is_graded_and_bounded():
+    from entropy_experiments.rewards import compute_rewards, get_reward
+
+    fn = get_reward("math_density")
+    ex = Example(question="q", answer="1", text="q", meta={"global_prompt_id": 0, "dataset": "t", "split": "train"})
+    scores = compute_rewards(fn, "q", ["12 + 3 = 15", "no digits here", "", "a1"], ex)
+    assert scores == [1.0, 0.0, 0.0, 0.5]

@@ -1,4 +1,4 @@
-"""Rewards: `get_reward(spec)` resolves a registered name ('tag_pref', 'zero') or
+"""Rewards: `get_reward(spec)` resolves a registered name ('tag_pref', 'zero', 'math_density') or
 'package.module:function'; `compute_rewards` is the validating wrapper every caller uses;
 `reward_warnings()` lists the once-per-process warnings for results.json.
 """
