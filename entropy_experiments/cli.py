@@ -49,10 +49,14 @@ def _load(args) -> object:
 
 
 def cmd_run(args) -> None:
+    from .errors import ConfigError
     from .offline_entropy_probe import run_probe
     if args.resume and args.out and Path(args.resume) != Path(args.out):
-        from .errors import ConfigError
         raise ConfigError("--resume and --out name different directories; pass only --resume RUN_DIR")
+    if args.config is None:
+        if not args.resume:
+            raise ConfigError("run needs --config FILE (or --resume RUN_DIR to finish a run with its saved config)")
+        args.config = str(Path(args.resume) / "config.yaml")  # the resolved config the run directory holds
     run_probe(_load(args), out=args.out, resume=args.resume, overwrite=args.overwrite, dryrun=args.dryrun)
 
 
@@ -100,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the probe on a config file")
-    run.add_argument("--config", required=True)
+    run.add_argument("--config", help="probe config YAML (default with --resume: RUN_DIR/config.yaml)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     run.add_argument("--out", help="run directory (default: output.run_dir or runs/<timestamp>)")
     run.add_argument("--resume", metavar="RUN_DIR", help="finish a run directory, reusing its saved batches")
@@ -129,7 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse already printed its usage line; return its code like every other error
+        return int(exc.code or 0)
     _setup_logging(args.verbose)
     return run_with_clean_errors(lambda: args.func(args))
 

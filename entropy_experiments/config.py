@@ -254,7 +254,8 @@ class VarianceSection(_Section):
 
     enabled: bool = True
     u_groups: int | None = Field(None, ge=2)  # None: min(B_U, 8)
-    directional: Literal["jvp", "central_difference"] = "jvp"
+    # How the per-sequence pieces D_v(...) are obtained: auto = backward_hooks when possible, else jvp.
+    directional: Literal["auto", "backward_hooks", "jvp"] = "auto"
 
 
 class RewardSection(_Section):

@@ -84,6 +84,21 @@ class SurrogateCoefficients:
         return self.alpha[i] - self.H_hat * self.beta[i]
 
 
+def sequence_coefficients(token_entropies: Tensor, *, normalize: str, x_mode: str) -> tuple[Tensor, Tensor]:
+    """(alpha_i, beta_i) [T_i] of ONE sequence before any baseline: they depend only on its own H_ik.
+
+    causal: alpha = G_ik, beta = R_ik (per_token) or 0 (per_sequence); full_return: alpha = h_i,
+    beta = T_i (per_token) or 1 (per_sequence). float64, no graph.
+    """
+    h = token_entropies.detach().to(torch.float64)
+    T = len(h)
+    if x_mode == "causal":
+        beta = tokens_to_go(T) if normalize == "per_token" else torch.zeros(T, dtype=torch.float64)
+        return entropy_to_go(h), beta
+    return h.sum().expand(T).clone(), torch.full((T,), float(T) if normalize == "per_token" else 1.0,
+                                                  dtype=torch.float64)
+
+
 def surrogate_coefficients(token_entropies: list[Tensor], *, normalize: str, x_mode: str,
                            baseline: str) -> SurrogateCoefficients:
     """Build the L_X coefficients from the RB entropies H_ik of each E sequence (no grad, float64).
@@ -103,14 +118,10 @@ def surrogate_coefficients(token_entropies: list[Tensor], *, normalize: str, x_m
     D = normalizer(lengths, normalize)
 
     alpha, beta = [], []
-    for h_i, seq_entropy in zip(H, seq_h):
-        T = len(h_i)
-        if x_mode == "causal":
-            alpha.append(entropy_to_go(h_i))
-            beta.append(tokens_to_go(T) if normalize == "per_token" else torch.zeros(T, dtype=torch.float64))
-        else:
-            alpha.append(seq_entropy.expand(T).clone())
-            beta.append(torch.full((T,), float(T) if normalize == "per_token" else 1.0, dtype=torch.float64))
+    for h_i in H:
+        alpha_i, beta_i = sequence_coefficients(h_i, normalize=normalize, x_mode=x_mode)
+        alpha.append(alpha_i)
+        beta.append(beta_i)
 
     if baseline == "loo_position":
         alpha = _subtract_loo_position_baseline(alpha, beta, H_hat)
@@ -142,10 +153,16 @@ def surrogate_loss(token_logqs: list[Tensor], token_entropies: list[Tensor], coe
     token_logqs / token_entropies: per-sequence [T_i] tensors carrying the graph; coefficients: the
     matching [T_i] stop-gradient weights. Summing the microbatch losses gives L_X of the whole batch.
     """
+    entropy_sum = sum(ent.sum() for ent in token_entropies)
+    return (entropy_sum + weighted_logq_sum(token_logqs, coefficients)) / D
+
+
+def weighted_logq_sum(token_logqs: list[Tensor], weights: list[Tensor]) -> Tensor:
+    """Σ_i Σ_k sg(w_ik)·ℓ_ik (graph through ℓ only).  Per-sequence [T_i] tensors → scalar."""
     total = 0.0
-    for logq, ent, coef in zip(token_logqs, token_entropies, coefficients):
-        total = total + ent.sum() + (coef.detach().to(logq.dtype) * logq).sum()
-    return total / D
+    for logq, w in zip(token_logqs, weights):
+        total = total + (w.detach().to(logq.dtype) * logq).sum()
+    return total
 
 
 def directional_pieces(d_logq: list[Tensor], d_entropy: list[Tensor],

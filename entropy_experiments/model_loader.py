@@ -26,13 +26,13 @@ import logging
 import os
 import pickle
 import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import io_utils
 from .errors import CheckpointError, ConfigError, DeviceError, OptimizerStateError, closest_match
 
 logger = logging.getLogger(__name__)
@@ -100,50 +100,8 @@ def resolve_device(device_map: str = "auto") -> str:
     raise ConfigError(f"checkpoint.device_map: {device_map!r} is not a device ({_DEVICE_HINT})")
 
 
-def _umask_mode(is_dir: bool) -> int:
-    """Permissions a plain mkdir/open would give (mkstemp/mkdtemp use private 0o600/0o700)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return (0o777 if is_dir else 0o666) & ~umask
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """Call `write(tmp_path)` then rename onto `path`, so readers never see a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, _umask_mode(is_dir=False))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-
-
-def _atomic_replace_dir(final: Path, fill: Any) -> None:
-    """Call `fill(tmp_dir)` then move the directory into place at `final` (replacing it)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    try:
-        fill(tmp)
-        os.chmod(tmp, _umask_mode(is_dir=True))
-        old = None
-        if final.exists():
-            # A directory cannot be renamed onto a non-empty one: move the old one aside first.
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
-            os.rename(final, old / final.name)
-        os.rename(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+# Kept under its old name for callers and tests: `fill(tmp_dir)` then move the directory into place.
+_atomic_replace_dir = io_utils.atomic_replace_dir
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:
@@ -230,7 +188,7 @@ def _convert_embedded_model(target: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 
-    _atomic_replace_dir(target, fill)
+    io_utils.atomic_replace_dir(target, fill)
     logger.info("Embedded model ready at %s", target)
 
 
@@ -581,10 +539,10 @@ def save_checkpoint(model: Any, optimizer: torch.optim.Optimizer, out_dir: str |
     }
     info.update(meta)
 
-    _atomic_replace_dir(out / ADAPTER_SUBDIR, lambda tmp: model.save_pretrained(str(tmp)))
-    _atomic_write(out / OPTIMIZER_FILE, lambda tmp: torch.save(optimizer.state_dict(), tmp))
-    _atomic_write_text(out / PARAM_NAMES_FILE, json.dumps(param_names, indent=1) + "\n")
-    _atomic_write_text(out / CHECKPOINT_META_FILE, json.dumps(info, indent=2, sort_keys=True) + "\n")
+    io_utils.atomic_replace_dir(out / ADAPTER_SUBDIR, lambda tmp: model.save_pretrained(str(tmp)))
+    io_utils.atomic_write(out / OPTIMIZER_FILE, lambda f: torch.save(optimizer.state_dict(), f))
+    io_utils.atomic_write_text(out / PARAM_NAMES_FILE, json.dumps(param_names, indent=1) + "\n")
+    io_utils.atomic_write_text(out / CHECKPOINT_META_FILE, json.dumps(info, indent=2, sort_keys=True) + "\n")
     return out
 
 

@@ -214,9 +214,10 @@ class OfflineEntropyProbe:
             from_pieces, se["E"] = cv.se_E(a, r, seq_h, lengths, scores.unit_of_sequence,
                                            normalize=cfg.estimator.normalize, learning_rate=lr)
             rel = abs(from_pieces - res.delta_h1) / max(abs(res.delta_h1), 1e-300)
-            consistency = {"deltaH1_from_pieces": from_pieces, "relative_difference": rel}
+            consistency = {"deltaH1_from_pieces": from_pieces, "relative_difference": rel,
+                           "pieces_method": res.pieces_method}
             if rel > 1e-3:
-                self._warn(f"per-sequence pieces (forward mode) disagree with the backward X̂·v by {rel:.2e} "
+                self._warn(f"per-sequence pieces disagree with the backward X̂·v by {rel:.2e} "
                            "relative; error bars may be unreliable")
             if len(u_groups) >= 2:
                 loo = cv.leave_one_group_out_directions(components, res.u_gradients, self.optimizer)

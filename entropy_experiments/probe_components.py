@@ -3,8 +3,13 @@
 Given the evaluation batch E and the update batch U (batch dicts, see `batches.py`) it computes
 - Ȳ-side: the U gradient g = ∇L_U (Dr-GRPO, MATH.md §4), kept per group of prompts for the U jackknife,
   and the update direction v per unit learning rate from the loaded AdamW state;
-- X-side: the E scores (ℓ_ik, H_ik and, with variance on, their forward-mode derivatives along v),
-  the surrogate coefficients and X̂ = ∇L_X by a microbatched backward (MATH.md §3);
+- X-side: X̂ = ∇L_X by a microbatched backward (MATH.md §3). With baseline none one pass suffices:
+  L_X = (L_α − Ĥ·L_β)/D where L_α = Σ[H_ik + α_ik ℓ_ik] and L_β = Σ β_ik ℓ_ik need only each
+  sequence's own entropies, so each microbatch's forward feeds two backward passes (∇L_α, ∇L_β) and
+  Ĥ, D are applied at the end. The per-sequence pieces a_i = D_v L_α,i, r_i = D_v L_β,i for the error
+  bars come out of the same backward passes (`row_directional`). With the loo_position baseline the
+  coefficients need every sequence first: E is scored with forward-mode derivatives (jvp), then one
+  backward of the full surrogate runs;
 - bars_dot = X̂·v (float64) and δH₁ = lr·bars_dot.
 All teacher forcing goes through the SequenceProcessor; the model stays in eval() (no dropout).
 """
@@ -27,9 +32,13 @@ from .losses import (
     SurrogateCoefficients,
     directional_pieces,
     dr_grpo_loss,
+    entropy_estimate,
+    sequence_coefficients,
     surrogate_coefficients,
     surrogate_loss,
+    weighted_logq_sum,
 )
+from .row_directional import RowDirectionalDerivatives, linear_directions
 
 NamedTensors = dict[str, Tensor]
 
@@ -81,6 +90,8 @@ class DeltaH1Result:
     u_gradients: UGradients
     update_info: dict
     timings: dict = field(default_factory=dict)
+    pieces: tuple[Tensor, Tensor] | None = None   # (a [N], r [N]) when the E pass produced them
+    pieces_method: str | None = None               # "backward_hooks" | "jvp" | None (not computed)
 
 
 def _flatten(nested: list[list]) -> list:
@@ -119,10 +130,10 @@ class ProbeComponents:
         """Whole prompts per backward microbatch: estimator.microbatch_size sequences, at least one prompt."""
         return max(1, self.config.estimator.microbatch_size // batch["num_responses_per_prompt"])
 
-    def _grad(self, loss: Tensor, where: str) -> list[Tensor]:
+    def _grad(self, loss: Tensor, where: str, retain_graph: bool = False) -> list[Tensor]:
         if not torch.isfinite(loss):
             raise NumericsError(f"non-finite loss ({loss.item()}) in {where}")
-        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True, retain_graph=retain_graph)
         return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, self.params)]
 
     def _zeros(self) -> NamedTensors:
@@ -226,15 +237,102 @@ class ProbeComponents:
                 X[name] += g.float()
         return X
 
+    def accumulate_X_one_pass(self, E_batch: dict, v_named: NamedTensors | None
+                              ) -> tuple[NamedTensors, EScores, SurrogateCoefficients, tuple[Tensor, Tensor] | None]:
+        """X̂, the E scores, the coefficients and (with `v_named`) the pieces (a, r) from ONE forward per microbatch.
+
+        Valid for baseline none only (the coefficients α, β of a sequence depend on its own entropies).
+        Per microbatch: forward with graph; backward of L_α → buffer X_α and per-row a_i; backward of
+        L_β → X_β and r_i (skipped when β ≡ 0: causal + per_sequence). Then X̂ = (X_α − Ĥ X_β)/D.
+        """
+        est = self.config.estimator
+        if est.baseline != "none":
+            raise ValueError("accumulate_X_one_pass needs estimator.baseline none")
+        self.model.eval()
+        G = E_batch["num_responses_per_prompt"]
+        N = E_batch["num_prompts"] * G
+        directions = linear_directions(self.model, v_named) if v_named is not None else None
+        if v_named is not None and directions is None:
+            raise ValueError("backward-hook pieces need every trainable parameter to be an nn.Linear weight/bias")
+        X_alpha, X_beta = self._zeros(), self._zeros()
+        logqs: list[Tensor | None] = [None] * N
+        entropies: list[Tensor | None] = [None] * N
+        a = torch.zeros(N, dtype=torch.float64)
+        r = torch.zeros(N, dtype=torch.float64)
+        rows = RowDirectionalDerivatives(directions or {})
+        # α_ik and Ĥ·β_ik nearly cancel (entropy-to-go vs Ĥ × tokens-to-go), so ∇L_α and Ĥ∇L_β would be
+        # two large fp32 gradients whose difference is X̂. Backpropagating α − s·β with s = the first
+        # microbatch's Ĥ keeps the buffers small; X̂ = (X_α' − (Ĥ − s)·X_β)/D is the same algebra.
+        shift: float | None = None
+        with rows:
+            for idx in self._progress(chunked(list(range(E_batch["num_prompts"])), self._prompts_per_microbatch(E_batch)),
+                                      "E backward (entropy surrogate)"):
+                sub = subset_batch(E_batch, idx)
+                seq_ids = [b * G + g for b in idx for g in range(G)]
+                # One teacher-forcing forward per microbatch, so batch row j is sequence seq_ids[j].
+                lp = self.sp.teacher_force_logprobs(batch_to_sequences(sub), with_grad=True, compute_rb=True,
+                                                    tf_batch_size=len(seq_ids))
+                l_mb, h_mb = _flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch)
+                coefs = [sequence_coefficients(h, normalize=est.normalize, x_mode=est.x_mode) for h in h_mb]
+                if shift is None:
+                    shift = self._entropy_of(h_mb)
+                loss_alpha = surrogate_loss(l_mb, h_mb, [al - shift * be for al, be in coefs], 1.0)
+                has_beta = any(bool(be.any()) for _, be in coefs)
+                rows.reset(len(seq_ids))
+                for name, g in zip(self.param_names, self._grad(loss_alpha, f"E backward, prompts {idx}",
+                                                                retain_graph=has_beta)):
+                    X_alpha[name] += g.float()
+                a[seq_ids] = rows.values
+                if has_beta:
+                    loss_beta = weighted_logq_sum(l_mb, [be for _, be in coefs])
+                    rows.reset(len(seq_ids))
+                    for name, g in zip(self.param_names, self._grad(loss_beta, f"E backward (β), prompts {idx}")):
+                        X_beta[name] += g.float()
+                    r[seq_ids] = rows.values
+                for j, n in enumerate(seq_ids):
+                    logqs[n] = l_mb[j].detach().double().cpu()
+                    entropies[n] = h_mb[j].detach().double().cpu()
+        scores = EScores(token_logqs=logqs, token_entropies=entropies,
+                         unit_of_sequence=[b for b in range(E_batch["num_prompts"]) for _ in range(G)])
+        coefficients = self.coefficients(scores)
+        residual = coefficients.H_hat - (shift or 0.0)
+        X = {n: ((X_alpha[n].double() - residual * X_beta[n].double()) / coefficients.D).float() for n in X_alpha}
+        return X, scores, coefficients, ((a + (shift or 0.0) * r, r) if v_named is not None else None)
+
+    def _entropy_of(self, token_entropies: list[Tensor]) -> float:
+        """Ĥ of a list of per-sequence entropy tensors under estimator.normalize (no graph)."""
+        h = torch.stack([t.detach().double().sum() for t in token_entropies])
+        lengths = torch.tensor([len(t) for t in token_entropies], dtype=torch.float64)
+        return entropy_estimate(h, lengths, self.config.estimator.normalize)
+
+    def pieces_method(self, want_pieces: bool) -> str:
+        """How the E side runs: "one_pass" (no pieces), "backward_hooks", or "jvp" (see the module docstring)."""
+        var, est = self.config.variance, self.config.estimator
+        if est.baseline != "none":
+            return "jvp" if want_pieces else "two_pass"
+        if not want_pieces:
+            return "one_pass"
+        if var.directional == "jvp":
+            return "jvp"
+        hooks_ok = linear_directions(self.model, {n: p for n, p in zip(self.param_names, self.params)}) is not None
+        # HF marks checkpointed stacks with `module.gradient_checkpointing = True`; a recomputed forward
+        # would register the row hooks twice.
+        hooks_ok = hooks_ok and not any(getattr(m, "gradient_checkpointing", False) is True
+                                        for m in self.model.modules())
+        if var.directional == "backward_hooks" and not hooks_ok:
+            from .errors import ConfigError
+            raise ConfigError("variance.directional=backward_hooks needs every trainable parameter to be an "
+                              "nn.Linear weight or bias and gradient checkpointing off; use auto or jvp")
+        return "backward_hooks" if hooks_ok else "jvp"
+
     # ------------------------------------------------------------------ the pure entry point
     def compute_delta_h1_from_batches(self, E_batch: dict, U_batch: dict, optimizer, *,
                                       u_groups: list[list[int]] | None = None,
                                       per_sequence_pieces: bool = False) -> DeltaH1Result:
         """δH₁ = lr · X̂·v from packed batches and the loaded optimizer.
 
-        U goes first because v is needed for the forward-mode E pass when `per_sequence_pieces` is on
-        (that pass then also yields ℓ, H, so E is scored once). Returns a `DeltaH1Result`; its dict view
-        `as_dict()`-style keys delta_h1, bars_dot, Xbar, Ybar, timings follow the seeds.
+        U goes first: v is needed by the E pass when `per_sequence_pieces` is on. Returns a
+        `DeltaH1Result` (delta_h1, bars_dot, Xbar, Ybar = v, timings, pieces, ...).
         """
         timings = {}
         t0 = time.perf_counter()
@@ -243,24 +341,32 @@ class ProbeComponents:
         info["u_loss"] = u_grads.loss
         timings["U_gradient_and_direction"] = time.perf_counter() - t0
 
-        t0 = time.perf_counter()
-        scores = self.score_E(E_batch, v if per_sequence_pieces else None)
-        coefs = self.coefficients(scores)
-        timings["E_scoring"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        X = self.accumulate_sum_X(E_batch, coefs)
-        timings["E_backward"] = time.perf_counter() - t0
+        method = self.pieces_method(per_sequence_pieces)
+        pieces = None
+        if method in ("one_pass", "backward_hooks"):
+            t0 = time.perf_counter()
+            X, scores, coefs, pieces = self.accumulate_X_one_pass(E_batch, v if method == "backward_hooks" else None)
+            timings["E_backward"] = time.perf_counter() - t0
+        else:
+            t0 = time.perf_counter()
+            scores = self.score_E(E_batch, v if method == "jvp" else None)
+            coefs = self.coefficients(scores)
+            timings["E_scoring"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            X = self.accumulate_sum_X(E_batch, coefs)
+            timings["E_backward"] = time.perf_counter() - t0
+            if method == "jvp":
+                pieces = directional_pieces(scores.d_logq, scores.d_entropy, coefs)
 
         lr = self.learning_rate(optimizer)
         bars_dot = adam.named_dot(X, v)
         return DeltaH1Result(delta_h1=lr * bars_dot, bars_dot=bars_dot, learning_rate=lr, Xbar=X, Ybar=v,
                              coefficients=coefs, scores=scores, u_gradients=u_grads, update_info=info,
-                             timings=timings)
+                             timings=timings, pieces=pieces,
+                             pieces_method=method if method in ("backward_hooks", "jvp") else None)
 
     def pieces(self, result: DeltaH1Result) -> tuple[Tensor, Tensor]:
         """(a [N], r [N]) per-sequence directional pieces; Σ gives X̂·v = (Σa − Ĥ Σr)/D."""
-        s = result.scores
-        if s.d_logq is None:
+        if result.pieces is None:
             raise ValueError("per-sequence pieces need compute_delta_h1_from_batches(per_sequence_pieces=True)")
-        return directional_pieces(s.d_logq, s.d_entropy, result.coefficients)
+        return result.pieces

@@ -13,7 +13,7 @@ A run directory holds everything a result needs to be checked or resumed (ARCHIT
     partial/<name>.pt           checkpointed intermediate state, used by --resume
 
 Every file except probe.log is written to a temp file in the same directory, fsynced and moved into
-place with os.replace, so a killed run never leaves a half-written file where a good one was.
+place with os.replace (`io_utils`), so a killed run never leaves a half-written file where a good one was.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from . import io_utils
 from .errors import OutputError
 
 CONFIG_FILE = "config.yaml"
@@ -49,63 +49,31 @@ BATCH_FILES = {"E": "E_batch.pt", "U": "U_batch.pt"}
 RUN_FILES: tuple[str, ...] = (CONFIG_FILE, META_FILE, RESULTS_FILE, *BATCH_FILES.values(),
                               UPDATE_VECTOR_FILE, PER_SEQUENCE_FILE, PLOT_FILE, LOG_FILE)
 RUN_STATUSES = ("running", "complete", "failed")
-_TMP_SUFFIX = ".tmp"
 _PARTIAL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
-# The process umask, read once at import: mkstemp creates files 0600, and results should get the
-# same permissions as any file the user's programs create (0666 & ~umask).
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
+# Kept for callers and tests that read it here: the process umask that written files respect
+# (0o666 & ~umask); the atomic-write logic itself lives in io_utils.
+_UMASK = io_utils.UMASK
 
 
 # ----------------------------------------------------------------------------------------------
-# Atomic writes
+# Atomic writes (io_utils, with OS errors turned into one-line OutputErrors)
 # ----------------------------------------------------------------------------------------------
 
 def _os_reason(err: OSError) -> str:
     return err.strerror or str(err)
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable; not every file system supports fsync on a directory."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+def _atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
     """Run `write(f)` on a temp file beside `path`, fsync it, then os.replace it onto `path`.
 
     On any failure (including KeyboardInterrupt) the temp file is removed and `path` keeps its old
     content. OS errors become OutputError naming the path and the OS reason; others propagate.
     """
-    path = Path(path)
-    tmp_name: str | None = None
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP_SUFFIX, dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp_name, 0o666 & ~_UMASK)
-        os.replace(tmp_name, path)
-        tmp_name = None
-        _fsync_dir(path.parent)
+        io_utils.atomic_write(path, write)
     except OSError as err:
         raise OutputError(f"cannot write {path}: {_os_reason(err)}") from err
-    finally:
-        if tmp_name is not None:
-            try:
-                os.unlink(tmp_name)
-            except OSError:
-                pass
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -244,11 +212,8 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _is_our_temp(name: str, finals: tuple[str, ...] | None = None) -> bool:
-    """Temp files made by _atomic_write are '.<final name>.<random>.tmp'."""
-    if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
-        return False
-    return finals is None or any(name.startswith(f".{final}.") for final in finals)
+# Temp files made by _atomic_write are '.<final name>.<random>.tmp'.
+_is_our_temp = io_utils.is_temp_name
 
 
 def _to_cpu(obj: Any) -> Any:

@@ -4,6 +4,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
 start=$(date +%s)
+# Lint first (seconds): a style regression fails CI just like a test.
+ruff check --quiet . || { echo "[test] ruff check failed" >&2; exit 1; }
 # Two workers on two cores; each worker keeps torch to one thread so they don't oversubscribe.
 set +e
 OMP_NUM_THREADS=1 python -m pytest -n 2 --dist loadfile -q "$@"

@@ -64,13 +64,14 @@ def test_default_yaml_lists_every_key_with_its_default():
     assert _leaf_keys(raw) == _leaf_keys(ProbeConfig().to_dict())
 
 
-def test_demo_yaml_loads_with_the_demo_numbers():
+def test_demo_yaml_is_a_meaningful_cpu_run():
     cfg = load_config(packaged_config_path("demo.yaml"))
-    assert (cfg.batch_config.B_E, cfg.batch_config.B_U, cfg.batch_config.G) == (16, 4, 4)
-    assert cfg.generation.max_new_tokens == 48
+    assert cfg.batch_config.B_E * 1 >= 25, "PSIS k̂ needs >= 25 E sequences"
+    assert cfg.batch_config.G >= 2 and cfg.batch_config.B_U >= 2, "advantages need groups; SE_U needs 2 groups"
+    assert cfg.reward.name != "tag_pref", "the 135M model never answers correctly: tag_pref gives v = 0"
     assert (cfg.generation.temperature, cfg.generation.top_p) == (1.0, 1.0)
-    assert cfg.importance.eta_list == [1e-5, 3e-5, 1e-4]
-    assert cfg.checkpoint.device_map == "cpu"
+    assert cfg.checkpoint.device_map == "cpu" and cfg.checkpoint.base_model == "smollm2-135m-instruct"
+    assert all(eta > 0 for eta in cfg.importance.eta_list)
 
 
 def test_unknown_packaged_config():

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from entropy_experiments import importance_sampling as isamp
+from entropy_experiments.losses import directional_pieces
 from entropy_experiments.probe_components import ProbeComponents
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
@@ -58,14 +59,45 @@ def test_full_return_identity_matches_snis_slope(tiny_model_dir, prompts_file, n
     assert abs(slope - results["bars_dot"]) <= 1e-3 * abs(results["bars_dot"]), (slope, results["bars_dot"])
 
 
-@pytest.mark.parametrize("baseline", ["none", "loo_position"])
-def test_per_sequence_pieces_sum_to_backward(tiny_model_dir, prompts_file, baseline):
+@pytest.mark.parametrize("baseline,directional,method", [("none", "auto", "backward_hooks"), ("none", "jvp", "jvp"),
+                                                         ("loo_position", "auto", "jvp")])
+def test_per_sequence_pieces_sum_to_backward(tiny_model_dir, prompts_file, baseline, directional, method):
     probe = make_probe(tiny_model_dir, prompts_file, {"estimator": {"baseline": baseline},
+                                                      "variance": {"directional": directional},
                                                       "importance": {"enabled": False}})
     results, _, _ = _run(probe)
+    assert results["consistency"]["pieces_method"] == method
     assert results["consistency"]["relative_difference"] < 1e-4
     assert np.isfinite(results["se"]["E"]) and results["se"]["E"] > 0
     assert np.isfinite(results["se"]["U"]) and results["se"]["U"] > 0
+
+
+@pytest.mark.parametrize("normalize,x_mode", [("per_token", "causal"), ("per_sequence", "causal"),
+                                              ("per_token", "full_return")])
+def test_one_pass_backward_matches_forward_mode_and_two_pass(tiny_model_dir, prompts_file, normalize, x_mode):
+    """One-pass X̂ (∇L_α, ∇L_β, Ĥ applied after) = the full surrogate's backward with Ĥ known first;
+    its hook pieces (a_i, r_i) = forward-mode AD pieces, sequence by sequence."""
+    probe = make_probe(tiny_model_dir, prompts_file, {"estimator": {"normalize": normalize, "x_mode": x_mode},
+                                                      "importance": {"enabled": False},
+                                                      "variance": {"enabled": False}})
+    _, E, U = _run(probe)
+    comps = ProbeComponents(probe.model, probe.config, sequence_processor=probe._sequence_processor)
+    v, _ = comps.update_direction(comps.accumulate_sum_Y(U).total, probe.optimizer)
+    X_one, _scores, coefs, (a, r) = comps.accumulate_X_one_pass(E, v)
+
+    jvp_scores = comps.score_E(E, v)
+    jvp_coefs = comps.coefficients(jvp_scores)
+    X_two = comps.accumulate_sum_X(E, jvp_coefs)
+    a_ref, r_ref = directional_pieces(jvp_scores.d_logq, jvp_scores.d_entropy, jvp_coefs)
+
+    assert coefs.H_hat == pytest.approx(jvp_coefs.H_hat, rel=1e-6)
+    for n in X_two:
+        assert torch.allclose(X_one[n], X_two[n], rtol=1e-4, atol=1e-6 * X_two[n].abs().max().item())
+    scale_a, scale_r = a_ref.abs().max().item(), max(r_ref.abs().max().item(), 1e-30)
+    assert torch.allclose(a, a_ref, rtol=1e-4, atol=1e-5 * scale_a), (a, a_ref)
+    assert torch.allclose(r, r_ref, rtol=1e-4, atol=1e-5 * scale_r), (r, r_ref)
+    if normalize == "per_sequence" and x_mode == "causal":
+        assert torch.count_nonzero(r) == 0  # β ≡ 0: the second backward is skipped
 
 
 def test_real_step_matches_param_override(tiny_model_dir, prompts_file):
@@ -81,8 +113,8 @@ def test_real_step_matches_param_override(tiny_model_dir, prompts_file):
     # θ + η·v and AdamW's own update round differently at the ulp of θ; η large enough that this
     # rounding is far below the 1e-5 tolerance.
     etas = [-3e-2, 3e-2]
-    kw = dict(normalize="per_token", optimizer=probe.optimizer, named_params=list(zip(comps.param_names, comps.params)),
-              grads=grads, max_grad_norm=0.5)
+    kw = {"normalize": "per_token", "optimizer": probe.optimizer, "named_params": list(zip(comps.param_names, comps.params)),
+              "grads": grads, "max_grad_norm": 0.5}
     over = isamp.measure_delta_h(probe._sequence_processor, E, v, etas, mode="param_override", **kw)
     real = isamp.measure_delta_h(probe._sequence_processor, E, v, etas, mode="real_step", **kw)
     for a, b in zip(over["true"], real["true"]):

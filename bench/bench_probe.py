@@ -1,0 +1,149 @@
+"""Benchmark of the probe's phases 1–3 (issue 4) against one plain Dr-GRPO training step.
+
+    .venv/bin/python bench/bench_probe.py [--repeats N] [--B-E 32 --B-U 4 --G 4 --max-new-tokens 48]
+                                          [--compare-jvp] [--threads N]
+
+Both sides run on the embedded SmolLM2-135M with the demo checkpoint (made once and cached, as
+`entropy-probe demo` does) on the SAME sampled E and U sequences:
+
+- baseline: one Dr-GRPO training step over every E ∪ U sequence — microbatched forward + backward of
+  the Dr-GRPO loss (E sequences given advantage 1 so that they carry gradient), gradient clipping and
+  `torch.optim.AdamW.step()` (on a copy of the optimizer; parameters restored afterwards);
+- ours: phases 1–3 exactly as `run_mixed_probe` runs them (U gradient, v from the AdamW state, X̂ on E,
+  δH₁ with SE_E, SE_U, SE_total), read from its `phase1_3_total` timing. Importance sampling is off.
+
+Target: ours / baseline ≤ 1.5. The sides alternate and the median of the per-repeat ratios is
+reported, so a burst of load elsewhere on the machine spoils one pair, not the verdict. `--compare-jvp` also times the forward-mode (jvp) pieces for reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+TARGET = 1.5
+
+
+def _demo_probe(args):
+    from entropy_experiments.cli import demo_checkpoint_dir
+    from entropy_experiments.config import config_from_dict, load_config, packaged_config_path
+    from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
+    from entropy_experiments.training import make_checkpoint
+
+    config = load_config(packaged_config_path("demo"))
+    d = config.to_dict()
+    d["batch_config"].update({"B_E": args.B_E, "B_U": args.B_U, "G": args.G})
+    d["generation"]["max_new_tokens"] = args.max_new_tokens
+    d["importance"]["enabled"] = False
+    config = config_from_dict(d)
+    ckpt = demo_checkpoint_dir()
+    if not (ckpt / "checkpoint.json").exists():
+        print(f"making the demo checkpoint in {ckpt} (once)", flush=True)
+        make_checkpoint(ckpt, config, steps=3)
+    probe = OfflineEntropyProbe(config)
+    probe.load(str(ckpt))
+    return probe
+
+
+def training_step_seconds(probe, E: dict, U: dict) -> float:
+    """Wall time of one Dr-GRPO step (forward + backward over E ∪ U, clip, AdamW.step) on a copy of the optimizer."""
+    from entropy_experiments.probe_components import ProbeComponents
+
+    components = ProbeComponents(probe.model, probe.config, sequence_processor=probe._ensure_sequence_processor())
+    E_as_training = dict(E, advantages=torch.ones_like(E["advantages"]))
+    saved = [p.detach().clone() for p in components.params]
+    optimizer = copy.deepcopy(probe.optimizer)
+    params_of_copy = [p for group in optimizer.param_groups for p in group["params"]]
+    t0 = time.perf_counter()
+    total = components._zeros()
+    for batch in (U, E_as_training):
+        grads = components.accumulate_sum_Y(batch).total
+        for name in total:
+            total[name] += grads[name]
+    for p, name in zip(params_of_copy, components.param_names):
+        p.grad = total[name]
+    torch.nn.utils.clip_grad_norm_(params_of_copy, 1.0)
+    optimizer.step()
+    seconds = time.perf_counter() - t0
+    with torch.no_grad():
+        for p, s in zip(components.params, saved):
+            p.copy_(s)
+            p.grad = None
+    return seconds
+
+
+def phases_1_3_seconds(probe, E: dict, U: dict, directional: str = "auto") -> tuple[float, dict]:
+    from entropy_experiments.config import config_from_dict
+
+    d = probe.config.to_dict()
+    d["variance"]["directional"] = directional
+    probe.config = config_from_dict(d)
+    results = probe.run_mixed_probe(batches=(E, U))
+    return results["timing"]["phase1_3_total"], results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--B-E", dest="B_E", type=int, default=32)
+    parser.add_argument("--B-U", dest="B_U", type=int, default=4)
+    parser.add_argument("--G", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--compare-jvp", action="store_true")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from entropy_experiments.batches import count_tokens
+
+    probe = _demo_probe(args)
+    t0 = time.perf_counter()
+    E, U = probe._sample_EU_via_sequence_processor(B_E=args.B_E, B_U=args.B_U, G_U=args.G)
+    print(f"sampled E ({count_tokens(E)} response tokens, {E['sequences'].shape}) and U "
+          f"({count_tokens(U)} response tokens, {U['sequences'].shape}) in {time.perf_counter() - t0:.0f} s; "
+          f"threads {torch.get_num_threads()}", flush=True)
+
+    baseline, ours, jvp = [], [], []
+    breakdown = {}
+    for rep in range(args.repeats):
+        baseline.append(training_step_seconds(probe, E, U))
+        seconds, results = phases_1_3_seconds(probe, E, U)
+        ours.append(seconds)
+        breakdown = {k: round(v, 1) for k, v in results["timing"].items() if k.startswith("phase1_3")}
+        line = f"repeat {rep + 1}: training step {baseline[-1]:.1f} s, phases 1–3 {ours[-1]:.1f} s"
+        if args.compare_jvp:
+            jvp.append(phases_1_3_seconds(probe, E, U, "jvp")[0])
+            line += f", phases 1–3 with jvp pieces {jvp[-1]:.1f} s"
+        print(line, flush=True)
+
+    # The median of the per-repeat ratios: each pair ran back to back, so a burst of load elsewhere
+    # on the machine inflates one pair, not the comparison.
+    ratios = [o / b for o, b in zip(ours, baseline)]
+    ratio = statistics.median(ratios)
+    b, o = statistics.median(baseline), statistics.median(ours)
+    print(f"phases 1–3 breakdown (last repeat, s): {breakdown}")
+    print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se']['total']:.2e}, pieces: "
+          f"{results['consistency'].get('pieces_method')}")
+    if jvp:
+        jvp_ratio = statistics.median([j / b for j, b in zip(jvp, baseline)])
+        print(f"phases 1–3 with jvp pieces / training step = {jvp_ratio:.2f} (reference)")
+    verdict = "PASS" if ratio <= TARGET else "FAIL"
+    print(f"phases 1–3 / training step = {ratio:.2f} (median of {[round(x, 2) for x in ratios]}; medians "
+          f"{o:.1f} s / {b:.1f} s)  (target ≤ {TARGET})  {verdict}")
+    return 0 if ratio <= TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
