@@ -31,16 +31,19 @@ def _setup_logging(verbose: bool = False) -> None:
 
 def run_with_clean_errors(fn: Callable[[], object]) -> int:
     """Call fn; a ProbeError becomes `error: <one line>` on stderr and its exit code (2)."""
+    from .lifecycle import interruptible
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        fn()
+        with interruptible():  # SIGTERM / SIGINT: the run is marked failed (resumable), exit 128 + signal
+            fn()
         return 0
     except ProbeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"{exc or 'interrupted'}; finish a run with --resume RUN_DIR", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
 
 
 def _load(args) -> object:

@@ -18,6 +18,7 @@ place with os.replace (`io_utils`), so a killed run never leaves a half-written 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -447,6 +448,11 @@ class RunDirectory:
         """Load partial/<name>.pt with weights_only=True; None when absent."""
         return _load_pt(self._partial_path(name))
 
+    def has_partial_chunks(self) -> bool:
+        """Whether partial/ holds generation chunks saved by a killed run (`GenerationChunkStore`)."""
+        folder = self.path / PARTIAL_DIR
+        return folder.is_dir() and any(folder.glob(f"{GEN_CHUNK_PREFIX}*.pt"))
+
 
 def _load_pt(path: Path) -> Any | None:
     if not path.exists():
@@ -659,3 +665,57 @@ def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
     path = Path(path)
     atomic_write_bytes(path, buffer.getvalue())
     return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Generation chunks saved as they complete (resume after a kill during sampling)
+# ----------------------------------------------------------------------------------------------
+
+GEN_CHUNK_PREFIX = "gen_"
+
+
+class GenerationChunkStore:
+    """Saves each completed generation chunk as partial/gen_<key>_<i>.pt and hands saved ones back.
+
+    Plugged into a SequenceProcessor (`sp.chunk_store`): a `generate_batched(..., seed_per_chunk=True)`
+    call asks `open(key)` for the chunks an earlier (killed) run of the same call saved — `key`
+    describes the call (seed, G, chunk size, prompt tokens), so chunks of a different call are never
+    reused — and a callback that saves each new chunk atomically. A kill loses at most the chunk in flight.
+    """
+
+    def __init__(self, run_dir: RunDirectory):
+        self.run_dir = run_dir
+
+    @staticmethod
+    def _digest(key: dict[str, Any]) -> str:
+        import hashlib
+
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+    def open(self, key: dict[str, Any]) -> tuple[dict[int, list[list[int]]], Callable[[int, list[list[int]]], None]]:
+        """(saved chunks {index: responses}, save(index, responses)) for the call described by `key`."""
+        from .lifecycle import hold_point
+
+        digest = self._digest(key)
+        done: dict[int, list[list[int]]] = {}
+        folder = self.run_dir.path / PARTIAL_DIR
+        if folder.is_dir():
+            for path in sorted(folder.glob(f"{GEN_CHUNK_PREFIX}{digest}_*.pt")):
+                obj = self.run_dir.load_partial(path.stem)
+                if isinstance(obj, dict) and obj.get("key") == digest and isinstance(obj.get("index"), int):
+                    done[obj["index"]] = [list(map(int, r)) for r in obj["responses"]]
+
+        def save(index: int, responses: list[list[int]]) -> None:
+            self.run_dir.save_partial(f"{GEN_CHUNK_PREFIX}{digest}_{index:05d}",
+                                      {"key": digest, "index": int(index), "responses": responses})
+            hold_point("chunk_saved")
+
+        return done, save
+
+    def clear(self) -> None:
+        """Delete the saved chunks (once the batches they make up are saved whole)."""
+        folder = self.run_dir.path / PARTIAL_DIR
+        if folder.is_dir():
+            for path in folder.glob(f"{GEN_CHUNK_PREFIX}*.pt"):
+                with contextlib.suppress(OSError):
+                    path.unlink()

@@ -293,5 +293,13 @@ class SamplingPolicyLogitsProcessor(_logits_processor_base()):
         self.top_p = float(top_p)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        # NaN / +inf logits would reach torch.multinomial as an opaque RuntimeError: name the row instead.
+        bad = torch.isnan(scores).any(dim=-1) | torch.isposinf(scores).any(dim=-1)
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            error = NonFiniteLogitsError(f"non-finite logits in generation at row {row}, position "
+                                         f"{int(input_ids.shape[1])}", row=row)
+            error.position = int(input_ids.shape[1])  # the absolute position of the token being drawn
+            raise error
         return sampling_logits(scores, self.temperature, self.top_p)
 

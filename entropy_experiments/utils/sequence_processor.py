@@ -23,7 +23,7 @@ import inspect
 import logging
 import random
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from entropy_experiments.errors import ConfigError, DataError, NumericsError, closest_match
+from entropy_experiments.errors import ConfigError, DataError, DeviceError, NumericsError, closest_match
 from entropy_experiments.utils.distribution_diagnostics import (
     DiagnosticsPack,
     DistributionDiagnostics,
@@ -326,6 +326,49 @@ def _eager_attention(model: nn.Module) -> Iterator[None]:
         inner.set_attn_implementation(current)
 
 
+def chunk_seed(seed: int, index: int) -> int:
+    """The torch seed of generation chunk `index` in a call seeded with `seed` (`seed_per_chunk`).
+
+    Chunk 0 uses `seed` itself (a one-chunk call draws exactly what a plain seeded call draws); later
+    chunks get a hash of (seed, index), so any chunk can be regenerated alone — which is what lets a
+    resumed run skip the chunks it saved and still produce the batch an uninterrupted run produces.
+    """
+    if index == 0:
+        return int(seed)
+    import hashlib
+
+    digest = hashlib.sha256(f"{int(seed)}:{int(index)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _oom_reason(exc: BaseException) -> str | None:
+    """A one-line description when `exc` is an out-of-memory error (torch.OutOfMemoryError, or a
+    RuntimeError saying "out of memory" from older builds / other backends), else None."""
+    oom_type = getattr(torch, "OutOfMemoryError", None)
+    text = str(exc).strip()
+    if (oom_type is not None and isinstance(exc, oom_type)) or (
+            isinstance(exc, RuntimeError) and "out of memory" in text.lower()):
+        return text.splitlines()[0][:200] if text else type(exc).__name__
+    return None
+
+
+def _release_memory() -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _tf_phase(with_grad: bool, compute_rb: bool, override: bool) -> str:
+    """What a teacher-forcing call is for in the probe, for error messages."""
+    if with_grad:
+        return "teacher forcing with grad (E backward)" if compute_rb else "teacher forcing with grad (U gradient)"
+    if override:
+        return "teacher forcing at θ + η·v (ΔH(η) scoring)"
+    return "teacher forcing (E scoring)"
+
+
 @dataclass
 class _TFBatch:
     """One teacher-forcing forward: R rows, their scored positions, flat row indices into [R·K, V]."""
@@ -368,6 +411,9 @@ class SequenceProcessor:
         self._params_zero: dict[str, Tensor] | None = None
         self._supports_logits_to_keep = self._forward_accepts("logits_to_keep")
         self._warned: set[str] = set()
+        # Optional store of completed generation chunks (results.GenerationChunkStore): seed_per_chunk
+        # calls save each chunk there and reuse the ones a killed run saved.
+        self.chunk_store = None
 
     # ------------------------------------------------------------------ setup helpers
     @property
@@ -415,6 +461,18 @@ class SequenceProcessor:
         if key not in self._warned:
             self._warned.add(key)
             self.logger.warning(message)
+
+    def _shrink_after_oom(self, rows: int, reason: str, where: str, *, can_split: bool = True) -> int:
+        """Halve the rows per forward after running out of memory (logged); DeviceError at 1 row."""
+        if rows <= 1 or not can_split:
+            hint = ("a single row does not fit: lower generation.max_new_tokens or use a device with more memory"
+                    if rows <= 1 else "this pass needs its rows in one forward: lower estimator.microbatch_size")
+            raise DeviceError(f"out of memory during {where} at {rows} row(s) per forward ({reason}); {hint}")
+        new = max(1, rows // 2)
+        self.logger.warning("out of memory during %s at %d rows per forward; retrying with %d (%s)",
+                            where, rows, new, reason)
+        _release_memory()
+        return new
 
     def _progress(self, iterable, desc: str, total: int | None = None):
         from tqdm.auto import tqdm
@@ -653,28 +711,82 @@ class SequenceProcessor:
             yield
 
     def generate_batched(self, prompts: Sequence[str], G: int, gen_batch_size: int | None = None, *,
-                         seed: int | None = None) -> BatchedSequences:
+                         seed: int | None = None, seed_per_chunk: bool = False,
+                         done_chunks: Mapping[int, Sequence[Sequence[int]]] | None = None,
+                         on_chunk: Callable[[int, list[list[int]]], None] | None = None) -> BatchedSequences:
         """G responses per prompt: all prompts left-padded to one length, rows generated in chunks.
 
         Rows are ordered prompt-major (row = b·G + g) and generated `gen_batch_size` at a time; the
         rows of one prompt share its prefill. `seed` seeds torch for this call only (the global RNG
-        is used when None).
+        is used when None). With `seed_per_chunk` every chunk i is seeded on its own with
+        `chunk_seed(seed, i)`; then `done_chunks` {i: responses} (saved by an earlier, killed run)
+        are reused instead of generated, and `on_chunk(i, responses)` is called as each chunk
+        completes (to save it), so a kill loses at most the chunk in flight.
+        Running out of memory halves the rows per forward (logged) down to 1, then DeviceError.
         """
         if G < 1:
             raise ConfigError(f"G: must be >= 1, got {G}")
+        if seed_per_chunk and seed is None:
+            raise ValueError("generate_batched: seed_per_chunk needs a seed")
         prompt_tokens = self._tokenize_prompts(prompts)
         ids, mask = self._left_pad(prompt_tokens)
         B, R = len(prompt_tokens), len(prompt_tokens) * G
         chunk = int(gen_batch_size or self.config.gen_batch_size)
+        if seed_per_chunk and self.chunk_store is not None and done_chunks is None and on_chunk is None:
+            done_chunks, on_chunk = self.chunk_store.open({
+                "seed": int(seed), "G": int(G), "chunk": chunk, "prompt_tokens": prompt_tokens,
+                "generation": dataclasses.asdict(self.config)})
+            if done_chunks:
+                self.logger.info("generation: reusing %d saved chunk(s) of %d", len(done_chunks), -(-R // chunk))
         responses: list[list[int]] = []
-        with self._seeded(seed):
-            starts = range(0, R, chunk)
-            for start in self._progress(starts, "generate", total=len(starts)):
-                prompt_index = torch.arange(start, min(start + chunk, R), device=ids.device) // G
-                rows, _ = self._generate_chunk(ids, mask, prompt_index)
+        state = {"limit": chunk}  # rows per generate call; shrinks for the rest of the call after an OOM
+        starts = list(range(0, R, chunk))
+        with contextlib.nullcontext() if seed_per_chunk else self._seeded(seed):
+            for i, start in enumerate(self._progress(starts, "generate", total=len(starts))):
+                stop = min(start + chunk, R)
+                saved = (done_chunks or {}).get(i) if seed_per_chunk else None
+                if saved is not None and len(saved) == stop - start:
+                    responses.extend([list(map(int, r)) for r in saved])
+                    continue
+                reseed = chunk_seed(seed, i) if seed_per_chunk else None
+                with self._seeded(reseed):
+                    rows = self._generate_span(ids, mask, start, stop, G, i, state, reseed)
+                if on_chunk is not None:
+                    on_chunk(i, rows)
                 responses.extend(rows)
         grouped = [responses[b * G:(b + 1) * G] for b in range(B)]
         return self._pack(prompt_tokens, grouped, prompts)
+
+    def _generate_span(self, ids: Tensor, mask: Tensor, start: int, stop: int, G: int, index: int,
+                       state: dict, reseed: int | None) -> list[list[int]]:
+        """Rows [start, stop) in calls of at most state["limit"] rows, halving that limit on OOM.
+
+        After an OOM the chunk starts again from its own seed (when it has one), so what it draws
+        does not depend on how far the failed attempt got.
+        """
+        while True:
+            limit, reason = state["limit"], None
+            try:
+                rows: list[list[int]] = []
+                for s in range(start, stop, limit):
+                    prompt_index = torch.arange(s, min(s + limit, stop), device=ids.device) // G
+                    try:
+                        part, _ = self._generate_chunk(ids, mask, prompt_index)
+                    except NonFiniteLogitsError as exc:
+                        b, g = divmod(s + exc.row, G)
+                        raise NumericsError(f"non-finite logits in generation: chunk {index}, sequence b={b} g={g}, "
+                                            f"token {getattr(exc, 'position', ids.shape[1]) - ids.shape[1]}") from None
+                    rows.extend(part)
+                return rows
+            except NumericsError:
+                raise
+            except Exception as exc:  # only out-of-memory errors are handled; the rest re-raised
+                reason = _oom_reason(exc)
+                if reason is None:
+                    raise
+            state["limit"] = self._shrink_after_oom(limit, reason, f"generation (chunk {index}, rows {start}-{stop - 1})")
+            if reseed is not None:
+                torch.manual_seed(int(reseed))
 
     def generate_with_logprobs(self, prompts: Sequence[str] | None = None, G: int = 8, dataset_name: str | None = None,
                                split: str = "train", num_prompts: int | None = None, seed: int | None = None,
@@ -755,35 +867,68 @@ class SequenceProcessor:
     # ------------------------------------------------------------------ teacher forcing: batching
     def _tf_batches(self, sequences: BatchedSequences, tf_batch_size: int | None) -> Iterator[_TFBatch]:
         """Split the B·G rows into forwards of `tf_batch_size` rows, each trimmed to its useful columns."""
-        seqs, masks = sequences.sequences, sequences.attention_masks
-        B, G, L = seqs.shape
-        flat_ids, flat_mask = seqs.reshape(B * G, L), masks.reshape(B * G, L)
+        B, G = sequences.num_prompts, sequences.num_responses_per_prompt
         pairs = [(b, g) for b in range(B) for g in range(G)]
         size = int(tf_batch_size or self.config.tf_batch_size)
         for index, start in enumerate(range(0, B * G, size)):
-            chunk_pairs = pairs[start:start + size]
-            rows = torch.arange(start, start + len(chunk_pairs))
-            Lp = [int(sequences.prompt_lens[b]) for b, _ in chunk_pairs]
-            T = [int(sequences.gen_lens[b][g]) for b, g in chunk_pairs]
-            end = max(lp + t for lp, t in zip(Lp, T))
-            mask = flat_mask[rows, :end]
-            # Drop leading columns that are padding in every row (positions come from the mask).
-            lead = int(mask.any(dim=0).long().argmax())
-            ids = flat_ids[rows, lead:end].to(self.device)
-            mask = mask[:, lead:].to(self.device)
-            position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-            first = min(Lp) - 1 - lead            # first position whose logits are needed
-            K = end - 1 - lead - first            # positions first … end−2
-            row_idx, tokens = [], []
-            for r, (lp, t) in enumerate(zip(Lp, T)):
-                offset = lp - 1 - lead - first
-                row_idx.append(r * K + offset + torch.arange(t))
-                tokens.append(ids[r, lp - lead: lp - lead + t])
-            yield _TFBatch(index=index, pairs=chunk_pairs, input_ids=ids, attention_mask=mask,
-                           position_ids=position_ids,
-                           logit_positions=torch.arange(first, first + K, device=self.device),
-                           rows=torch.cat(row_idx).to(self.device), tokens=torch.cat(tokens),
-                           lengths=T)
+            yield self._tf_batch(sequences, pairs[start:start + size], index)
+
+    def _split_tf_batch(self, sequences: BatchedSequences, batch: _TFBatch, limit: int | None) -> list[_TFBatch]:
+        """`batch` as forwards of at most `limit` rows (same batch index, for error messages)."""
+        if limit is None or len(batch.pairs) <= limit:
+            return [batch]
+        return [self._tf_batch(sequences, batch.pairs[i:i + limit], batch.index)
+                for i in range(0, len(batch.pairs), limit)]
+
+    def _oom_guarded(self, sequences: BatchedSequences, batch: _TFBatch, fn: Callable[[_TFBatch], Any], *,
+                     phase: str, can_split: bool, state: dict) -> list[tuple[_TFBatch, Any]]:
+        """[(sub-batch, fn(sub-batch))]: `batch` in forwards of at most state["limit"] rows, the limit
+        halved (logged) whenever one runs out of memory, down to 1 row, then DeviceError."""
+        pending = self._split_tf_batch(sequences, batch, state.get("limit"))
+        done: list[tuple[_TFBatch, Any]] = []
+        while pending:
+            sub, reason = pending.pop(0), None
+            try:
+                done.append((sub, fn(sub)))
+                continue
+            except NumericsError:
+                raise
+            except Exception as exc:  # only out-of-memory errors are handled; the rest re-raised
+                reason = _oom_reason(exc)
+                if reason is None:
+                    raise
+            state["limit"] = self._shrink_after_oom(len(sub.pairs), reason, f"{phase} (batch {sub.index})",
+                                                    can_split=can_split)
+            pending[:0] = self._split_tf_batch(sequences, sub, state["limit"])
+        return done
+
+    def _tf_batch(self, sequences: BatchedSequences, chunk_pairs: list[tuple[int, int]], index: int) -> _TFBatch:
+        """One forward over the rows `chunk_pairs` ((b, g) pairs), trimmed to its useful columns."""
+        seqs, masks = sequences.sequences, sequences.attention_masks
+        B, G, L = seqs.shape
+        flat_ids, flat_mask = seqs.reshape(B * G, L), masks.reshape(B * G, L)
+        rows = torch.tensor([b * G + g for b, g in chunk_pairs], dtype=torch.long)
+        Lp = [int(sequences.prompt_lens[b]) for b, _ in chunk_pairs]
+        T = [int(sequences.gen_lens[b][g]) for b, g in chunk_pairs]
+        end = max(lp + t for lp, t in zip(Lp, T))
+        mask = flat_mask[rows, :end]
+        # Drop leading columns that are padding in every row (positions come from the mask).
+        lead = int(mask.any(dim=0).long().argmax())
+        ids = flat_ids[rows, lead:end].to(self.device)
+        mask = mask[:, lead:].to(self.device)
+        position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        first = min(Lp) - 1 - lead            # first position whose logits are needed
+        K = end - 1 - lead - first            # positions first … end−2
+        row_idx, tokens = [], []
+        for r, (lp, t) in enumerate(zip(Lp, T)):
+            offset = lp - 1 - lead - first
+            row_idx.append(r * K + offset + torch.arange(t))
+            tokens.append(ids[r, lp - lead: lp - lead + t])
+        return _TFBatch(index=index, pairs=list(chunk_pairs), input_ids=ids, attention_mask=mask,
+                        position_ids=position_ids,
+                        logit_positions=torch.arange(first, first + K, device=self.device),
+                        rows=torch.cat(row_idx).to(self.device), tokens=torch.cat(tokens),
+                        lengths=T)
 
     def _forward_logits(self, batch: _TFBatch, mapping: Mapping[str, Tensor] | None, profile) -> Tensor:
         """Logits [R, K, V] at the batch's needed positions; live module when `mapping` is None."""
@@ -803,7 +948,8 @@ class SequenceProcessor:
             logits = logits.float()
         return logits
 
-    def _token_stats(self, logits: Tensor, batch: _TFBatch, *, diagnostics: bool, checkpoint: bool) -> dict[str, Tensor]:
+    def _token_stats(self, logits: Tensor, batch: _TFBatch, *, diagnostics: bool, checkpoint: bool,
+                     phase: str = "teacher forcing") -> dict[str, Tensor]:
         """Chunked policy statistics of the batch's scored tokens; NumericsError names (batch, b, g)."""
         try:
             return policy_token_stats(logits, batch.tokens, self.config.temperature, self.config.top_p,
@@ -811,7 +957,7 @@ class SequenceProcessor:
                                       rows=batch.rows, diagnostics=diagnostics, eos_token_id=self.eos_token_id,
                                       checkpoint=checkpoint)
         except NonFiniteLogitsError as exc:
-            raise _located_numerics_error(batch, exc) from None
+            raise _located_numerics_error(batch, exc, phase) from None
 
     # ------------------------------------------------------------------ teacher forcing: public
     def teacher_force_logprobs(self, sequences: BatchedSequences, with_grad: bool = False,
@@ -866,14 +1012,23 @@ class SequenceProcessor:
         per_seq: dict[tuple[int, int], dict[str, Tensor]] = {}
         batches = list(self._tf_batches(sequences, tf_batch_size))
         grad_ctx = torch.enable_grad() if with_grad else torch.no_grad()
+        phase = _tf_phase(with_grad, compute_rb, params_override is not None)
+        # A with-grad caller that fixes tf_batch_size needs each of its batches in ONE forward (the
+        # backward row hooks count rows per forward), so that pass cannot be split after an OOM.
+        can_split = not (with_grad and tf_batch_size is not None)
+        state: dict = {}
+
+        def run(batch: _TFBatch) -> dict[str, Tensor]:
+            logits = self._forward_logits(batch, mapping, profile)
+            return self._token_stats(logits, batch, diagnostics=want_diag, checkpoint=with_grad, phase=phase)
+
         with grad_ctx:
             for batch in self._progress(batches, "teacher forcing" + (" (grad)" if with_grad else "")):
-                logits = self._forward_logits(batch, mapping, profile)
-                stats = self._token_stats(logits, batch, diagnostics=want_diag, checkpoint=with_grad)
-                del logits
-                split = {k: torch.split(v, batch.lengths) for k, v in stats.items()}
-                for r, pair in enumerate(batch.pairs):
-                    per_seq[pair] = {k: split[k][r] for k in split}
+                for sub, stats in self._oom_guarded(sequences, batch, run, phase=phase, can_split=can_split,
+                                                    state=state):
+                    split = {k: torch.split(v, sub.lengths) for k, v in stats.items()}
+                    for r, pair in enumerate(sub.pairs):
+                        per_seq[pair] = {k: split[k][r] for k in split}
         return self._assemble(per_seq, B, G, sequences, with_grad=with_grad, compute_rb=compute_rb,
                               baseline=return_baseline_features, diagnostics=diagnostics)
 
@@ -931,29 +1086,36 @@ class SequenceProcessor:
         out: list[list[dict[str, Tensor] | None]] = [[None] * G for _ in range(B)]
         profile = self._fo_cfg
         with _eager_attention(self._mdl_target), torch.no_grad():
-            for batch in self._progress(list(self._tf_batches(sequences, tf_batch_size)), "teacher forcing (jvp)"):
-                def scores(p: dict[str, Tensor], batch=batch) -> tuple[Tensor, Tensor]:
+            phase, state = "teacher forcing (jvp, E directional derivatives)", {}
+
+            def run(batch: _TFBatch) -> tuple:
+                def scores(p: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
                     logits = self._forward_logits(batch, {**base, **p}, profile)
                     st = policy_token_stats(logits, batch.tokens, self.config.temperature, self.config.top_p,
                                             fp64=True, chunk_size=self.config.token_chunk_size, rows=batch.rows)
                     return st["logq"], st["rb_entropy"]
 
                 try:
-                    (logq, ent), (d_logq, d_ent) = torch.func.jvp(scores, (primals,), (tangents,))
+                    return torch.func.jvp(scores, (primals,), (tangents,))
                 except NonFiniteLogitsError as exc:
-                    raise _located_numerics_error(batch, exc) from None
-                parts = [torch.split(t.detach().cpu(), batch.lengths) for t in (logq, ent, d_logq, d_ent)]
-                for r, (b, g) in enumerate(batch.pairs):
-                    out[b][g] = {"logq": parts[0][r], "rb_entropy": parts[1][r],
-                                 "d_logq": parts[2][r], "d_rb_entropy": parts[3][r]}
+                    raise _located_numerics_error(batch, exc, phase) from None
+
+            for batch in self._progress(list(self._tf_batches(sequences, tf_batch_size)), "teacher forcing (jvp)"):
+                for sub, ((logq, ent), (d_logq, d_ent)) in self._oom_guarded(sequences, batch, run, phase=phase,
+                                                                             can_split=True, state=state):
+                    parts = [torch.split(t.detach().cpu(), sub.lengths) for t in (logq, ent, d_logq, d_ent)]
+                    for r, (b, g) in enumerate(sub.pairs):
+                        out[b][g] = {"logq": parts[0][r], "rb_entropy": parts[1][r],
+                                     "d_logq": parts[2][r], "d_rb_entropy": parts[3][r]}
         return out  # type: ignore[return-value]
 
 
-def _located_numerics_error(batch: _TFBatch, exc: NonFiniteLogitsError) -> NumericsError:
-    """Turn a flat scored-row index into the (batch, b, g, token) the user can look up."""
+def _located_numerics_error(batch: _TFBatch, exc: NonFiniteLogitsError,
+                            phase: str = "teacher forcing") -> NumericsError:
+    """Turn a flat scored-row index into the (phase, batch, b, g, token) the user can look up."""
     r = int(np.searchsorted(np.cumsum(batch.lengths), exc.row, side="right"))
     b, g = batch.pairs[r]
-    return NumericsError(f"non-finite logits in teacher forcing: batch {batch.index}, sequence b={b} g={g}, "
+    return NumericsError(f"non-finite logits in {phase}: batch {batch.index}, sequence b={b} g={g}, "
                          f"token {exc.row - sum(batch.lengths[:r])}")
 
 

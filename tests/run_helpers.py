@@ -1,0 +1,76 @@
+"""A real tiny run set-up shared by the reliability tests: prompts file, checkpoint, config file,
+and running `entropy-probe` as a fresh subprocess (the way a user does)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.probe_helpers import SHORT_PROMPTS, write_prompts
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def base_config(tiny_model_dir: Path, data: Path, **sections) -> dict:
+    config = {
+        "seed": 3,
+        "checkpoint": {"base_model": str(tiny_model_dir), "device_map": "cpu"},
+        "batch_config": {"dataset_name": "jsonl", "dataset_path": str(data), "B_E": 4, "B_U": 2, "G": 2},
+        "generation": {"max_new_tokens": 8, "gen_batch_size": 8, "tf_batch_size": 8},
+        "reward": {"name": "tests.probe_rewards:count_a"},
+        "estimator": {"microbatch_size": 8},
+        "importance": {"eta_list": [1.0e-4, 1.0e-3]},
+        "output": {"plot": False},
+    }
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            config.setdefault(section, {}).update(values)
+        else:
+            config[section] = values
+    return config
+
+
+def make_run_setup(folder: Path, tiny_model_dir: Path, **sections) -> tuple[Path, dict]:
+    """(config file path, config dict): prompts, a 1-step checkpoint (make-checkpoint) and the probe config."""
+    from entropy_experiments.config import config_from_dict
+    from entropy_experiments.training import make_checkpoint
+
+    folder.mkdir(parents=True, exist_ok=True)
+    data = write_prompts(folder / "prompts.jsonl", SHORT_PROMPTS)
+    config = base_config(tiny_model_dir, data, **sections)
+    ckpt = folder / "ckpt"
+    make_checkpoint(ckpt, config_from_dict(config), steps=1)
+    config["checkpoint"]["checkpoint_path"] = str(ckpt)
+    path = folder / "probe.yaml"
+    path.write_text(yaml.safe_dump(config, allow_unicode=True))
+    return path, config
+
+
+def subprocess_env(**extra: str) -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **extra}
+
+
+def cli_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "entropy_experiments.cli", *args]
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_command(*args), cwd=cwd, env=subprocess_env(**env), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
+
+
+def numbers(res: dict) -> dict:
+    """Everything in results.json that a repeated / resumed run must reproduce exactly."""
+    drop = {"timing", "environment"}
+    return {k: v for k, v in res.items() if k not in drop}
