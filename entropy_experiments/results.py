@@ -646,9 +646,15 @@ def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
     else:
         ax.text(0.5, 0.5, "no finite ΔH(η)", transform=ax.transAxes, ha="center")
 
+    # Ticks at the measured η values, labelled compactly (matplotlib's default labels for η ~ 1e-5
+    # print every decimal and overlap).
+    ticks = sorted({0.0, *(e for e, _, _ in points)})
+    labels = ["0" if t == 0 else f"{t:.0e}".replace("e-0", "e-") for t in ticks]
     for a in (ax, ax_ratio):
         if use_symlog:
             a.set_xscale("symlog", linthresh=min(nonzero))
+        if points:
+            a.set_xticks(ticks, labels, rotation=45, ha="right", fontsize=8)
         a.axhline(0, color="0.6", lw=0.8)
         a.axvline(0, color="0.6", lw=0.8)
         a.set_xlabel("η (learning rate of the step)")
