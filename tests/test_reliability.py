@@ -208,7 +208,7 @@ def test_result_changing_warnings_reach_results_json(tiny_model_dir, tmp_path):
     from entropy_experiments.offline_entropy_probe import run_probe
     from tests.run_helpers import base_config, make_run_setup
 
-    path, config = make_run_setup(tmp_path / "setup", tiny_model_dir)
+    _, config = make_run_setup(tmp_path / "setup", tiny_model_dir)
     no_gold = tmp_path / "no_gold.jsonl"
     no_gold.write_text("".join(json.dumps({"question": p}) + "\n" for p in SHORT_PROMPTS))
     config = base_config(tiny_model_dir, no_gold, reward={"name": "tag_pref"},
