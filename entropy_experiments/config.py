@@ -265,7 +265,9 @@ class RewardSection(_Section):
 
 
 class DistributedSection(_Section):
-    """torch.distributed settings (used only when launched with several ranks)."""
+    """torch.distributed settings (used only when launched by torchrun with several ranks; not part of
+    config_hash). backend auto: nccl on CUDA, gloo on CPU; timeout_s: how long a collective waits for
+    a rank that died or hangs before every other rank exits with one error line."""
 
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     timeout_s: float = Field(600, gt=0)
@@ -315,9 +317,10 @@ class ProbeConfig(_Section):
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
     def config_hash(self) -> str:
-        """First 16 hex chars of sha256 over the canonical JSON of the config, `output` excluded."""
+        """First 16 hex chars of sha256 over the canonical JSON of the config, `output` and `distributed`
+        excluded (neither changes a number: a run can be resumed on any number of ranks or backend)."""
         payload = json.dumps(
-            self.model_dump(mode="json", exclude={"output"}),
+            self.model_dump(mode="json", exclude={"output", "distributed"}),
             sort_keys=True,
             separators=(",", ":"),
             allow_nan=False,

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from . import stats
-from .batches import batch_to_sequences
+from .batches import batch_to_sequences, subset_batch
+from .distributed import SINGLE, DistContext
 
 NamedTensors = dict[str, Tensor]
 log = logging.getLogger("entropy_experiments.importance")
@@ -86,32 +87,58 @@ def eta_grid(eta_list: list[float], symmetric: bool) -> list[float]:
 
 def measure_delta_h(sp, E_batch: dict, v_named: NamedTensors, etas: list[float], *, normalize: str,
                     mode: str = "param_override", optimizer=None, named_params=None, grads=None,
-                    max_grad_norm: float | None = None, base: TokenScores | None = None) -> dict:
+                    max_grad_norm: float | None = None, base: TokenScores | None = None,
+                    dist: DistContext | None = None) -> dict:
     """ΔH(η) with diagnostics for every η; returns {"base": {...}, "true": [...], "per_sequence": {...}}.
 
     `base` (scores at θ) is recomputed through the same no-grad path unless given, so that η → 0
     gives log w → 0 exactly. real_step needs `optimizer`, `named_params` (trainable, in optimizer
     order) and `grads` (the U gradient, unclipped; clipped here like the real training step).
+
+    Distributed (`dist`): each rank scores its own prompts (whole teacher-forcing chunks) at θ and at
+    every θ'; the per-sequence T, h, log w and h' are gathered in global order and the SNIS estimate
+    runs on the whole E, identically on every rank. real_step needs the all-reduced gradient.
     """
-    base = base or score_sequences(sp, E_batch)
+    dist = dist or SINGLE
     G = E_batch["num_responses_per_prompt"]
+    N = E_batch["num_prompts"] * G
     units = [b for b in range(E_batch["num_prompts"]) for _ in range(G)]
-    T = np.array([len(x) for x in base.logq], dtype=np.float64)
-    h = np.array([float(x.sum()) for x in base.entropy])
+    if dist.enabled:
+        mine = dist.prompt_slice(E_batch["num_prompts"], max(1, int(sp.config.tf_batch_size) // G))
+        rows_mine = [b * G + g for b in mine for g in range(G)]
+        local_E = subset_batch(E_batch, mine)
+        if base is not None:
+            base = TokenScores(logq=[base.logq[n] for n in rows_mine], entropy=[base.entropy[n] for n in rows_mine])
+    else:
+        rows_mine, local_E = list(range(N)), E_batch
+
+    def gather(values_mine: list[float], what: str) -> np.ndarray:
+        if not dist.enabled:
+            return np.asarray(values_mine, dtype=np.float64)
+        full = np.zeros(N, dtype=np.float64)
+        full[rows_mine] = values_mine
+        return dist.sum_rows(full, what)
+
+    def score(override) -> TokenScores | None:
+        return score_sequences(sp, local_E, override) if rows_mine else None
+
+    base = base or score(None)
+    T = gather([len(x) for x in base.logq] if base else [], "E lengths gather")
+    h = gather([float(x.sum()) for x in base.entropy] if base else [], "E entropies gather")
     d = T if normalize == "per_token" else np.ones_like(T)
     H_orig = float(h.sum() / d.sum())
 
     rows, per_seq = [], {}
     for eta in etas:
         if mode == "param_override":
-            new = score_sequences(sp, E_batch, sp._build_params_override(v_named, eta))
+            new = score(sp._build_params_override(v_named, eta))
         elif mode == "real_step":
             with real_optimizer_step(optimizer, named_params, grads, eta, max_grad_norm):
-                new = score_sequences(sp, E_batch, sp._build_params_override({}, 0.0))
+                new = score(sp._build_params_override({}, 0.0))
         else:
             raise ValueError(f"importance.mode must be param_override or real_step, got {mode!r}")
-        logw = log_weights(new, base)
-        h_new = np.array([float(x.sum()) for x in new.entropy])
+        logw = gather(log_weights(new, base) if new else [], f"log-weights gather (η={eta:g})")
+        h_new = gather([float(x.sum()) for x in new.entropy] if new else [], f"new entropies gather (η={eta:g})")
         est = stats.snis_delta_h(logw, h_new, h, T, normalize=normalize, units=units)
         diag = stats.importance_diagnostics(logw)
         rows.append({"eta": eta, "deltaH_true": est.value, "H_upd": H_orig + est.value, "se": est.se, **diag})

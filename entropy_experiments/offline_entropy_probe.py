@@ -7,6 +7,11 @@
      X̂ by a microbatched backward; δH₁ = lr·X̂·v with SE_E, SE_U, SE_total;
 4. ΔH(η) by SNIS on the same E for every η;
 5. results dict (written to the run directory by `run_probe`).
+
+Under `torchrun --nproc_per_node=N -m entropy_experiments.offline_entropy_probe --config FILE` the
+phases run data-parallel over torch.distributed (see distributed.py): rank 0 draws and broadcasts the
+index plan, each rank samples, teacher-forces and back-propagates its slice, the reductions are
+explicit, and only rank 0 writes the run directory.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from . import conditional_variance as cv
 from . import importance_sampling as isamp
 from .batches import count_tokens, validate_batch, zero_advantage_prompts
 from .config import ProbeConfig, config_from_dict, load_config
-from .errors import OptimizerStateError
+from .distributed import DistContext, init_from_env
+from .errors import OptimizerStateError, ProbeError
 from .probe_components import ProbeComponents, split_into_groups
-from .sampling import draw_index_plan, sample_batch
+from .sampling import draw_index_plan, sample_batch_sharded
 
 log = logging.getLogger("entropy_experiments.probe")
 
@@ -46,14 +52,19 @@ def dryrun_config(config: ProbeConfig) -> ProbeConfig:
 class OfflineEntropyProbe:
     """Loads the checkpoint, samples E and U, and runs the probe phases. See the module docstring."""
 
-    def __init__(self, config: ProbeConfig | dict, logger: logging.Logger | None = None):
+    def __init__(self, config: ProbeConfig | dict, logger: logging.Logger | None = None, *,
+                 dist: DistContext | None = None):
         self.config = config if isinstance(config, ProbeConfig) else config_from_dict(config)
         self.logger = logger or log
+        self.dist = dist  # None: from the environment (torchrun) at the first run
+        self.index_plan = None  # the IndexPlan of the last fresh sampling
         self.model = None
         self.tokenizer = None
         self.optimizer = None
         self._sequence_processor = None
         self.warnings: list[str] = []
+        self.sampling_warnings: list[str] = []  # reward warnings of a resumed run's sampling (saved with its batches)
+        self.chunk_store = None  # results.GenerationChunkStore: generation chunks saved as they complete
         self.update_vector: dict[str, torch.Tensor] | None = None  # v of the last run, keyed by parameter name
 
     @classmethod
@@ -72,8 +83,11 @@ class OfflineEntropyProbe:
         from .model_loader import load_peft_for_probe, load_tokenizer
 
         ck = self.config.checkpoint
+        device_map = ck.device_map
+        if self.dist is not None and self.dist.backend == "nccl":  # one GPU per rank
+            device_map = f"cuda:{self.dist.local_rank}"
         model = load_peft_for_probe(ck.base_model, lora_path, use_qlora=ck.use_qlora, dtype=ck.dtype,
-                                    device_map=ck.device_map, trust_remote_code=ck.trust_remote_code)
+                                    device_map=device_map, trust_remote_code=ck.trust_remote_code)
         if not ck.use_qlora and ck.dtype != "fp32":
             # Stored in bf16/fp16, computed in fp32: bf16 runtimes quantise the log-prob changes away.
             model = model.float()
@@ -103,6 +117,7 @@ class OfflineEntropyProbe:
 
             self._sequence_processor = SequenceProcessor(self.model, self.tokenizer, config=self.config,
                                                          logger=self.logger)
+            self._sequence_processor.chunk_store = self.chunk_store
         return self._sequence_processor
 
     def load(self, checkpoint_path: str | None = None) -> None:
@@ -140,18 +155,34 @@ class OfflineEntropyProbe:
         bc, seed = self.config.batch_config, self.config.seed
         sp = self._ensure_sequence_processor()
         examples = self._examples()
-        plan = draw_index_plan(len(examples), B_E=B_E, B_U=B_U, G=G_U, E_sampling_mode=bc.E_sampling_mode,
-                               seed=seed, max_prompts_pool=bc.max_prompts_pool)
+        dist = self.dist
+        plan = error = None
+        if dist.is_main:  # rank 0 draws the plan; the other ranks receive it (or rank 0's error)
+            try:
+                plan = draw_index_plan(len(examples), B_E=B_E, B_U=B_U, G=G_U, E_sampling_mode=bc.E_sampling_mode,
+                                       seed=seed, max_prompts_pool=bc.max_prompts_pool)
+            except ProbeError as exc:
+                error = exc
+        plan, message = dist.broadcast_object((plan, str(error) if error else None), "index plan broadcast")
+        if error is not None:
+            raise error
+        if message is not None:
+            raise ProbeError(message)
         reference = not self.config.probe_rework.use_sequence_processor_sampling
         desc = plan.describe()
         self.logger.info("Phase 0: sampling E = %d sequences (%d unique prompts, largest repeat %d, G=%d) and "
                          "U = %d prompts × G=%d%s", desc["E_sequences"], desc["unique_E_prompts"],
                          desc["largest_E_repeat"], plan.E_responses_per_prompt, B_U, G_U,
                          " [reference sampler]" if reference else "")
-        E = sample_batch(sp, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
-                         with_rewards=False, reference=reference)
-        U = sample_batch(sp, examples, plan.U_prompt_indices, G_U, seed=seed + 2, with_rewards=True,
-                         reference=reference)
+        if dist.enabled:
+            self.logger.info("Phase 0: rank %d of %d samples %d E and %d U prompts", dist.rank, dist.world_size,
+                             len(dist.prompt_slice(len(plan.E_prompt_indices))),
+                             len(dist.prompt_slice(len(plan.U_prompt_indices))))
+        self.index_plan = plan
+        E = sample_batch_sharded(sp, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
+                                 with_rewards=False, reference=reference, dist=dist, what="E")
+        U = sample_batch_sharded(sp, examples, plan.U_prompt_indices, G_U, seed=seed + 2, with_rewards=True,
+                                 reference=reference, dist=dist, what="U")
         return E, U
 
     # ------------------------------------------------------------------ phases 1–5
@@ -165,6 +196,11 @@ class OfflineEntropyProbe:
         cfg = self.config
         timing: dict[str, float] = {}
         t_start = time.perf_counter()
+        from .rewards import clear_reward_warnings
+        clear_reward_warnings()  # warnings of an earlier run in this process are not this run's
+        if self.dist is None:
+            self.dist = init_from_env(cfg.distributed)
+        dist = self.dist
         if self.model is None:
             t0 = time.perf_counter()
             self.load(checkpoint_path)
@@ -183,6 +219,7 @@ class OfflineEntropyProbe:
                              E_batch["num_responses_per_prompt"], U_batch["num_prompts"],
                              U_batch["num_responses_per_prompt"])
         timing["phase0_sampling"] = time.perf_counter() - t0
+        dist.checkpoint("sampled")
         if on_batches is not None:
             on_batches(E_batch, U_batch)
         n_zero = zero_advantage_prompts(U_batch)
@@ -193,7 +230,7 @@ class OfflineEntropyProbe:
                        "momentum (check rewards and gold answers)")
 
         # Phases 1–3
-        components = ProbeComponents(self.model, cfg, self.logger, sequence_processor=sp)
+        components = ProbeComponents(self.model, cfg, self.logger, sequence_processor=sp, dist=dist)
         B_U = U_batch["num_prompts"]
         K = cfg.variance.u_groups or min(B_U, 8)
         u_groups = split_into_groups(B_U, min(K, B_U)) if cfg.variance.enabled else None
@@ -201,6 +238,7 @@ class OfflineEntropyProbe:
         res = components.compute_delta_h1_from_batches(E_batch, U_batch, self.optimizer, u_groups=u_groups,
                                                        per_sequence_pieces=cfg.variance.enabled)
         timing.update({f"phase1_3_{k}": v for k, v in res.timings.items()})
+        dist.checkpoint("delta_h1")
         lr = res.learning_rate
         self.update_vector = res.Ybar
         scores = res.scores
@@ -238,7 +276,7 @@ class OfflineEntropyProbe:
             truth = isamp.measure_delta_h(
                 sp, E_batch, res.Ybar, etas, normalize=cfg.estimator.normalize, mode=cfg.importance.mode,
                 optimizer=self.optimizer, named_params=list(zip(components.param_names, components.params)),
-                grads=res.u_gradients.total, max_grad_norm=cfg.estimator.max_grad_norm)
+                grads=res.u_gradients.total, max_grad_norm=cfg.estimator.max_grad_norm, dist=dist)
             timing["phase4_importance"] = time.perf_counter() - t0
         timing["total"] = time.perf_counter() - t_start
 
@@ -261,9 +299,10 @@ class OfflineEntropyProbe:
             "update": res.update_info,
             "consistency": consistency,
             "timing": timing,
-            "environment": environment_info(self.model, cfg),
+            "environment": {**environment_info(self.model, cfg),
+                            "distributed": {"world_size": dist.world_size, "backend": dist.backend}},
             "config_hash": cfg.config_hash(),
-            "warnings": list(self.warnings) + _reward_warnings(),
+            "warnings": list(self.warnings) + list(dict.fromkeys(self.sampling_warnings + _reward_warnings())),
         }
         results["per_sequence_rows"] = _per_sequence_rows(E_batch, scores, a, r, truth["per_sequence"])
         return results
@@ -307,38 +346,90 @@ def environment_info(model, cfg: ProbeConfig) -> dict:
 # ---------------------------------------------------------------------- running with a run directory
 def run_probe(config: ProbeConfig, *, out: str | None = None, resume: str | None = None, overwrite: bool = False,
               dryrun: bool = False, logger: logging.Logger | None = None) -> dict:
-    """Run the probe and write its run directory (unless dryrun). Returns the results dict."""
-    from .results import RunDirectory, print_summary, validate_results_schema
+    """Run the probe and write its run directory (unless dryrun). Returns the results dict.
+
+    Launched by torchrun with several ranks, every rank computes and only rank 0 writes: rank 0 prepares
+    the run directory and broadcasts the saved batches of a resumed run (or its error).
+    """
+    from .results import print_summary
 
     logger = logger or log
-    if dryrun:
-        config = dryrun_config(config)
-        probe = OfflineEntropyProbe(config, logger)
-        results = probe.run_mixed_probe()
-        results.pop("per_sequence_rows")
-        print_summary(results)
-        logger.info("dry run: nothing written")
-        return results
+    dist = init_from_env(config.distributed)
+    try:
+        if dryrun:
+            config = dryrun_config(config)
+            probe = OfflineEntropyProbe(config, logger, dist=dist)
+            results = probe.run_mixed_probe()
+            results.pop("per_sequence_rows")
+            if dist.is_main:
+                print_summary(results)
+            logger.info("dry run: nothing written")
+            return results
+        if not dist.is_main:
+            return _run_probe_worker(config, dist, logger)
+        return _run_probe_main(config, dist, out=out, resume=resume, overwrite=overwrite, logger=logger)
+    finally:
+        dist.shutdown()
+
+
+def _run_probe_worker(config: ProbeConfig, dist: DistContext, logger: logging.Logger) -> dict:
+    """A rank > 0: receive rank 0's saved batches (resume) and compute; write nothing."""
+    package_logger = logging.getLogger("entropy_experiments")
+    if package_logger.getEffectiveLevel() > logging.DEBUG:  # rank 0 tells the story; the others only warn
+        package_logger.setLevel(logging.WARNING)
+    status, payload = dist.broadcast_object(None, "run directory broadcast")
+    if status == "error":
+        raise ProbeError(payload)
+    probe = OfflineEntropyProbe(config, logger, dist=dist)
+    results = probe.run_mixed_probe(batches=payload)
+    results.pop("per_sequence_rows")
+    return results
+
+
+def _run_probe_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume: str | None,
+                    overwrite: bool, logger: logging.Logger) -> dict:
+    from .lifecycle import hold_point
+    from .results import GenerationChunkStore, RunDirectory, print_summary, validate_results_schema
 
     run_path = Path(resume or out or config.output.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
-    run_dir = RunDirectory.prepare(run_path, config.to_yaml(), config.config_hash(), overwrite=overwrite,
-                                   resume=resume is not None)
+    try:
+        run_dir = RunDirectory.prepare(run_path, config.to_yaml(), config.config_hash(), overwrite=overwrite,
+                                       resume=resume is not None)
+    except ProbeError as exc:
+        dist.broadcast_object(("error", str(exc)), "run directory broadcast")
+        raise
     handler = run_dir.attach_log_handler(logging.getLogger("entropy_experiments"))
     try:
         run_dir.mark_status("running")
         batches = None
         if resume is not None:
-            E, U = run_dir.load_batch("E"), run_dir.load_batch("U")
+            try:
+                E, U = run_dir.load_batch("E"), run_dir.load_batch("U")
+            except ProbeError as exc:
+                dist.broadcast_object(("error", str(exc)), "run directory broadcast")
+                raise
             if E is not None and U is not None:
                 batches = (E, U)
                 logger.info("resuming %s from its saved E and U batches", run_path)
+            elif run_dir.has_partial_chunks():
+                logger.info("resuming %s: reusing the generation chunks it saved", run_path)
+        if dist.enabled:
+            dist.broadcast_object(("ok", batches), "run directory broadcast")
 
         def save_batches(E, U):
             if config.output.save_batches and batches is None:
                 run_dir.save_batch("E", E)
                 run_dir.save_batch("U", U)
+                run_dir.save_partial("sampling_warnings", _reward_warnings())
+                chunks.clear()
+                hold_point("batches_saved")
 
-        probe = OfflineEntropyProbe(config, logger)
+        probe = OfflineEntropyProbe(config, logger, dist=dist)
+        chunks = GenerationChunkStore(run_dir)
+        if config.output.save_batches:
+            probe.chunk_store = chunks
+        if batches is not None:
+            probe.sampling_warnings = list(run_dir.load_partial("sampling_warnings") or [])
         results = probe.run_mixed_probe(batches=batches, on_batches=save_batches)
         rows = results.pop("per_sequence_rows")
         validate_results_schema(results)
@@ -347,6 +438,7 @@ def run_probe(config: ProbeConfig, *, out: str | None = None, resume: str | None
                                                          "units": "parameter change per unit learning rate"})
         run_dir.write_per_sequence(rows)
         run_dir.write_results(results)
+        hold_point("results_written")
         if config.output.plot:
             from .results import plot_delta_h
             plot_delta_h(results, run_dir.path / "delta_h_vs_eta.png")
@@ -354,8 +446,11 @@ def run_probe(config: ProbeConfig, *, out: str | None = None, resume: str | None
         print_summary(results)
         logger.info("run directory: %s", run_dir.path)
         return results
-    except BaseException:
+    except BaseException as exc:
         run_dir.mark_status("failed")
+        if isinstance(exc, KeyboardInterrupt):
+            logger.error("%s: run marked failed; finish it with: entropy-probe run --resume %s",
+                         exc or "interrupted", run_dir.path)
         raise
     finally:
         logging.getLogger("entropy_experiments").removeHandler(handler)

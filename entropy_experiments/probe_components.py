@@ -12,6 +12,11 @@ Given the evaluation batch E and the update batch U (batch dicts, see `batches.p
   backward of the full surrogate runs;
 - bars_dot = X̂·v (float64) and δH₁ = lr·bars_dot.
 All teacher forcing goes through the SequenceProcessor; the model stays in eval() (no dropout).
+
+Distributed (`dist`, see distributed.py): every loop over microbatches runs only this rank's contiguous
+share of the microbatches a single process would run; buffers are accumulated in float64 and summed
+over ranks with one flat all-reduce, per-sequence values are gathered in global order. With one
+process `dist` is SINGLE and every reduction is a no-op.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from tqdm.auto import tqdm
 
 from . import adam_preconditioner as adam
 from .batches import batch_to_sequences, subset_batch, zero_advantage_prompts
+from .distributed import SINGLE, DistContext
 from .errors import NumericsError
 from .losses import (
     SurrogateCoefficients,
@@ -111,11 +117,13 @@ def split_into_groups(n_items: int, n_groups: int) -> list[list[int]]:
 class ProbeComponents:
     """Pure compute on packed E / U batches; see the module docstring."""
 
-    def __init__(self, model, config, logger: logging.Logger | None = None, *, sequence_processor):
+    def __init__(self, model, config, logger: logging.Logger | None = None, *, sequence_processor,
+                 dist: DistContext | None = None):
         self.model = model
         self.config = config
         self.logger = logger or logging.getLogger("entropy_experiments.probe")
         self.sp = sequence_processor
+        self.dist = dist or SINGLE
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("the model has no trainable parameters (is the LoRA adapter loaded trainable?)")
@@ -136,8 +144,12 @@ class ProbeComponents:
         grads = torch.autograd.grad(loss, self.params, allow_unused=True, retain_graph=retain_graph)
         return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, self.params)]
 
-    def _zeros(self) -> NamedTensors:
-        return {n: torch.zeros_like(p, dtype=torch.float32) for n, p in zip(self.param_names, self.params)}
+    def _zeros(self, dtype: torch.dtype = torch.float32) -> NamedTensors:
+        return {n: torch.zeros_like(p, dtype=dtype) for n, p in zip(self.param_names, self.params)}
+
+    def _prompt_chunks(self, batch: dict) -> list[list[int]]:
+        """The backward microbatches (whole prompts) a single process runs, in order."""
+        return chunked(list(range(batch["num_prompts"])), self._prompts_per_microbatch(batch))
 
     # ------------------------------------------------------------------ U side
     def accumulate_sum_Y(self, U_batch: dict, groups: list[list[int]] | None = None) -> UGradients:
@@ -147,25 +159,32 @@ class ProbeComponents:
         B_U = U_batch["num_prompts"]
         groups = groups or [list(range(B_U))]
         per_mb = self._prompts_per_microbatch(U_batch)
-        group_grads, total_loss = [], 0.0
+        total_loss = 0.0
         active = (U_batch["advantages"].abs().sum(dim=1) > 0).tolist()
-        for k, group in enumerate(self._progress(groups, "U backward (Dr-GRPO gradient)")):
-            buf = self._zeros()
-            live = [p for p in group if active[p]]
-            for idx in chunked(live, per_mb):
-                sub = subset_batch(U_batch, idx)
-                lp = self.sp.teacher_force_logprobs(batch_to_sequences(sub), with_grad=True, compute_rb=False)
-                seq_sums = torch.stack([torch.stack([t.sum() for t in row]) for row in lp.token_logqs])
-                loss = dr_grpo_loss(seq_sums, sub["advantages"].to(seq_sums.device),
-                                    torch.tensor(sub["max_lengths"], device=seq_sums.device), B_U)
-                for name, g in zip(self.param_names, self._grad(loss, f"U backward, prompts {idx}")):
-                    buf[name] += g.float()
-                total_loss += float(loss.detach())
-            group_grads.append(buf)
-        total = self._zeros()
+        # Work items (group k, microbatch of live prompts) in single-process order; this rank runs its share.
+        items = [(k, idx) for k, group in enumerate(groups) for idx in chunked([p for p in group if active[p]], per_mb)]
+        group_grads = [self._zeros(torch.float64) for _ in groups]
+        for k, idx in self._progress(self.dist.chunk_slice(items), "U backward (Dr-GRPO gradient)"):
+            sub = subset_batch(U_batch, idx)
+            lp = self.sp.teacher_force_logprobs(batch_to_sequences(sub), with_grad=True, compute_rb=False)
+            seq_sums = torch.stack([torch.stack([t.sum() for t in row]) for row in lp.token_logqs])
+            loss = dr_grpo_loss(seq_sums, sub["advantages"].to(seq_sums.device),
+                                torch.tensor(sub["max_lengths"], device=seq_sums.device), B_U)
+            for name, g in zip(self.param_names, self._grad(loss, f"U backward, prompts {idx}")):
+                group_grads[k][name] += g.double()
+            total_loss += float(loss.detach())
+        if self.dist.enabled:  # one flat all-reduce of the K group buffers (+ the loss)
+            flat = {f"{k}/{n}": t for k, buf in enumerate(group_grads) for n, t in buf.items()}
+            flat["loss"] = torch.tensor([total_loss], dtype=torch.float64)
+            flat = self.dist.all_reduce_named(flat, "U gradient all-reduce")
+            group_grads = [{n: flat[f"{k}/{n}"] for n in buf} for k, buf in enumerate(group_grads)]
+            total_loss = float(flat["loss"][0])
+        total = self._zeros(torch.float64)
         for buf in group_grads:
             for name in total:
                 total[name] += buf[name]
+        group_grads = [{n: t.float() for n, t in buf.items()} for buf in group_grads]
+        total = {n: t.float() for n, t in total.items()}
         return UGradients(total=total, groups=group_grads, group_sizes=[len(g) for g in groups],
                           loss=total_loss, zero_advantage_prompts=zero_advantage_prompts(U_batch))
 
@@ -202,9 +221,22 @@ class ProbeComponents:
     # ------------------------------------------------------------------ E side
     def score_E(self, E_batch: dict, v_named: NamedTensors | None = None) -> EScores:
         """ℓ_ik and H_ik on E (no graph); with `v_named`, also their exact derivatives along v (forward mode)."""
-        seqs = batch_to_sequences(E_batch)
         G = E_batch["num_responses_per_prompt"]
         units = [b for b in range(E_batch["num_prompts"]) for _ in range(G)]
+        if self.dist.enabled:  # score this rank's prompts (whole teacher-forcing chunks), gather in order
+            tf = int(self.config.generation.tf_batch_size)
+            mine = self.dist.prompt_slice(E_batch["num_prompts"], max(1, tf // G))
+            local = self._local().score_E(subset_batch(E_batch, mine), v_named) if mine else None
+            fields = ("token_logqs", "token_entropies", "d_logq", "d_entropy")
+            rows = {} if local is None else {
+                b * G + g: tuple(None if getattr(local, f) is None else getattr(local, f)[j * G + g] for f in fields)
+                for j, b in enumerate(mine) for g in range(G)}
+            gathered = self.dist.gather_rows(rows, len(units), "E scores gather")
+            cols = list(zip(*gathered))
+            return EScores(token_logqs=list(cols[0]), token_entropies=list(cols[1]), unit_of_sequence=units,
+                           d_logq=list(cols[2]) if v_named is not None else None,
+                           d_entropy=list(cols[3]) if v_named is not None else None)
+        seqs = batch_to_sequences(E_batch)
         if v_named is not None:
             rows = _flatten(self.sp.teacher_force_directional(seqs, v_named))
             return EScores(token_logqs=[r["logq"].double() for r in rows],
@@ -225,17 +257,17 @@ class ProbeComponents:
         """X̂ = ∇L_X by a microbatched backward of the surrogate (MATH.md §3), fp32 buffers."""
         self.model.eval()
         G = E_batch["num_responses_per_prompt"]
-        X = self._zeros()
-        for idx in self._progress(chunked(list(range(E_batch["num_prompts"])), self._prompts_per_microbatch(E_batch)),
-                                  "E backward (entropy surrogate)"):
+        X = self._zeros(torch.float64)
+        for idx in self._progress(self.dist.chunk_slice(self._prompt_chunks(E_batch)), "E backward (entropy surrogate)"):
             sub = subset_batch(E_batch, idx)
             lp = self.sp.teacher_force_logprobs(batch_to_sequences(sub), with_grad=True, compute_rb=True)
             seq_ids = [b * G + g for b in idx for g in range(G)]
             loss = surrogate_loss(_flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch),
                                   [coefs.coefficient(n) for n in seq_ids], coefs.D)
             for name, g in zip(self.param_names, self._grad(loss, f"E backward, prompts {idx}")):
-                X[name] += g.float()
-        return X
+                X[name] += g.double()
+        X = self.dist.all_reduce_named(X, "X̂ all-reduce")
+        return {n: t.float() for n, t in X.items()}
 
     def accumulate_X_one_pass(self, E_batch: dict, v_named: NamedTensors | None
                               ) -> tuple[NamedTensors, EScores, SurrogateCoefficients, tuple[Tensor, Tensor] | None]:
@@ -254,18 +286,19 @@ class ProbeComponents:
         directions = linear_directions(self.model, v_named) if v_named is not None else None
         if v_named is not None and directions is None:
             raise ValueError("backward-hook pieces need every trainable parameter to be an nn.Linear weight/bias")
-        X_alpha, X_beta = self._zeros(), self._zeros()
-        logqs: list[Tensor | None] = [None] * N
-        entropies: list[Tensor | None] = [None] * N
+        X_alpha, X_beta = self._zeros(torch.float64), self._zeros(torch.float64)
+        local_rows: dict[int, tuple[Tensor, Tensor]] = {}
         a = torch.zeros(N, dtype=torch.float64)
         r = torch.zeros(N, dtype=torch.float64)
         rows = RowDirectionalDerivatives(directions or {})
         # α_ik and Ĥ·β_ik nearly cancel (entropy-to-go vs Ĥ × tokens-to-go), so ∇L_α and Ĥ∇L_β would be
         # two large fp32 gradients whose difference is X̂. Backpropagating α − s·β with s = the first
         # microbatch's Ĥ keeps the buffers small; X̂ = (X_α' − (Ĥ − s)·X_β)/D is the same algebra.
+        # Distributed: every rank must use the same shift (that of the first microbatch, which rank 0 runs).
         shift: float | None = None
+        shift_shared = False
         with rows:
-            for idx in self._progress(chunked(list(range(E_batch["num_prompts"])), self._prompts_per_microbatch(E_batch)),
+            for idx in self._progress(self.dist.chunk_slice(self._prompt_chunks(E_batch)),
                                       "E backward (entropy surrogate)"):
                 sub = subset_batch(E_batch, idx)
                 seq_ids = [b * G + g for b in idx for g in range(G)]
@@ -274,30 +307,47 @@ class ProbeComponents:
                                                     tf_batch_size=len(seq_ids))
                 l_mb, h_mb = _flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch)
                 coefs = [sequence_coefficients(h, normalize=est.normalize, x_mode=est.x_mode) for h in h_mb]
-                if shift is None:
-                    shift = self._entropy_of(h_mb)
+                if not shift_shared:
+                    shift = self.dist.broadcast_float(self._entropy_of(h_mb) if self.dist.is_main else None,
+                                                      "E shift broadcast")
+                    shift_shared = True
                 loss_alpha = surrogate_loss(l_mb, h_mb, [al - shift * be for al, be in coefs], 1.0)
                 has_beta = any(bool(be.any()) for _, be in coefs)
                 rows.reset(len(seq_ids))
                 for name, g in zip(self.param_names, self._grad(loss_alpha, f"E backward, prompts {idx}",
                                                                 retain_graph=has_beta)):
-                    X_alpha[name] += g.float()
+                    X_alpha[name] += g.double()
                 a[seq_ids] = rows.values
                 if has_beta:
                     loss_beta = weighted_logq_sum(l_mb, [be for _, be in coefs])
                     rows.reset(len(seq_ids))
                     for name, g in zip(self.param_names, self._grad(loss_beta, f"E backward (β), prompts {idx}")):
-                        X_beta[name] += g.float()
+                        X_beta[name] += g.double()
                     r[seq_ids] = rows.values
                 for j, n in enumerate(seq_ids):
-                    logqs[n] = l_mb[j].detach().double().cpu()
-                    entropies[n] = h_mb[j].detach().double().cpu()
+                    local_rows[n] = (l_mb[j].detach().double().cpu(), h_mb[j].detach().double().cpu())
+        if not shift_shared:  # a rank without microbatches still takes part in the broadcast
+            shift = self.dist.broadcast_float(None, "E shift broadcast")
+        if self.dist.enabled:  # one flat all-reduce: X_α, X_β and the per-sequence a, r (zero off this rank)
+            flat = {**{f"alpha/{n}": t for n, t in X_alpha.items()}, **{f"beta/{n}": t for n, t in X_beta.items()},
+                    "a": a, "r": r}
+            flat = self.dist.all_reduce_named(flat, "X̂ all-reduce")
+            X_alpha = {n: flat[f"alpha/{n}"] for n in X_alpha}
+            X_beta = {n: flat[f"beta/{n}"] for n in X_beta}
+            a, r = flat["a"], flat["r"]
+        gathered = self.dist.gather_rows(local_rows, N, "E scores gather")
+        logqs = [row[0] for row in gathered]
+        entropies = [row[1] for row in gathered]
         scores = EScores(token_logqs=logqs, token_entropies=entropies,
                          unit_of_sequence=[b for b in range(E_batch["num_prompts"]) for _ in range(G)])
         coefficients = self.coefficients(scores)
         residual = coefficients.H_hat - (shift or 0.0)
         X = {n: ((X_alpha[n].double() - residual * X_beta[n].double()) / coefficients.D).float() for n in X_alpha}
         return X, scores, coefficients, ((a + (shift or 0.0) * r, r) if v_named is not None else None)
+
+    def _local(self) -> ProbeComponents:
+        """The same components without distribution (for a rank's own slice)."""
+        return ProbeComponents(self.model, self.config, self.logger, sequence_processor=self.sp)
 
     def _entropy_of(self, token_entropies: list[Tensor]) -> float:
         """Ĥ of a list of per-sequence entropy tensors under estimator.normalize (no graph)."""

@@ -72,8 +72,27 @@ def sample_batch(sp, examples: list, prompt_indices: list[int], G: int, *, seed:
             from .utils.reference_sampler import sample_one_at_a_time
             seqs = sample_one_at_a_time(sp.model, sp.tokenizer, prompts, G, sp.config, seed=seed)
         else:
-            seqs = sp.generate_batched(prompts, G)
+            # Each chunk seeded from (seed, chunk index): chunks saved by a killed run can be reused.
+            seqs = sp.generate_batched(prompts, G, seed=seed, seed_per_chunk=True)
     seqs.examples = chosen
     seqs.prompt_ids = [int(ex.meta["global_prompt_id"]) for ex in chosen]
     rewards = sp._compute_rewards(prompts, seqs, chosen) if with_rewards else None
     return pack_batch(seqs, rewards, with_advantages=with_rewards)
+
+
+def sample_batch_sharded(sp, examples: list, prompt_indices: list[int], G: int, *, seed: int, with_rewards: bool,
+                         reference: bool = False, dist=None, what: str = "batch") -> dict:
+    """`sample_batch` over the ranks of a distributed job: each rank generates its contiguous slice of
+    `prompt_indices` with its own generator (`distributed.rank_seed`; rank 0 keeps `seed`), and the
+    slices are all-gathered so that every rank returns the whole batch in plan order. One process:
+    exactly `sample_batch`."""
+    if dist is None or not dist.enabled:
+        return sample_batch(sp, examples, prompt_indices, G, seed=seed, with_rewards=with_rewards,
+                            reference=reference)
+    from .distributed import concat_batches, rank_seed
+
+    mine = dist.prompt_slice(len(prompt_indices))
+    local = (sample_batch(sp, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
+                          with_rewards=with_rewards, reference=reference) if mine else None)
+    parts = dist.all_gather_object(local, f"gather sampled {what}")
+    return concat_batches(parts, sp.pad_token_id)

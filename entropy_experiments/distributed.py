@@ -1,0 +1,327 @@
+"""torch.distributed helpers: process group from torchrun, index-plan broadcast, rank slices, reductions.
+
+The probe runs data-parallel when launched by `torchrun` (WORLD_SIZE > 1 in the environment):
+
+- rank 0 draws the index plan and broadcasts it; each rank samples its slice of E and U, and the
+  slices are all-gathered so that every rank holds the whole E and U in global order;
+- the work of every phase (microbatches of prompts) is split into contiguous slices by `DistContext.
+  work_slice`, aligned to the microbatches a single process would run, so that each microbatch is
+  computed exactly as it would be in one process;
+- LoRA-sized buffers are summed with one flat float64 all-reduce (`all_reduce_named`) and per-sequence
+  values are gathered in global order (`gather_rows`, `sum_rows`), so that every statistic is then
+  computed from the whole batch, identically on every rank.
+
+The probe's backward passes are never wrapped in DDP: every reduction is explicit and happens here.
+In one process (`SINGLE`, or no torchrun environment) every helper is a no-op returning its input.
+
+A collective that fails or times out (a rank died or hangs) becomes one `DistributedError` line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .errors import ProbeError
+
+log = logging.getLogger("entropy_experiments.distributed")
+T = TypeVar("T")
+
+# Test-only fault injection: "PHASE[:RANK[:MODE]]" makes rank RANK (default 1) die (MODE kill, the
+# default: SIGKILL itself), exit (os._exit(3)) or hang (sleep) when it reaches `DistContext.checkpoint(PHASE)`.
+FAULT_ENV = "ENTROPY_PROBE_TEST_FAULT"
+
+
+class DistributedError(ProbeError):
+    """A collective failed or timed out: a rank died, hung or cannot be reached."""
+
+
+@dataclass
+class DistContext:
+    """This process's place in the job. world_size == 1: every method is a no-op."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    timeout_s: float = 600.0
+    owns_group: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where tensors must sit for a collective (nccl: this rank's GPU; gloo: CPU)."""
+        if self.backend == "nccl":
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    # ------------------------------------------------------------------ slices
+    def work_slice(self, n_items: int) -> range:
+        """The contiguous range of `n_items` work items (microbatches, chunks) this rank runs.
+
+        numpy.array_split semantics: the first ranks get one more item when it does not divide, so
+        rank 0 always runs item 0 (the first microbatch) when there is one.
+        """
+        return rank_range(n_items, self.rank, self.world_size)
+
+    def chunk_slice(self, chunks: Sequence[T]) -> list[T]:
+        """This rank's contiguous share of an ordered list of work items."""
+        r = self.work_slice(len(chunks))
+        return list(chunks[r.start:r.stop])
+
+    def prompt_slice(self, n_prompts: int, chunk: int = 1) -> list[int]:
+        """This rank's prompts: whole chunks of `chunk` consecutive prompts, split contiguously."""
+        chunks = [list(range(i, min(i + chunk, n_prompts))) for i in range(0, n_prompts, max(1, chunk))]
+        return [p for c in self.chunk_slice(chunks) for p in c]
+
+    # ------------------------------------------------------------------ collectives
+    def _collective(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except DistributedError:
+            raise
+        except (RuntimeError, ValueError, OSError) as exc:
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise DistributedError(
+                f"distributed: rank {self.rank}/{self.world_size} lost its peers in '{what}' — another rank died "
+                f"or did not answer within the collective timeout (distributed.timeout_s={self.timeout_s:g} s); "
+                f"cause: {first}") from None
+
+    def broadcast_object(self, obj: T, what: str, src: int = 0) -> T:
+        """rank `src`'s `obj` on every rank (pickled)."""
+        if not self.enabled:
+            return obj
+        import torch.distributed as dist
+        box = [obj if self.rank == src else None]
+        self._collective(what, lambda: dist.broadcast_object_list(box, src=src, device=self._object_device()))
+        return box[0]
+
+    def all_gather_object(self, obj: Any, what: str) -> list:
+        """[obj of rank 0, obj of rank 1, …] on every rank."""
+        if not self.enabled:
+            return [obj]
+        import torch.distributed as dist
+        out: list = [None] * self.world_size
+        self._collective(what, lambda: dist.all_gather_object(out, obj))
+        return out
+
+    def all_reduce_tensor(self, t: Tensor, what: str) -> Tensor:
+        """Σ over ranks of `t` (same shape on every rank); a new tensor on t's device and dtype."""
+        if not self.enabled:
+            return t
+        import torch.distributed as dist
+        buf = t.detach().to(self.comm_device).clone()
+        self._collective(what, lambda: dist.all_reduce(buf, op=dist.ReduceOp.SUM))
+        return buf.to(device=t.device, dtype=t.dtype)
+
+    def all_reduce_named(self, named: dict[str, Tensor], what: str) -> dict[str, Tensor]:
+        """Σ over ranks of every tensor of `named`, in ONE flat float64 all-reduce (dtype kept)."""
+        if not self.enabled:
+            return named
+        names = list(named)
+        flat = torch.cat([named[n].detach().to(self.comm_device, torch.float64).reshape(-1) for n in names])
+        flat = self.all_reduce_tensor(flat, what)
+        out, offset = {}, 0
+        for n in names:
+            ref = named[n]
+            out[n] = flat[offset:offset + ref.numel()].reshape(ref.shape).to(device=ref.device, dtype=ref.dtype)
+            offset += ref.numel()
+        return out
+
+    def all_reduce_scalars(self, values: Sequence[float], what: str) -> list[float]:
+        if not self.enabled:
+            return [float(v) for v in values]
+        return self.all_reduce_tensor(torch.tensor(list(values), dtype=torch.float64), what).tolist()
+
+    def broadcast_float(self, value: float | None, what: str) -> float | None:
+        """rank 0's float (or None) on every rank."""
+        return self.broadcast_object(value, what)
+
+    def gather_rows(self, local: dict[int, Any], n_rows: int, what: str) -> list:
+        """Merge {global index: value} from every rank into one list [n_rows] in global order.
+
+        Every index must be provided by exactly one rank (no gaps, no duplicates)."""
+        parts = self.all_gather_object(local, what) if self.enabled else [local]
+        out: list = [None] * n_rows
+        seen = 0
+        for part in parts:
+            for i, value in part.items():
+                if out[i] is not None:
+                    raise RuntimeError(f"{what}: row {i} provided by two ranks")
+                out[i] = value
+                seen += 1
+        if seen != n_rows:
+            raise RuntimeError(f"{what}: {n_rows - seen} of {n_rows} rows provided by no rank")
+        return out
+
+    def sum_rows(self, values: np.ndarray | Tensor, what: str) -> np.ndarray:
+        """Element-wise Σ over ranks of a float64 [N] array that is zero outside this rank's rows
+        (exact: every element is non-zero on one rank at most)."""
+        t = torch.as_tensor(np.asarray(values, dtype=np.float64))
+        return self.all_reduce_tensor(t, what).numpy() if self.enabled else t.numpy()
+
+    def barrier(self, what: str) -> None:
+        if self.enabled:
+            import torch.distributed as dist
+            self._collective(what, dist.barrier)
+
+    def _object_device(self):
+        return self.comm_device if self.backend == "nccl" else None
+
+    # ------------------------------------------------------------------ life cycle
+    def checkpoint(self, phase: str) -> None:
+        """Phase boundary: a no-op, except for the test-only fault injection (`FAULT_ENV`)."""
+        spec = os.environ.get(FAULT_ENV)
+        if not spec:
+            return
+        parts = spec.split(":")
+        target_rank = int(parts[1]) if len(parts) > 1 and parts[1] else 1
+        mode = parts[2] if len(parts) > 2 else "kill"
+        if parts[0] != phase or self.rank != target_rank:
+            return
+        log.warning("test fault injection: rank %d %s at phase %s", self.rank, mode, phase)
+        if mode == "hang":
+            while True:
+                time.sleep(1)
+        elif mode == "exit":
+            os._exit(3)
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def shutdown(self) -> None:
+        if self.owns_group:
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.owns_group = False
+
+
+SINGLE = DistContext()
+
+
+def rank_range(n_items: int, rank: int, world_size: int) -> range:
+    """Contiguous numpy.array_split share of range(n_items) for `rank` (first ranks get the extra item)."""
+    base, extra = divmod(n_items, world_size)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (1 if rank < extra else 0))
+
+
+def resolve_backend(backend: str) -> str:
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return backend
+
+
+def launched_world_size() -> int:
+    """WORLD_SIZE set by torchrun (1 when not launched by it)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def init_from_env(settings: Any = None) -> DistContext:
+    """The DistContext of this process: from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR/PORT), creating the process group if needed; SINGLE when not launched with several ranks.
+
+    `settings`: the config's `distributed` section (backend auto | nccl | gloo, timeout_s).
+    """
+    import torch.distributed as dist
+
+    backend_cfg = getattr(settings, "backend", "auto") if settings is not None else "auto"
+    timeout_s = float(getattr(settings, "timeout_s", 600.0) if settings is not None else 600.0)
+    if dist.is_available() and dist.is_initialized():  # someone (a test, a wrapper) made the group already
+        ws = dist.get_world_size()
+        if ws == 1:
+            return DistContext(timeout_s=timeout_s)
+        return DistContext(rank=dist.get_rank(), world_size=ws, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                           backend=dist.get_backend(), timeout_s=timeout_s, owns_group=False)
+    world = launched_world_size()
+    if world <= 1:
+        return DistContext(timeout_s=timeout_s)
+    if not dist.is_available():
+        raise DistributedError("distributed: WORLD_SIZE > 1 but this torch build has no torch.distributed")
+    backend = resolve_backend(backend_cfg)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise DistributedError("distributed.backend: nccl needs CUDA, and none is available (use gloo or auto)")
+        if local_rank >= torch.cuda.device_count():
+            raise DistributedError(f"distributed: LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "
+                                   "CUDA devices on this node (lower --nproc_per_node)")
+        torch.cuda.set_device(local_rank)
+    ctx = DistContext(rank=rank, world_size=world, local_rank=local_rank, backend=backend, timeout_s=timeout_s,
+                      owns_group=True)
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
+    if backend == "nccl":
+        kwargs["device_id"] = torch.device("cuda", local_rank)
+    ctx._collective("init_process_group", lambda: dist.init_process_group(**kwargs))
+    log.info("distributed: rank %d of %d (local rank %d), backend %s, timeout %g s", rank, world, local_rank,
+             backend, timeout_s)
+    return ctx
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The generator seed of `rank` for a sampling stream whose single-process seed is `seed`
+    (rank 0 keeps `seed`, so a one-process run is unchanged)."""
+    return int(seed) + 1_000_003 * int(rank)
+
+
+def concat_batches(parts: Sequence[dict], pad_id: int) -> dict:
+    """Concatenate packed batches (prompt-major) into one, re-padding to a common layout.
+
+    Each part has its own padded prompt length Lp and total length L; the result left-pads every
+    prompt to the largest Lp and right-pads to the largest response, so that every (prompt, response)
+    keeps its tokens and mask (teacher forcing trims the shared padding of each forward again).
+    """
+    from .batches import validate_batch
+
+    parts = [p for p in parts if p is not None and p["num_prompts"] > 0]
+    if len(parts) == 1:
+        return parts[0]
+    G = parts[0]["num_responses_per_prompt"]
+    if any(p["num_responses_per_prompt"] != G for p in parts):
+        raise ValueError("concat_batches: parts have different numbers of responses per prompt")
+    Lp = max(max(p["prompt_lens"]) for p in parts)
+    T = max(max(p["max_lengths"]) for p in parts)
+    L = Lp + T
+    seqs, masks = [], []
+    for p in parts:
+        B, _, Lx = p["sequences"].shape
+        s = torch.full((B, G, L), pad_id, dtype=p["sequences"].dtype)
+        m = torch.zeros((B, G, L), dtype=p["attention_masks"].dtype)
+        for b in range(B):
+            shift = Lp - p["prompt_lens"][b]
+            width = min(Lx, L - shift)
+            s[b, :, shift:shift + width] = p["sequences"][b, :, :width]
+            m[b, :, shift:shift + width] = p["attention_masks"][b, :, :width]
+        seqs.append(s)
+        masks.append(m)
+    out: dict[str, Any] = {
+        "sequences": torch.cat(seqs), "attention_masks": torch.cat(masks),
+        "prompt_lens": [Lp] * sum(p["num_prompts"] for p in parts),
+        "advantages": torch.cat([p["advantages"] for p in parts]),
+        "num_prompts": sum(p["num_prompts"] for p in parts), "num_responses_per_prompt": G,
+    }
+    for key in ("gen_lens", "rewards", "max_lengths", "prompt_ids", "prompts", "responses_text"):
+        if all(key in p and p[key] is not None for p in parts):
+            out[key] = [x for p in parts for x in p[key]]
+    validate_batch(out, "gathered batch")
+    return out
