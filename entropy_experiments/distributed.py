@@ -231,10 +231,14 @@ def resolve_backend(backend: str) -> str:
 
 def launched_world_size() -> int:
     """WORLD_SIZE set by torchrun (1 when not launched by it)."""
+    raw = os.environ.get("WORLD_SIZE", "1")
     try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
+        world = int(raw)
     except ValueError:
-        return 1
+        raise DistributedError(f"distributed: WORLD_SIZE must be a positive integer, got {raw!r}") from None
+    if world < 1:
+        raise DistributedError(f"distributed: WORLD_SIZE must be a positive integer, got {raw!r}")
+    return world
 
 
 def init_from_env(settings: Any = None) -> DistContext:

@@ -568,6 +568,8 @@ def render_summary(results: dict[str, Any]) -> str:
     console = Console(file=buffer, width=110, color_system=None, force_terminal=False, soft_wrap=False)
     for table in (head, etas, fit):
         console.print(table)
+        if table is etas and (note := _khat_note(results.get("true", []))):
+            console.print(note, markup=False, highlight=False)
         console.print()
     warnings = results.get("warnings") or []
     if warnings:
@@ -576,6 +578,23 @@ def render_summary(results: dict[str, Any]) -> str:
             console.print(f"  ⚠ {w}", markup=False, highlight=False)
     # rich pads every line to the console width; drop that so the text copies cleanly.
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+
+
+def _khat_note(entries: list[dict[str, Any]]) -> str | None:
+    """A footnote when k̂ rests on so few tail draws that arviz-stats' prior (towards 0.5) dominates it."""
+    from .stats import PSIS_PRIOR_DRAWS, psis_tail_size
+
+    for entry in entries:
+        ess_value, frac = entry.get("ess"), entry.get("ess_frac")
+        if _finite(ess_value) and _finite(frac) and frac > 0:
+            n = round(ess_value / frac)
+            tail = psis_tail_size(n)
+            if 5 <= tail < 2 * PSIS_PRIOR_DRAWS:
+                return (f"k̂ is fit to the M = {tail} largest of N = {n} weights and shrunk towards 0.5 by a prior "
+                        f"worth {PSIS_PRIOR_DRAWS} draws, so at this N a k̂ above its threshold "
+                        f"({_fmt(entry.get('khat_threshold'), '.2f')}) is weak evidence; ESS/N is the steadier guide.")
+            return None
+    return None
 
 
 def print_summary(results: dict[str, Any]) -> None:

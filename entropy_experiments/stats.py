@@ -124,6 +124,16 @@ def khat_threshold(n: int) -> float:
     return min(1.0 - 1.0 / math.log10(n), 0.7)
 
 
+# arviz-stats shrinks the fitted shape towards 0.5 with this many pseudo-draws (Zhang & Stephens'
+# weak prior): k̂ = (M·k + 10·0.5) / (M + 10), so with few tail draws k̂ sits near 0.5 whatever the tail.
+PSIS_PRIOR_DRAWS = 10
+
+
+def psis_tail_size(n: int) -> int:
+    """M, the number of largest weights the PSIS fit uses for n draws (as arviz-stats picks it)."""
+    return math.floor(3 * math.sqrt(n)) if n > 225 else n // 5
+
+
 def psis_khat(logw: Any) -> float:
     """Pareto-smoothed importance sampling shape k̂ of the weights' right tail.
 
@@ -140,8 +150,7 @@ def psis_khat(logw: Any) -> float:
     lw = _f64(logw)
     if np.isnan(lw).any() or np.isposinf(lw).any():
         raise ValueError("log-weights must be finite or -inf")
-    n = lw.size
-    tail = math.floor(3 * math.sqrt(n)) if n > 225 else n // 5  # M, as arviz-stats picks it
+    tail = psis_tail_size(lw.size)
     # Too few draws for a tail fit, or zero weights reaching into the tail (a degenerate fit;
     # zero_weight_count and the ESS already tell that story).
     if tail < 5 or int(np.isfinite(lw).sum()) <= tail:

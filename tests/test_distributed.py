@@ -59,6 +59,25 @@ def test_single_process_reductions_are_noops():
     assert D.rank_seed(7, 0) == 7 and D.rank_seed(7, 1) != 7
 
 
+def test_bad_launch_environments_are_one_line_errors(monkeypatch):
+    """A garbled WORLD_SIZE or nccl without CUDA is refused before any process group is made."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(D.DistributedError, match=r"^distributed: WORLD_SIZE must be a positive integer, got 'two'$"):
+        D.init_from_env()
+    monkeypatch.setenv("WORLD_SIZE", "0")
+    with pytest.raises(D.DistributedError, match="got '0'"):
+        D.launched_world_size()
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", "0")
+        with pytest.raises(D.DistributedError, match=r"^distributed\.backend: nccl needs CUDA"):
+            D.init_from_env(SimpleNamespace(backend="nccl", timeout_s=5))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert D.init_from_env(SimpleNamespace(backend="nccl", timeout_s=5)).world_size == 1
+
+
 def _part(prompt_lens: list[int], gen: list[list[int]], first_id: int) -> dict:
     from entropy_experiments.batches import validate_batch
 

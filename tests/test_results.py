@@ -334,6 +334,18 @@ def test_summary_contains_the_numbers():
     assert "\x1b[" not in text  # no colour codes
 
 
+def test_summary_notes_when_khat_rests_on_few_tail_draws():
+    from entropy_experiments.stats import psis_tail_size
+
+    assert [psis_tail_size(n) for n in (24, 25, 32, 225, 226, 10_000)] == [4, 5, 6, 45, 45, 300]
+    text = R.render_summary(fake_results())  # N = ess / ess_frac = 64 → M = 12 tail draws
+    assert "M = 12 largest of N = 64 weights" in text and "prior worth 10 draws" in text
+    big = fake_results()
+    for entry in big["true"]:
+        entry["ess"] = entry["ess_frac"] * 1000  # N = 1000 → M = 94: the fit is the data's
+    assert "largest of N" not in R.render_summary(big)
+
+
 def test_summary_tolerates_nulls():
     res = json.loads(R.dumps_strict(fake_results(deltaH1=float("nan"), bars_dot=0.0)))
     text = R.render_summary(res)
