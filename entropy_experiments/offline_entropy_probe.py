@@ -78,13 +78,19 @@ class OfflineEntropyProbe:
         if message not in self.warnings:
             self.warnings.append(message)
 
+    def _ensure_dist(self) -> DistContext:
+        """This process's DistContext, made from the environment (torchrun) on first use."""
+        if self.dist is None:
+            self.dist = init_from_env(self.config.distributed)
+        return self.dist
+
     def _load_lora_model(self, lora_path: str):
         """Load the base model + LoRA adapter (trainable, active), upcast to fp32, eval mode (MATH.md §7)."""
         from .model_loader import load_peft_for_probe, load_tokenizer
 
         ck = self.config.checkpoint
         device_map = ck.device_map
-        if self.dist is not None and self.dist.backend == "nccl":  # one GPU per rank
+        if self._ensure_dist().backend == "nccl":  # one GPU per rank
             device_map = f"cuda:{self.dist.local_rank}"
         model = load_peft_for_probe(ck.base_model, lora_path, use_qlora=ck.use_qlora, dtype=ck.dtype,
                                     device_map=device_map, trust_remote_code=ck.trust_remote_code)
@@ -155,7 +161,7 @@ class OfflineEntropyProbe:
         bc, seed = self.config.batch_config, self.config.seed
         sp = self._ensure_sequence_processor()
         examples = self._examples()
-        dist = self.dist
+        dist = self._ensure_dist()
         plan = error = None
         if dist.is_main:  # rank 0 draws the plan; the other ranks receive it (or rank 0's error)
             try:
@@ -198,9 +204,7 @@ class OfflineEntropyProbe:
         t_start = time.perf_counter()
         from .rewards import clear_reward_warnings
         clear_reward_warnings()  # warnings of an earlier run in this process are not this run's
-        if self.dist is None:
-            self.dist = init_from_env(cfg.distributed)
-        dist = self.dist
+        dist = self._ensure_dist()
         if self.model is None:
             t0 = time.perf_counter()
             self.load(checkpoint_path)

@@ -246,3 +246,16 @@ def test_same_seed_gives_identical_results(tiny_model_dir, prompts_file):
     r2, _, _ = _run(make_probe(tiny_model_dir, prompts_file, {"seed": 7}))
     assert r1["deltaH1"] == r2["deltaH1"] and r1["se"] == r2["se"]
     assert [t["deltaH_true"] for t in r1["true"]] == [t["deltaH_true"] for t in r2["true"]]
+
+
+@pytest.mark.parametrize("mode", ["replacement", "distinct"])
+def test_seed_sampling_entry_point_on_a_fresh_probe(tiny_model_dir, prompts_file, mode):
+    """`_sample_EU_via_sequence_processor` (seed 000's API) works before any run, in both E modes."""
+    probe = make_probe(tiny_model_dir, prompts_file, {"batch_config": {"E_sampling_mode": mode, "G": 2}})
+    E, U = probe._sample_EU_via_sequence_processor(B_E=3, B_U=2, G_U=2)
+    E_per_prompt = 1 if mode == "replacement" else 2
+    assert (E["num_prompts"], E["num_responses_per_prompt"]) == (3, E_per_prompt)
+    assert (U["num_prompts"], U["num_responses_per_prompt"]) == (2, 2)
+    assert len(set(probe.index_plan.U_prompt_indices)) == 2
+    if mode == "distinct":
+        assert len(set(probe.index_plan.E_prompt_indices)) == 3
