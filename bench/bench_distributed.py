@@ -70,15 +70,11 @@ def launch(args: list[str], nproc: int, cores: int) -> float:
 
 def make_config(args, folder: Path) -> Path:
     if args.model == "demo":
-        from entropy_experiments.cli import demo_checkpoint_dir
+        from entropy_experiments.cli import ensure_demo_checkpoint
         from entropy_experiments.config import load_config, packaged_config_path
-        from entropy_experiments.training import make_checkpoint
 
         config = load_config(packaged_config_path("demo")).to_dict()
-        ckpt = demo_checkpoint_dir()
-        if not (ckpt / "checkpoint.json").exists():
-            print(f"making the demo checkpoint in {ckpt} (once)", flush=True)
-            make_checkpoint(ckpt, load_config(packaged_config_path("demo")), steps=3)
+        ckpt = ensure_demo_checkpoint(load_config(packaged_config_path("demo")))
         config["checkpoint"].update({"checkpoint_path": str(ckpt), "adapter_path": str(ckpt / "model"),
                                      "optimizer_path": str(ckpt / "optimizer.pt")})
     else:

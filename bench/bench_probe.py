@@ -1,6 +1,6 @@
 """Benchmark of the probe's phases 1–3 (issue 4) against one plain Dr-GRPO training step.
 
-    .venv/bin/python bench/bench_probe.py [--repeats N] [--B-E 32 --B-U 4 --G 4 --max-new-tokens 48]
+    .venv/bin/python bench/bench_probe.py [--repeats N] [--B-E 32 --B-U 4 --G 4 --max-new-tokens 40]
                                           [--compare-jvp] [--threads N]
 
 Both sides run on the embedded SmolLM2-135M with the demo checkpoint (made once and cached, as
@@ -36,10 +36,9 @@ TARGET = 1.5
 
 
 def _demo_probe(args):
-    from entropy_experiments.cli import demo_checkpoint_dir
+    from entropy_experiments.cli import ensure_demo_checkpoint
     from entropy_experiments.config import config_from_dict, load_config, packaged_config_path
     from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
-    from entropy_experiments.training import make_checkpoint
 
     config = load_config(packaged_config_path("demo"))
     d = config.to_dict()
@@ -47,10 +46,7 @@ def _demo_probe(args):
     d["generation"]["max_new_tokens"] = args.max_new_tokens
     d["importance"]["enabled"] = False
     config = config_from_dict(d)
-    ckpt = demo_checkpoint_dir()
-    if not (ckpt / "checkpoint.json").exists():
-        print(f"making the demo checkpoint in {ckpt} (once)", flush=True)
-        make_checkpoint(ckpt, config, steps=3)
+    ckpt = ensure_demo_checkpoint(config)
     probe = OfflineEntropyProbe(config)
     probe.load(str(ckpt))
     return probe
@@ -99,7 +95,7 @@ def main() -> int:
     parser.add_argument("--B-E", dest="B_E", type=int, default=32)
     parser.add_argument("--B-U", dest="B_U", type=int, default=4)
     parser.add_argument("--G", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--compare-jvp", action="store_true")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()

@@ -3,7 +3,9 @@ and running `entropy-probe` as a fresh subprocess (the way a user does)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -14,6 +16,24 @@ import yaml
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def logging_restored():
+    """cli.main rebinds the package logger to the current sys.stderr and stops propagation; undo that
+    so that later tests (caplog, capsys) in the same worker see an untouched logging setup."""
+    names = ("entropy_experiments", "transformers", "peft", "accelerate")
+    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level, logging.getLogger(n).propagate)
+             for n in names}
+    try:
+        yield
+    finally:
+        for n, (handlers, level, propagate) in saved.items():
+            logger = logging.getLogger(n)
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            logger.propagate = propagate
+
 
 
 def base_config(tiny_model_dir: Path, data: Path, **sections) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import logging
 import math
 import os
 import shutil
@@ -25,6 +24,8 @@ import yaml
 from entropy_experiments import cli
 from entropy_experiments import results as R
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
+from tests.run_helpers import base_config as make_base_config
+from tests.run_helpers import logging_restored
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_FILES = ("config.yaml", "results.json", "E_batch.pt", "U_batch.pt", "update_vector.safetensors",
@@ -32,33 +33,16 @@ RUN_FILES = ("config.yaml", "results.json", "E_batch.pt", "U_batch.pt", "update_
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@contextlib.contextmanager
-def _logging_restored():
-    """cli.main rebinds the package logger to the current sys.stderr and stops propagation; undo that
-    so that later tests (caplog, capsys) in the same worker see an untouched logging setup."""
-    names = ("entropy_experiments", "transformers", "peft", "accelerate")
-    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level, logging.getLogger(n).propagate)
-             for n in names}
-    try:
-        yield
-    finally:
-        for n, (handlers, level, propagate) in saved.items():
-            logger = logging.getLogger(n)
-            logger.handlers[:] = handlers
-            logger.setLevel(level)
-            logger.propagate = propagate
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _restore_logging_after_module():
     """Module-scoped fixtures below call cli.main before any function-scoped fixture runs."""
-    with _logging_restored():
+    with logging_restored():
         yield
 
 
 @pytest.fixture(autouse=True)
 def _restore_logging():
-    with _logging_restored():
+    with logging_restored():
         yield
 
 
@@ -93,15 +77,7 @@ def _numbers(res: dict) -> dict:
 def base_config(tiny_model_dir, tmp_path_factory) -> dict:
     """The config dict shared by every run here (the checkpoint path is added by `config_file`)."""
     data = write_prompts(tmp_path_factory.mktemp("cli_data") / "prompts.jsonl", SHORT_PROMPTS)
-    return {
-        "seed": 3,
-        "checkpoint": {"base_model": str(tiny_model_dir), "device_map": "cpu"},
-        "batch_config": {"dataset_name": "jsonl", "dataset_path": str(data), "B_E": 4, "B_U": 2, "G": 2},
-        "generation": {"max_new_tokens": 8, "gen_batch_size": 8, "tf_batch_size": 8},
-        "reward": {"name": "tests.probe_rewards:count_a"},
-        "estimator": {"microbatch_size": 8},
-        "importance": {"eta_list": [1.0e-4, 1.0e-3]},
-    }
+    return make_base_config(tiny_model_dir, data, output={"plot": True})
 
 
 @pytest.fixture(scope="module")
@@ -332,8 +308,8 @@ def test_module_entry_point_dryrun(config_file, tmp_path):
 def test_demo_on_embedded_smollm2(tmp_path, monkeypatch):
     """`entropy-probe demo` at tiny sizes: a fresh 1-step demo checkpoint in tmp_path (the converted
     SmolLM2 itself stays in the shared cache), then the probe into --out."""
-    ckpt = tmp_path / "demo_checkpoint"
-    monkeypatch.setattr(cli, "demo_checkpoint_dir", lambda: ckpt)
+    monkeypatch.setattr(cli, "demo_checkpoint_dir", lambda steps: tmp_path / f"demo_checkpoint_{steps}steps")
+    ckpt = tmp_path / "demo_checkpoint_1steps"  # one cache directory per step count: --steps 1 never reuses 2
     out = tmp_path / "demo_run"
     code, stdout = _main(["demo", "--out", str(out), "--steps", "1",
                           "--set", "batch_config.B_E=2", "--set", "batch_config.B_U=2",

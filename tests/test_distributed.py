@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import shutil
 import socket
@@ -27,6 +25,7 @@ import yaml
 from entropy_experiments import cli
 from entropy_experiments import distributed as D
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
+from tests.run_helpers import base_config, logging_restored
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,21 +116,6 @@ def test_concat_batches_repads_and_keeps_every_token():
 
 # ------------------------------------------------------------------------------------------ 2 ranks
 
-@contextlib.contextmanager
-def _logging_restored():
-    """cli.main rebinds the package logger to stderr and stops propagation; undo that afterwards."""
-    names = ("entropy_experiments", "transformers", "peft", "accelerate")
-    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level, logging.getLogger(n).propagate)
-             for n in names}
-    try:
-        yield
-    finally:
-        for n, (handlers, level, propagate) in saved.items():
-            logger = logging.getLogger(n)
-            logger.handlers[:], logger.propagate = handlers, propagate
-            logger.setLevel(level)
-
-
 def _env() -> dict:
     env = dict(os.environ)
     env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
@@ -164,19 +148,11 @@ def dist_config(tiny_model_dir, tmp_path_factory) -> tuple[Path, dict]:
     that each rank runs several of them."""
     folder = tmp_path_factory.mktemp("dist")
     data = write_prompts(folder / "prompts.jsonl", SHORT_PROMPTS)
-    config = {
-        "seed": 5,
-        "checkpoint": {"base_model": str(tiny_model_dir), "device_map": "cpu"},
-        "batch_config": {"dataset_name": "jsonl", "dataset_path": str(data), "B_E": 7, "B_U": 4, "G": 2},
-        "generation": {"max_new_tokens": 6, "gen_batch_size": 8, "tf_batch_size": 2},
-        "reward": {"name": "tests.probe_rewards:count_a"},
-        "estimator": {"microbatch_size": 2},
-        "importance": {"eta_list": [1.0e-4, 1.0e-3]},
-        "distributed": {"backend": "auto", "timeout_s": 30},
-        "output": {"plot": False},
-    }
+    config = base_config(tiny_model_dir, data, seed=5, batch_config={"B_E": 7, "B_U": 4},
+                         generation={"max_new_tokens": 6, "tf_batch_size": 2}, estimator={"microbatch_size": 2},
+                         distributed={"backend": "auto", "timeout_s": 30})
     (folder / "mk.yaml").write_text(yaml.safe_dump(config))
-    with _logging_restored():
+    with logging_restored():
         assert cli.main(["make-checkpoint", "--out", str(folder / "ckpt"), "--steps", "1",
                          "--config", str(folder / "mk.yaml")]) == 0
     config["checkpoint"]["checkpoint_path"] = str(folder / "ckpt")
@@ -247,7 +223,7 @@ def test_two_ranks_match_one_process_from_the_same_batches(fresh_two_rank_run, t
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with _logging_restored():
+        with logging_restored():
             assert cli.main(["run", "--resume", str(one)]) == 0
     finally:
         torch.set_num_threads(threads)
