@@ -25,6 +25,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -350,6 +351,22 @@ def _oom_reason(exc: BaseException) -> str | None:
             isinstance(exc, RuntimeError) and "out of memory" in text.lower()):
         return text.splitlines()[0][:200] if text else type(exc).__name__
     return None
+
+
+def _unless_out_of_memory(fn: Callable[[], Any]) -> tuple[Any, str | None]:
+    """(fn(), None), or (None, reason) when fn ran out of memory; every other error propagates.
+
+    Returning instead of re-raising drops the exception (and the frames holding its tensors) before
+    the caller retries with fewer rows."""
+    try:
+        return fn(), None
+    except NumericsError:
+        raise
+    except Exception as exc:
+        reason = _oom_reason(exc)
+        if reason is None:
+            raise
+        return None, reason
 
 
 def _release_memory() -> None:
@@ -765,28 +782,28 @@ class SequenceProcessor:
         does not depend on how far the failed attempt got.
         """
         while True:
-            limit, reason = state["limit"], None
-            try:
-                rows: list[list[int]] = []
-                for s in range(start, stop, limit):
-                    prompt_index = torch.arange(s, min(s + limit, stop), device=ids.device) // G
-                    try:
-                        part, _ = self._generate_chunk(ids, mask, prompt_index)
-                    except NonFiniteLogitsError as exc:
-                        b, g = divmod(s + exc.row, G)
-                        raise NumericsError(f"non-finite logits in generation: chunk {index}, sequence b={b} g={g}, "
-                                            f"token {getattr(exc, 'position', ids.shape[1]) - ids.shape[1]}") from None
-                    rows.extend(part)
+            limit = state["limit"]
+            rows, reason = _unless_out_of_memory(partial(self._generate_span_once, ids, mask, start, stop, G, index, limit))
+            if reason is None:
                 return rows
-            except NumericsError:
-                raise
-            except Exception as exc:  # only out-of-memory errors are handled; the rest re-raised
-                reason = _oom_reason(exc)
-                if reason is None:
-                    raise
             state["limit"] = self._shrink_after_oom(limit, reason, f"generation (chunk {index}, rows {start}-{stop - 1})")
             if reseed is not None:
                 torch.manual_seed(int(reseed))
+
+    def _generate_span_once(self, ids: Tensor, mask: Tensor, start: int, stop: int, G: int, index: int,
+                       limit: int) -> list[list[int]]:
+        """Rows [start, stop) of chunk `index` in calls of at most `limit` rows."""
+        rows: list[list[int]] = []
+        for s in range(start, stop, limit):
+            prompt_index = torch.arange(s, min(s + limit, stop), device=ids.device) // G
+            try:
+                part, _ = self._generate_chunk(ids, mask, prompt_index)
+            except NonFiniteLogitsError as exc:
+                b, g = divmod(s + exc.row, G)
+                raise NumericsError(f"non-finite logits in generation: chunk {index}, sequence b={b} g={g}, "
+                                    f"token {getattr(exc, 'position', ids.shape[1]) - ids.shape[1]}") from None
+            rows.extend(part)
+        return rows
 
     def generate_with_logprobs(self, prompts: Sequence[str] | None = None, G: int = 8, dataset_name: str | None = None,
                                split: str = "train", num_prompts: int | None = None, seed: int | None = None,
@@ -887,16 +904,11 @@ class SequenceProcessor:
         pending = self._split_tf_batch(sequences, batch, state.get("limit"))
         done: list[tuple[_TFBatch, Any]] = []
         while pending:
-            sub, reason = pending.pop(0), None
-            try:
-                done.append((sub, fn(sub)))
+            sub = pending.pop(0)
+            result, reason = _unless_out_of_memory(partial(fn, sub))
+            if reason is None:
+                done.append((sub, result))
                 continue
-            except NumericsError:
-                raise
-            except Exception as exc:  # only out-of-memory errors are handled; the rest re-raised
-                reason = _oom_reason(exc)
-                if reason is None:
-                    raise
             state["limit"] = self._shrink_after_oom(len(sub.pairs), reason, f"{phase} (batch {sub.index})",
                                                     can_split=can_split)
             pending[:0] = self._split_tf_batch(sequences, sub, state["limit"])
