@@ -39,3 +39,12 @@ def tiny_peft_model_and_tokenizer(tiny_model_dir):
     """(peft_model, tokenizer): a fresh copy of the tiny model under a LoRA r=4 with random lora_B."""
     model, tokenizer = _load_tiny(tiny_model_dir)
     return add_random_lora(model), tokenizer
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch limited to one intra-op thread for a module (restored afterwards)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -16,11 +16,8 @@ PROMPTS = ["User: Tom has 3 apples", "Hi", "What is 2 + 2?"]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread):
+    """One intra-op thread for the whole module (runs here are compared number for number)."""
 
 
 def make_sp(model, tok, **generation) -> SequenceProcessor:

@@ -20,11 +20,8 @@ from entropy_experiments.utils.sequence_processor import GenerationConfig, Seque
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread):
+    """One intra-op thread for the whole module (runs here are compared number for number)."""
 
 
 @pytest.fixture(scope="module")
