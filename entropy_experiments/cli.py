@@ -68,36 +68,14 @@ def cmd_make_checkpoint(args) -> None:
     make_checkpoint(args.out, _load(args), steps=args.steps)
 
 
-DEMO_CHECKPOINT_STEPS = 2
-
-
-def demo_checkpoint_dir(steps: int = DEMO_CHECKPOINT_STEPS) -> Path:
-    """Where the demo checkpoint of `steps` Dr-GRPO steps is cached (one directory per step count,
-    so `demo --steps N` never silently reuses a checkpoint of another length)."""
-    from .model_loader import cache_root
-    return cache_root() / f"demo_checkpoint_{steps}steps"
-
-
-def ensure_demo_checkpoint(config, steps: int = DEMO_CHECKPOINT_STEPS) -> Path:
-    """The cached demo checkpoint (made once with make-checkpoint on `config`); returns its directory."""
-    from .training import make_checkpoint
-
-    ckpt = demo_checkpoint_dir(steps)
-    if not (ckpt / "checkpoint.json").exists():
-        log.info("demo: making the demo checkpoint once (%d Dr-GRPO steps) in %s", steps, ckpt)
-        make_checkpoint(ckpt, config, steps=steps)
-    else:
-        log.info("demo: reusing the cached demo checkpoint %s", ckpt)
-    return ckpt
-
-
 def cmd_demo(args) -> None:
     """Embedded default end to end: cached make-checkpoint, then the probe with the shipped demo config."""
     from .config import load_config, packaged_config_path
     from .offline_entropy_probe import run_probe
+    from .training import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint
 
     config = load_config(packaged_config_path("demo"), args.set or [])
-    ckpt = ensure_demo_checkpoint(config, args.steps)
+    ckpt = ensure_demo_checkpoint(config, DEMO_CHECKPOINT_STEPS if args.steps is None else args.steps)
     config = config.model_copy(update={"checkpoint": config.checkpoint.model_copy(update={
         "checkpoint_path": str(ckpt), "adapter_path": str(ckpt / "model"),
         "optimizer_path": str(ckpt / "optimizer.pt")})})
@@ -129,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the embedded default model end to end")
     demo.add_argument("--out")
-    demo.add_argument("--steps", type=int, default=DEMO_CHECKPOINT_STEPS,
-                      help="Dr-GRPO steps for the cached demo checkpoint")
+    demo.add_argument("--steps", type=int, default=None,
+                      help="Dr-GRPO steps for the cached demo checkpoint (default: training.DEMO_CHECKPOINT_STEPS)")
     demo.add_argument("--set", action="append", metavar="KEY=VALUE")
     demo.add_argument("--overwrite", action="store_true")
     demo.set_defaults(func=cmd_demo)

@@ -235,7 +235,7 @@ def launched_world_size() -> int:
     try:
         world = int(raw)
     except ValueError:
-        raise DistributedError(f"distributed: WORLD_SIZE must be a positive integer, got {raw!r}") from None
+        world = 0
     if world < 1:
         raise DistributedError(f"distributed: WORLD_SIZE must be a positive integer, got {raw!r}")
     return world

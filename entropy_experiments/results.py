@@ -584,17 +584,17 @@ def _khat_note(entries: list[dict[str, Any]]) -> str | None:
     """A footnote when k̂ rests on so few tail draws that arviz-stats' prior (towards 0.5) dominates it."""
     from .stats import PSIS_PRIOR_DRAWS, psis_tail_size
 
-    for entry in entries:
-        ess_value, frac = entry.get("ess"), entry.get("ess_frac")
-        if _finite(ess_value) and _finite(frac) and frac > 0:
-            n = round(ess_value / frac)
-            tail = psis_tail_size(n)
-            if 5 <= tail < 2 * PSIS_PRIOR_DRAWS:
-                return (f"k̂ is fit to the M = {tail} largest of N = {n} weights and shrunk towards 0.5 by a prior "
-                        f"worth {PSIS_PRIOR_DRAWS} draws, so at this N a k̂ above its threshold "
-                        f"({_fmt(entry.get('khat_threshold'), '.2f')}) is weak evidence; ESS/N is the steadier guide.")
-            return None
-    return None
+    entry = next((e for e in entries if _finite(e.get("ess")) and _finite(e.get("ess_frac")) and e["ess_frac"] > 0),
+                 None)
+    if entry is None:
+        return None
+    n = round(entry["ess"] / entry["ess_frac"])  # every η scores the same N sequences
+    tail = psis_tail_size(n)
+    if not 5 <= tail < 2 * PSIS_PRIOR_DRAWS:
+        return None
+    return (f"k̂ is fit to the M = {tail} largest of N = {n} weights and shrunk towards 0.5 by a prior "
+            f"worth {PSIS_PRIOR_DRAWS} draws, so at this N a k̂ above its threshold "
+            f"({_fmt(entry.get('khat_threshold'), '.2f')}) is weak evidence; ESS/N is the steadier guide.")
 
 
 def print_summary(results: dict[str, Any]) -> None:

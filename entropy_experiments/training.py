@@ -68,3 +68,24 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
                           mean_rewards=mean_rewards)
     logger.info("checkpoint written to %s", out_dir)
     return Path(out_dir)
+
+
+DEMO_CHECKPOINT_STEPS = 2
+
+
+def demo_checkpoint_dir(steps: int = DEMO_CHECKPOINT_STEPS) -> Path:
+    """Where the demo checkpoint of `steps` Dr-GRPO steps is cached (one directory per step count,
+    so `demo --steps N` never silently reuses a checkpoint of another length)."""
+    from .model_loader import cache_root
+    return cache_root() / f"demo_checkpoint_{steps}steps"
+
+
+def ensure_demo_checkpoint(config, steps: int = DEMO_CHECKPOINT_STEPS) -> Path:
+    """The cached demo checkpoint (made once with make-checkpoint on `config`); returns its directory."""
+    ckpt = demo_checkpoint_dir(steps)
+    if not (ckpt / "checkpoint.json").exists():
+        log.info("demo: making the demo checkpoint once (%d Dr-GRPO steps) in %s", steps, ckpt)
+        make_checkpoint(ckpt, config, steps=steps)
+    else:
+        log.info("demo: reusing the cached demo checkpoint %s", ckpt)
+    return ckpt

@@ -35,7 +35,6 @@ def logging_restored():
             logger.propagate = propagate
 
 
-
 def base_config(tiny_model_dir: Path, data: Path, **sections) -> dict:
     config = {
         "seed": 3,

@@ -15,9 +15,8 @@ from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 PROMPTS = ["User: Tom has 3 apples", "Hi", "What is 2 + 2?"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread(one_torch_thread):
-    """One intra-op thread for the whole module (runs here are compared number for number)."""
+# One intra-op thread for the whole module (runs here are compared number for number).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_sp(model, tok, **generation) -> SequenceProcessor:

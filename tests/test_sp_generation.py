@@ -18,10 +18,8 @@ from test_sp_policy import brute_force
 from entropy_experiments.utils.reference_sampler import sample_one_at_a_time
 from entropy_experiments.utils.sequence_processor import GenerationConfig, SequenceProcessor
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread(one_torch_thread):
-    """One intra-op thread for the whole module (runs here are compared number for number)."""
+# One intra-op thread for the whole module (runs here are compared number for number).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -791,7 +791,7 @@ class SequenceProcessor:
                 torch.manual_seed(int(reseed))
 
     def _generate_span_once(self, ids: Tensor, mask: Tensor, start: int, stop: int, G: int, index: int,
-                       limit: int) -> list[list[int]]:
+                            limit: int) -> list[list[int]]:
         """Rows [start, stop) of chunk `index` in calls of at most `limit` rows."""
         rows: list[list[int]] = []
         for s in range(start, stop, limit):
