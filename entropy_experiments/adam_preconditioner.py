@@ -395,16 +395,18 @@ def update_direction(
 
 
 def leave_one_out_gradients(
-    group_grads: Sequence[NamedTensors], group_sizes: Sequence[int]
+    group_grads: Sequence[NamedTensors], group_sizes: Sequence[int], scales: Sequence[float] | None = None
 ) -> list[dict[str, Tensor]]:
     """g₍₋k₎ for each of the K prompt groups of U (MATH.md §6, U side).
 
-    group_grads[k] = g_k = ∇ of group k's share of L_U, i.e. (1/B_U) Σ_{p∈k} (prompt-p loss), so
-    the full gradient is g = Σ_k g_k. L_U is a MEAN over the B_U = Σ n_k prompts: leaving group k
-    out gives the mean over the other B_U − n_k prompts, whose gradient is
-        g₍₋k₎ = (B_U / (B_U − n_k)) · (g − g_k).
-    g − g_k is summed directly over the other groups in float64 (no cancellation); results come
-    back in each tensor's input dtype. Zero-advantage prompts still count in n_k and B_U.
+    group_grads[k] = g_k = ∇ of group k's share of L_U, each carrying the loss's whole-batch
+    normaliser Z, so the full gradient is g = Σ_k g_k. Leaving group k out renormalises by the
+    normaliser Z₍₋k₎ of the remaining prompts:
+        g₍₋k₎ = c_k · (g − g_k),  c_k = Z / Z₍₋k₎.
+    `scales` gives c_k (objectives.leave_one_out_scales); by default L_U is a MEAN over the
+    B_U = Σ n_k prompts and c_k = B_U / (B_U − n_k). g − g_k is summed directly over the other groups
+    in float64 (no cancellation); results come back in each tensor's input dtype. Zero-advantage
+    prompts still count in n_k and B_U.
     """
     if len(group_grads) != len(group_sizes):
         raise ValueError(f"{len(group_grads)} group gradients but {len(group_sizes)} group sizes")
@@ -417,10 +419,13 @@ def leave_one_out_gradients(
         if list(gk) != names:
             raise ValueError(f"group {k} gradient has parameter names that differ from group 0's")
     b_u = sum(group_sizes)
+    if scales is None:
+        scales = [b_u / (b_u - n_k) for n_k in group_sizes]
+    if len(scales) != len(group_grads):
+        raise ValueError(f"{len(scales)} leave-one-out scales for {len(group_grads)} groups")
 
     out: list[dict[str, Tensor]] = []
-    for k, n_k in enumerate(group_sizes):
-        scale = b_u / (b_u - n_k)
+    for k, scale in enumerate(scales):
         loo: dict[str, Tensor] = {}
         for name in names:
             rest = sum(gj[name].detach().double() for j, gj in enumerate(group_grads) if j != k)

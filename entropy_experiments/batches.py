@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .losses import group_advantages
+from .objectives import advantages as objective_advantages
 
 
 class BatchContractError(ValueError):
@@ -23,12 +23,13 @@ class BatchContractError(ValueError):
 def pack_batch(seqs, rewards: list[list[float]] | None, *, with_advantages: bool) -> dict[str, Any]:
     """Pack a `BatchedSequences` (+ rewards [B][G]) into the batch dict; advantages per MATH.md §4.
 
-    E batches pass with_advantages=False (advantages are zeros); U batches get A = r − mean_g r.
+    E batches pass with_advantages=False (advantages are zeros); U batches get the contract's mean-centred
+    A = r − mean_g r (the trainer objective forms its own, possibly std-scaled, advantages from `rewards`).
     """
     B, G = seqs.sequences.shape[:2]
     rewards = rewards if rewards is not None else [[0.0] * G for _ in range(B)]
     reward_tensor = torch.tensor(rewards, dtype=torch.float32).reshape(B, G)
-    advantages = group_advantages(reward_tensor) if with_advantages else torch.zeros(B, G)
+    advantages = objective_advantages(reward_tensor).float() if with_advantages else torch.zeros(B, G)
     batch = {
         "sequences": seqs.sequences.cpu(),
         "attention_masks": seqs.attention_masks.cpu(),

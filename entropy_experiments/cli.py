@@ -76,9 +76,9 @@ def cmd_demo(args) -> None:
 
     config = load_config(packaged_config_path("demo"), args.set or [])
     ckpt = ensure_demo_checkpoint(config, DEMO_CHECKPOINT_STEPS if args.steps is None else args.steps)
+    # The probe recognises the make-checkpoint layout (model/ + optimizer.pt + names) under checkpoint_path.
     config = config.model_copy(update={"checkpoint": config.checkpoint.model_copy(update={
-        "checkpoint_path": str(ckpt), "adapter_path": str(ckpt / "model"),
-        "optimizer_path": str(ckpt / "optimizer.pt")})})
+        "checkpoint_path": str(ckpt)})})
     out = args.out or str(Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
     run_probe(config, out=out, overwrite=args.overwrite)
 

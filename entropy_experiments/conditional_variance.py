@@ -33,8 +33,10 @@ def se_E(a: torch.Tensor, r: torch.Tensor, seq_entropies: torch.Tensor, lengths:
 
 
 def leave_one_group_out_directions(components, u_grads, optimizer) -> list[dict[str, torch.Tensor]]:
-    """v₍₋k₎ for each U group k: AdamW direction rebuilt from the gradient without group k."""
-    loo = adam.leave_one_out_gradients(u_grads.groups, u_grads.group_sizes)
+    """v₍₋k₎ for each U group k: AdamW direction rebuilt from the gradient without group k (renormalised
+    by the objective's leave-one-out scales when the U gradients carry them)."""
+    loo = adam.leave_one_out_gradients(u_grads.groups, u_grads.group_sizes,
+                                       getattr(u_grads, "leave_one_out_scales", None))
     return [components.update_direction(g, optimizer)[0] for g in loo]
 
 

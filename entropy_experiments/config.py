@@ -36,6 +36,7 @@ __all__ = [
     "FuncOverrideProfile",
     "GenerationSection",
     "ImportanceSection",
+    "ObjectiveSection",
     "OutputSection",
     "PrecisionSection",
     "ProbeConfig",
@@ -58,6 +59,7 @@ LEGACY_KEYS: dict[str, str | None] = {
     "sampling.use_sequence_processor": "probe_rework.use_sequence_processor_sampling",
     "generation.do_sample": None,
     "generation.num_return_sequences": None,
+    "estimator.max_grad_norm": "objective.max_grad_norm",
 }
 
 # Spellings accepted for dtypes. Model-loading dtypes use the short names; precision profiles use
@@ -95,10 +97,13 @@ class _Section(BaseModel):
 class CheckpointSection(_Section):
     """Where the adapter, optimizer state and base model come from, and how to load them."""
 
-    checkpoint_path: str | None = None  # dir written by save_checkpoint: model/ (adapter), optimizer.pt
-    adapter_path: str | None = None  # resolved to {checkpoint_path}/model when omitted
-    optimizer_path: str | None = None  # resolved to {checkpoint_path}/optimizer.pt when omitted
-    base_model: str = Field("smollm2-135m-instruct", min_length=1)  # hub id, local dir or embedded name
+    # The layout under checkpoint_path (own, Trainer checkpoint-N/, adapter dir with optimizer.pt in its
+    # parent) is recognised at load time by checkpoint_layout.resolve_checkpoint; explicit paths win.
+    checkpoint_path: str | None = None
+    adapter_path: str | None = None
+    optimizer_path: str | None = None
+    # None: the adapter's adapter_config.json base_model_name_or_path (no checkpoint: the embedded model)
+    base_model: str | None = Field(None, min_length=1)
     use_qlora: bool = False
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"  # load dtype; runtime parameters are fp32 anyway
     device_map: str = "auto"
@@ -116,16 +121,6 @@ class CheckpointSection(_Section):
         if not _DEVICE_MAP_RE.fullmatch(value):
             raise ValueError(f"expected auto, cpu, cuda or cuda:N, got {value!r}")
         return value
-
-    @model_validator(mode="after")
-    def _resolve_paths(self) -> CheckpointSection:
-        # Fill the documented defaults so that the saved config says exactly what was loaded.
-        if self.checkpoint_path is not None:
-            if self.adapter_path is None:
-                self.adapter_path = str(Path(self.checkpoint_path) / "model")
-            if self.optimizer_path is None:
-                self.optimizer_path = str(Path(self.checkpoint_path) / "optimizer.pt")
-        return self
 
 
 class BatchSection(_Section):
@@ -228,8 +223,65 @@ class EstimatorSection(_Section):
     x_mode: Literal["causal", "full_return"] = "causal"
     baseline: Literal["none", "loo_position"] = "none"
     update_direction: Literal["adamw_step", "preconditioned_gradient", "sgd"] = "adamw_step"
-    max_grad_norm: float | None = Field(None, gt=0)
     microbatch_size: int = Field(4, ge=1)  # sequences per backward microbatch
+
+
+class ObjectiveSection(_Section):
+    """The objective of the trainer that made the checkpoint (MATH.md §4, TRAINERS.md); U's gradient is
+    its gradient. Unset keys (null) take the `trainer` preset's value, else the seeds' Dr-GRPO defaults;
+    `ProbeConfig.objective_options()` gives the resolved values."""
+
+    trainer: Literal["trl", "verl", "openrlhf"] | None = None
+    loss_type: str | None = None  # dr_grpo_per_prompt (default) | grpo | bnpo | dapo | dr_grpo | luspo | verl names
+    scale_rewards: Literal["none", "group", "batch"] | None = None
+    advantage_eps: float | None = Field(None, ge=0)
+    max_completion_length: int | None = Field(None, ge=1)
+    micro_batches: int | None = Field(None, ge=1)
+    kl_coef: float | None = Field(None, ge=0)
+    kl_estimator: Literal["k3", "low_var_kl"] | None = None
+    entropy_coef: float | None = None
+    entropy_aggregation: Literal["loss", "token_mean"] | None = None
+    max_grad_norm: float | None = Field(None, gt=0)
+    # What a single first on-policy step cannot represent: accepted only at their neutral values.
+    num_iterations: int = 1
+    vllm_importance_sampling_correction: bool = False
+    off_policy_mask_threshold: float | None = None
+    top_entropy_quantile: float = 1.0
+
+    @field_validator("num_iterations")
+    @classmethod
+    def _one_iteration(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("the probe represents the first, on-policy optimizer step after generation (ratio 1, "
+                             f"no clipping); later PPO epochs on the same rollouts are off-policy, got {value}")
+        return value
+
+    @field_validator("vllm_importance_sampling_correction")
+    @classmethod
+    def _no_vllm_correction(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("the π_old/π_vLLM correction of a vLLM-sampled run is not representable (the probe "
+                             "samples with the policy itself), got true")
+        return value
+
+    @field_validator("off_policy_mask_threshold")
+    @classmethod
+    def _no_off_policy_mask(cls, value: float | None) -> float | None:
+        if value is not None:
+            raise ValueError(f"off-policy sequence masks need old log-probs the probe does not have, got {value!r}")
+        return value
+
+    @field_validator("top_entropy_quantile")
+    @classmethod
+    def _no_entropy_mask(cls, value: float) -> float:
+        if value != 1.0:
+            raise ValueError(f"high-entropy token masks are not represented, must be 1.0, got {value!r}")
+        return value
+
+    def explicit(self) -> dict[str, Any]:
+        """The keys that feed the objective (None = unset), for `objectives.resolve`."""
+        return self.model_dump(exclude={"num_iterations", "vllm_importance_sampling_correction",
+                                        "off_policy_mask_threshold", "top_entropy_quantile"})
 
 
 class ImportanceSection(_Section):
@@ -292,6 +344,7 @@ class ProbeConfig(_Section):
     precision: PrecisionSection = Field(default_factory=PrecisionSection)
     probe_rework: ProbeReworkSection = Field(default_factory=ProbeReworkSection)
     estimator: EstimatorSection = Field(default_factory=EstimatorSection)
+    objective: ObjectiveSection = Field(default_factory=ObjectiveSection)
     importance: ImportanceSection = Field(default_factory=ImportanceSection)
     variance: VarianceSection = Field(default_factory=VarianceSection)
     reward: RewardSection = Field(default_factory=RewardSection)
@@ -306,7 +359,21 @@ class ProbeConfig(_Section):
             raise ValueError(
                 f"variance.u_groups: must be <= batch_config.B_U ({self.batch_config.B_U}), got {groups}"
             )
+        try:  # an unknown loss type or a micro-batch count that cannot split U fails here, before any work
+            options = self.objective_options()
+            n_u = self.batch_config.B_U * self.batch_config.G
+            if n_u % options.micro_batches:
+                raise ConfigError(f"objective.micro_batches: must divide the {n_u} U sequences "
+                                  f"(batch_config.B_U·G), got {options.micro_batches}")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    def objective_options(self):
+        """The resolved `objectives.ObjectiveOptions` (explicit keys > trainer preset > defaults)."""
+        from .objectives import resolve
+
+        return resolve(self.objective.explicit(), default_completion_length=self.generation.max_new_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict of the resolved config (YAML / JSON safe)."""

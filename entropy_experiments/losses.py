@@ -1,9 +1,8 @@
-"""The two objectives of the probe, each defined once (MATH.md §3 and §4).
+"""The entropy surrogate L_X on the evaluation batch E, defined once (MATH.md §3).
 
-- The Dr-GRPO policy-gradient loss L_U on the update batch U (also used by `make-checkpoint`).
-- The entropy surrogate L_X on the evaluation batch E, whose gradient is X̂, split into per-token
-  coefficients so that the same numbers feed the backward pass (X̂) and the forward-mode per-sequence
-  pieces used for error bars.
+Its gradient is X̂; it is split into per-token coefficients so that the same numbers feed the backward
+pass (X̂) and the per-sequence pieces used for error bars. (The U side — the trainers' objectives L_U —
+lives in objectives.py.)
 
 Conventions: a response of T tokens is a 1-D tensor of length T, positions k = 1..T (index k−1).
 ℓ_k = log q_θ(t_k | p, t_<k) under the sampling policy; H_k = the RB entropy of q_θ(· | p, t_<k).
@@ -19,26 +18,6 @@ from torch import Tensor
 NORMALIZE_MODES = ("per_token", "per_sequence")
 X_MODES = ("causal", "full_return")
 BASELINES = ("none", "loo_position")
-
-
-# ----------------------------------------------------------------------------- U side (MATH.md §4)
-
-def group_advantages(rewards: Tensor) -> Tensor:
-    """A_pg = r_pg − mean_g r_pg.  rewards: [B, G] → advantages [B, G] (same dtype)."""
-    return rewards - rewards.mean(dim=1, keepdim=True)
-
-
-def dr_grpo_loss(seq_logq_sums: Tensor, advantages: Tensor, max_lengths: Tensor, num_prompts: int) -> Tensor:
-    """Dr-GRPO loss, prompts averaged:  −(1/B_U) Σ_p (1/(G·L_max,p)) Σ_g A_pg · S_pg.
-
-    seq_logq_sums: [B, G] S_pg = Σ_k ℓ_pgk (carries the graph); advantages: [B, G]; max_lengths: [B]
-    (L_max,p = max_g T_pg). `num_prompts` is the size B_U of the WHOLE U batch, so that the losses of
-    prompt microbatches add up to the loss of the batch. Returns a scalar (nats).
-    """
-    G = seq_logq_sums.shape[1]
-    per_prompt = (advantages.to(seq_logq_sums.dtype) * seq_logq_sums).sum(dim=1)
-    per_prompt = per_prompt / (G * max_lengths.to(seq_logq_sums.dtype))
-    return -per_prompt.sum() / num_prompts
 
 
 # ----------------------------------------------------------------------------- E side (MATH.md §3)

@@ -10,8 +10,9 @@ Three concerns, all about getting a checkpoint off disk correctly:
   `CheckpointError`; `create_lora_model` makes a fresh adapter.
 * **Optimizer state.** `save_checkpoint` writes adapter + AdamW state + the parameter names in
   param-group order; `load_adam_optimizer_from_path` maps the saved state back onto the model's
-  parameters by name (or by position, checking every shape) and keeps the *saved* hyperparameters.
-  A state that cannot be matched is an error, never a silent fresh optimizer.
+  parameters by name (or by position in the model's or a Hugging Face Trainer's order, checking every
+  shape; `optimizer_mapping.py`) and keeps the *saved* hyperparameters. A state that cannot be
+  matched is an error, never a silent fresh optimizer. Adapter weights must be finite.
 
 The parameter order of `trainable_named_parameters(model)` is the param-group order used by every
 optimizer this module creates, saves or loads.
@@ -344,6 +345,24 @@ def _check_adapter_matches_base(model: Any, adapter_dir: Path, base_id: str) -> 
         raise CheckpointError(f"adapter {adapter_dir} does not match base model {base_id!r}: {detail}")
 
 
+def _check_adapter_finite(model: Any, adapter_dir: Path) -> None:
+    """Every loaded adapter tensor must be finite: NaN / inf weights would only surface later as
+    "non-finite logits", far from their cause. The message names the tensor as stored in the file."""
+    from peft.utils import get_peft_model_state_dict
+
+    weights = adapter_dir / "adapter_model.safetensors"
+    if not weights.is_file():
+        weights = adapter_dir / "adapter_model.bin"
+    for key, tensor in get_peft_model_state_dict(model, adapter_name="default").items():
+        if not tensor.is_floating_point():
+            continue
+        n_nan, n_bad = int(torch.isnan(tensor).sum()), int((~torch.isfinite(tensor)).sum())
+        if n_bad:
+            what = (f"{n_nan} NaN" if n_nan == n_bad else f"{n_bad} inf" if n_nan == 0
+                    else f"{n_nan} NaN and {n_bad - n_nan} inf")
+            raise CheckpointError(f"adapter {weights}: tensor {key!r} holds {what} values")
+
+
 def _keep_4bit_layers_in_train_mode(model: torch.nn.Module) -> None:
     """CPU QLoRA: stop bitsandbytes from repacking 4-bit weights for CPU inference.
 
@@ -430,6 +449,7 @@ def load_peft_for_probe(
         raise CheckpointError(f"adapter {adapter_dir} cannot be applied to base model {base_id!r}: "
                               f"{_one_line(exc)}") from exc
     _check_adapter_matches_base(model, adapter_dir, base_id)
+    _check_adapter_finite(model, adapter_dir)
 
     model.set_adapter("default")
     model.eval()
@@ -610,6 +630,91 @@ def _check_state_shapes(state: dict[str, Any], param: torch.Tensor, label: str, 
                                       f"shape {tuple(param.shape)}")
 
 
+def _saved_positions(model: torch.nn.Module, named: list[tuple[str, torch.nn.Parameter]], saved: dict[str, Any],
+                     path: Path, names_path: Path, position_order: str) -> tuple[list[int], list[str]]:
+    """Flat saved position of every trainable parameter (model order), and a label per parameter."""
+    from .optimizer_mapping import TRAINER_ORDER, map_by_name, map_by_position, saved_group_names
+
+    model_names = [name for name, _ in named]
+    group_sizes = [len(g["params"]) for g in saved["param_groups"]]
+    in_file = saved_group_names(saved, path)
+    if in_file is not None:
+        positions = map_by_name(in_file, model_names, path, f"{path.name} param_groups param_names")
+        how = f"by name (param_names saved in {path.name})"
+    elif names_path.is_file():
+        entries = _read_param_names(names_path, sum(group_sizes), path)
+        positions = map_by_name([e["name"] for e in entries], model_names, path, names_path.name)
+        for (name, p), pos in zip(named, positions, strict=True):
+            if tuple(entries[pos]["shape"]) != tuple(p.shape):
+                raise OptimizerStateError(f"{path}: parameter {name!r} was saved with shape "
+                                          f"{tuple(entries[pos]['shape'])} but has shape {tuple(p.shape)}")
+        how = f"by name ({names_path.name})"
+    else:
+        positions = map_by_position(model, model_names, group_sizes, path, position_order)
+        how = f"by position ({TRAINER_ORDER if position_order == 'trainer' else 'model order'})"
+        logger.info("optimizer state %s mapped %s", path, how)
+        return positions, [f"parameter #{i} ({name!r}, mapped {how})" for i, name in enumerate(model_names)]
+    logger.info("optimizer state %s mapped %s", path, how)
+    return positions, [f"parameter {name!r}" for name in model_names]
+
+
+def _model_order_runs(group_of_param: list[int]) -> list[tuple[int, list[int]]]:
+    """[(saved group, parameter indices)]: consecutive parameters (model order) of the same saved group.
+
+    Param groups whose members interleave in the model's order (a Trainer's decay / no-decay split
+    with norms in modules_to_save) become several groups with the same hyperparameters, so that the
+    loaded optimizer's flattened order is always the model's order.
+    """
+    runs: list[tuple[int, list[int]]] = []
+    for index, group in enumerate(group_of_param):
+        if runs and runs[-1][0] == group:
+            runs[-1][1].append(index)
+        else:
+            runs.append((group, [index]))
+    return runs
+
+
+def _mapped_optimizer(named: list[tuple[str, torch.nn.Parameter]], positions: list[int], saved: dict[str, Any],
+                      path: Path, defaults: dict[str, Any]) -> torch.optim.AdamW:
+    """AdamW over the saved groups (as runs in model order) holding each parameter's saved state.
+
+    torch gets a state_dict indexed in model order; load_state_dict replaces every hyperparameter by
+    the saved one and casts the moments to each parameter's device.
+    """
+    saved_ids = [key for group in saved["param_groups"] for key in group["params"]]
+    saved_group_of = [g for g, group in enumerate(saved["param_groups"]) for _ in group["params"]]
+    runs = _model_order_runs([saved_group_of[pos] for pos in positions])
+    if len(runs) > len({g for g, _ in runs}):
+        logger.info("%s: %d saved param groups interleave in the model's parameter order; loaded as %d groups "
+                    "with the same hyperparameters", path, len({g for g, _ in runs}), len(runs))
+    optimizer = torch.optim.AdamW([{"params": [named[i][1] for i in members]} for _, members in runs], **defaults)
+    new_state = {i: saved["state"][saved_ids[pos]] for i, pos in enumerate(positions)
+                 if saved["state"].get(saved_ids[pos])}
+    new_groups = [{**{k: v for k, v in saved["param_groups"][g].items() if k not in ("params", "param_names")},
+                   "params": members} for g, members in runs]
+    try:
+        optimizer.load_state_dict({"state": new_state, "param_groups": new_groups})
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise OptimizerStateError(f"{path}: torch could not load the mapped state: {_one_line(exc)}") from exc
+    return optimizer
+
+
+def _drop_unsupported_fused(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """A group saved with fused=True keeps it where torch has a fused kernel for its device and dtype
+    (the same maths either way); elsewhere the flag is dropped and the log says so."""
+    for index, group in enumerate(optimizer.param_groups):
+        if not group.get("fused"):
+            continue
+        p = group["params"][0]
+        try:  # the constructor is where torch checks fused support
+            torch.optim.AdamW([torch.zeros(1, device=p.device, dtype=p.dtype, requires_grad=True)], fused=True)
+        except RuntimeError as exc:
+            group["fused"] = False
+            logger.info("%s: param group %d was saved with fused=True, which torch %s refuses for %s %s (%s); "
+                        "using the unfused AdamW (same update)", path, index, torch.__version__, p.device,
+                        p.dtype, _one_line(exc))
+
+
 def load_adam_optimizer_from_path(
     model: torch.nn.Module,
     optimizer_path: str | Path,
@@ -618,17 +723,22 @@ def load_adam_optimizer_from_path(
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
+    param_names_path: str | Path | None = None,
+    position_order: str = "model",
 ) -> torch.optim.AdamW:
     """AdamW over `trainable_named_parameters(model)` with the saved state loaded onto it.
 
-    Mapping: if `optimizer_param_names.json` lies beside the file, saved entries are matched to the
-    model's parameters BY NAME (order-independent) and its shapes are checked; otherwise by
-    position (saved param groups flattened in order), still checking every moment's shape.
+    Mapping (see optimizer_mapping.py): by name when torch saved `param_names` in the param groups or
+    when `param_names_path` (default: optimizer_param_names.json beside the file, if present) exists;
+    otherwise by position, in the model's order (`position_order="model"`) or in a Hugging Face
+    Trainer's order (`"trainer"`: decay parameters first, then the no-decay ones). Every moment's
+    shape is checked against its parameter either way.
 
-    Hyperparameters (lr, betas, eps, weight_decay, amsgrad, ...) come from the SAVED param_groups;
-    `weight_decay`, `betas`, `eps` only seed the throw-away constructor values. `lr`, when given,
-    overrides the saved lr (and nothing else). Saved param groups with different hyperparameters
-    are kept as separate groups; within a group parameters follow the model's order.
+    Hyperparameters (lr, betas, eps, weight_decay, amsgrad, initial_lr, fused, ...) come from the
+    SAVED param_groups; `weight_decay`, `betas`, `eps` only seed the throw-away constructor values.
+    `lr`, when given, overrides the saved lr (and nothing else). Saved param groups keep their
+    hyperparameters; empty ones are dropped, and one whose members interleave with another's in the
+    model's order is split into consecutive runs, so the loaded groups always follow the model's order.
 
     Raises:
         OptimizerStateError: on any missing, unreadable, unsafe or mismatched state (never falls
@@ -637,75 +747,16 @@ def load_adam_optimizer_from_path(
     path = Path(optimizer_path).expanduser()
     saved = _read_optimizer_file(path)
     named = _trainable_or_raise(model, OptimizerStateError, f"loading {path}")
+    names_path = Path(param_names_path) if param_names_path is not None else path.with_name(PARAM_NAMES_FILE)
+    positions, labels = _saved_positions(model, named, saved, path, names_path, position_order)
 
-    # Flatten saved groups: saved position i ↔ (saved param id, group index).
-    saved_ids: list[Any] = []
-    saved_group_of: list[int] = []
-    for group_index, group in enumerate(saved["param_groups"]):
-        saved_ids.extend(group["params"])
-        saved_group_of.extend([group_index] * len(group["params"]))
-
-    names_path = path.with_name(PARAM_NAMES_FILE)
-    if names_path.is_file():
-        entries = _read_param_names(names_path, len(saved_ids), path)
-        position_of = {entry["name"]: i for i, entry in enumerate(entries)}
-        current = {name for name, _ in named}
-        unknown = [e["name"] for e in entries if e["name"] not in current]
-        missing = [name for name, _ in named if name not in position_of]
-        if unknown:
-            raise OptimizerStateError(f"{path}: {len(unknown)} saved parameter(s) are not trainable "
-                                      f"parameters of the model, e.g. {unknown[0]!r} "
-                                      f"(listed in {names_path.name})")
-        if missing:
-            raise OptimizerStateError(f"{path}: no saved state for {len(missing)} trainable parameter(s), "
-                                      f"e.g. {missing[0]!r} (not in {names_path.name})")
-        saved_position = [position_of[name] for name, _ in named]
-        for (name, p), pos in zip(named, saved_position, strict=True):
-            if tuple(entries[pos]["shape"]) != tuple(p.shape):
-                raise OptimizerStateError(f"{path}: parameter {name!r} was saved with shape "
-                                          f"{tuple(entries[pos]['shape'])} but has shape {tuple(p.shape)}")
-        labels = [f"parameter {name!r}" for name, _ in named]
-    else:
-        if len(saved_ids) != len(named):
-            raise OptimizerStateError(f"{path} holds state for {len(saved_ids)} parameters but the model "
-                                      f"has {len(named)} trainable parameters (and no {PARAM_NAMES_FILE} "
-                                      "to map by name)")
-        saved_position = list(range(len(named)))
-        labels = [f"parameter #{i} ({name!r}, mapped by position)" for i, (name, _) in enumerate(named)]
-
-    for (_, p), pos, label in zip(named, saved_position, labels, strict=True):
+    saved_ids = [key for group in saved["param_groups"] for key in group["params"]]
+    for (_, p), pos, label in zip(named, positions, labels, strict=True):
         _check_state_shapes(saved["state"].get(saved_ids[pos], {}), p, label, path)
-
-    # Rebuild the saved group structure over the current parameters (model order within a group),
-    # and hand torch a state_dict whose indices follow that structure. torch's load_state_dict
-    # then replaces every hyperparameter by the saved one and casts moments to each param's device.
-    n_groups = len(saved["param_groups"])
-    members: list[list[int]] = [[] for _ in range(n_groups)]  # current indices per saved group
-    for current_index, pos in enumerate(saved_position):
-        members[saved_group_of[pos]].append(current_index)
-    kept_groups = [g for g in range(n_groups) if members[g]]  # empty saved groups carry nothing
-
-    optimizer = torch.optim.AdamW(
-        [{"params": [named[i][1] for i in members[g]]} for g in kept_groups],
-        lr=lr if lr is not None else 1e-3, weight_decay=weight_decay, betas=betas, eps=eps)
-
-    new_state: dict[int, Any] = {}
-    new_groups: list[dict[str, Any]] = []
-    flat_index = 0
-    for g in kept_groups:
-        hyper = {k: v for k, v in saved["param_groups"][g].items() if k not in ("params", "param_names")}
-        indices = []
-        for current_index in members[g]:
-            st = saved["state"].get(saved_ids[saved_position[current_index]])
-            if st:
-                new_state[flat_index] = st
-            indices.append(flat_index)
-            flat_index += 1
-        new_groups.append({**hyper, "params": indices})
-    try:
-        optimizer.load_state_dict({"state": new_state, "param_groups": new_groups})
-    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise OptimizerStateError(f"{path}: torch could not load the mapped state: {_one_line(exc)}") from exc
+    # Constructor values are placeholders: load_state_dict replaces them by the saved hyperparameters.
+    defaults = {"lr": lr if lr is not None else 1e-3, "weight_decay": weight_decay, "betas": betas, "eps": eps}
+    optimizer = _mapped_optimizer(named, positions, saved, path, defaults)
+    _drop_unsupported_fused(optimizer, path)
 
     if lr is not None:
         for group in optimizer.param_groups:

@@ -30,9 +30,20 @@ import torch
 from . import conditional_variance as cv
 from . import importance_sampling as isamp
 from .batches import count_tokens, validate_batch, zero_advantage_prompts
+from .checkpoint_layout import (
+    BaseModelChoice,
+    CheckpointFiles,
+    LearningRate,
+    checkpoint_info,
+    log_checkpoint_files,
+    resolve_base_model_id,
+    resolve_checkpoint,
+    resolve_learning_rate,
+    schedule_hint,
+)
 from .config import ProbeConfig, config_from_dict, load_config
 from .distributed import DistContext, init_from_env
-from .errors import OptimizerStateError, ProbeError
+from .errors import CheckpointError, OptimizerStateError, ProbeError
 from .probe_components import ProbeComponents, split_into_groups
 from .sampling import draw_index_plan, sample_batch_sharded
 
@@ -66,6 +77,7 @@ class OfflineEntropyProbe:
         self.sampling_warnings: list[str] = []  # reward warnings of a resumed run's sampling (saved with its batches)
         self.chunk_store = None  # results.GenerationChunkStore: generation chunks saved as they complete
         self.update_vector: dict[str, torch.Tensor] | None = None  # v of the last run, keyed by parameter name
+        self.checkpoint_info: dict[str, Any] | None = None  # layout, files, base model, lr source (load())
 
     @classmethod
     def from_config_file(cls, path: str | Path, overrides: list[str] | None = None) -> OfflineEntropyProbe:
@@ -84,7 +96,7 @@ class OfflineEntropyProbe:
             self.dist = init_from_env(self.config.distributed)
         return self.dist
 
-    def _load_lora_model(self, lora_path: str):
+    def _load_lora_model(self, lora_path: str, base: BaseModelChoice):
         """Load the base model + LoRA adapter (trainable, active), upcast to fp32, eval mode (MATH.md §7)."""
         from .model_loader import load_peft_for_probe, load_tokenizer
 
@@ -92,30 +104,53 @@ class OfflineEntropyProbe:
         device_map = ck.device_map
         if self._ensure_dist().backend == "nccl":  # one GPU per rank
             device_map = f"cuda:{self.dist.local_rank}"
-        model = load_peft_for_probe(ck.base_model, lora_path, use_qlora=ck.use_qlora, dtype=ck.dtype,
-                                    device_map=device_map, trust_remote_code=ck.trust_remote_code)
+        try:
+            model = load_peft_for_probe(base.name, lora_path, use_qlora=ck.use_qlora, dtype=ck.dtype,
+                                        device_map=device_map, trust_remote_code=ck.trust_remote_code)
+            self.tokenizer = load_tokenizer(base.name, trust_remote_code=ck.trust_remote_code)
+        except CheckpointError as exc:
+            if base.source == "checkpoint.base_model" or f"base model {base.name!r}" not in str(exc):
+                raise
+            raise CheckpointError(f"{exc} (the base model came from {base.source}; set checkpoint.base_model "
+                                  "to load another)") from exc
         if not ck.use_qlora and ck.dtype != "fp32":
             # Stored in bf16/fp16, computed in fp32: bf16 runtimes quantise the log-prob changes away.
             model = model.float()
         if not ck.use_qlora:
             model.eval()
         self.model = model
-        self.tokenizer = load_tokenizer(ck.base_model, trust_remote_code=ck.trust_remote_code)
         return model
 
-    def _load_optimizer(self, optimizer_path: str):
+    def _load_optimizer(self, files: CheckpointFiles) -> LearningRate:
+        """The AdamW state (mapped onto the model as the layout says) and the learning rate of δH₁.
+
+        A missing state is an error unless checkpoint.allow_fresh_optimizer; a resolved lr of 0 (a
+        schedule that ended) is an error here, before any sampling.
+        """
         from .model_loader import fresh_adam_optimizer, load_adam_optimizer_from_path
 
-        ck = self.config.checkpoint
+        ck, config_lr = self.config.checkpoint, self.config.learning_rate
+        fresh = False
         try:
-            self.optimizer = load_adam_optimizer_from_path(self.model, optimizer_path, lr=self.config.learning_rate)
+            if files.optimizer_path is None:
+                raise OptimizerStateError(f"optimizer state file not found: {files.sources['optimizer']}; "
+                                          "set checkpoint.optimizer_path")
+            self.optimizer = load_adam_optimizer_from_path(
+                self.model, files.optimizer_path, lr=config_lr, param_names_path=files.param_names_path,
+                position_order=files.position_order)
         except OptimizerStateError as exc:
             if not ck.allow_fresh_optimizer:
                 raise
             self._warn(f"FRESH OPTIMIZER: {exc} — checkpoint.allow_fresh_optimizer is true, so v is the first "
                        "Adam step from zero moments, NOT the step training would take")
-            self.optimizer = fresh_adam_optimizer(self.model, lr=self.config.learning_rate or 1e-5)
-        return self.optimizer
+            self.optimizer, fresh = fresh_adam_optimizer(self.model, lr=config_lr or 1e-5), True
+        lr = resolve_learning_rate(config_lr, self.optimizer.param_groups,
+                                   schedule=schedule_hint(files.trainer_state_path))
+        if fresh and config_lr is None:
+            lr = LearningRate(lr.value, "the fresh optimizer's default (no optimizer state)", None)
+        self.logger.info("learning rate %.6g from %s%s", lr.value, lr.source,
+                         "" if lr.initial_lr is None else f" (saved initial_lr {lr.initial_lr})")
+        return lr
 
     def _ensure_sequence_processor(self):
         if self._sequence_processor is None:
@@ -127,18 +162,32 @@ class OfflineEntropyProbe:
         return self._sequence_processor
 
     def load(self, checkpoint_path: str | None = None) -> None:
-        """Load model, tokenizer, optimizer and SequenceProcessor from the config's checkpoint section."""
+        """Load model, tokenizer, optimizer and SequenceProcessor from the config's checkpoint section.
+
+        The files come from `checkpoint_layout.resolve_checkpoint` (a `checkpoint_path` given here
+        replaces the config's, and its layout decides every file); what was used is kept in
+        `self.checkpoint_info` for results.json.
+        """
         ck = self.config.checkpoint
         if checkpoint_path is not None:
-            ck = ck.model_copy(update={"checkpoint_path": checkpoint_path,
-                                       "adapter_path": str(Path(checkpoint_path) / "model"),
-                                       "optimizer_path": str(Path(checkpoint_path) / "optimizer.pt")})
+            ck = ck.model_copy(update={"checkpoint_path": checkpoint_path, "adapter_path": None,
+                                       "optimizer_path": None})
             self.config = self.config.model_copy(update={"checkpoint": ck})
-        if ck.adapter_path is None:
-            from .errors import ConfigError
-            raise ConfigError("checkpoint.checkpoint_path (or checkpoint.adapter_path) must be set")
-        self._load_lora_model(ck.adapter_path)
-        self._load_optimizer(ck.optimizer_path)
+        files = resolve_checkpoint(ck.checkpoint_path, ck.adapter_path, ck.optimizer_path)
+        log_checkpoint_files(files, self.logger)
+        base = resolve_base_model_id(ck.base_model, files.adapter_dir)
+        self.logger.info("base model: %s (from %s)", base.name, base.source)
+        if base.warning is not None:
+            self._warn(base.warning)
+        objective = self.config.objective
+        if files.layout == "trainer" and objective.trainer is None and objective.loss_type is None:
+            self._warn(f"OBJECTIVE NOT SET: {ck.checkpoint_path} was written by a Hugging Face Trainer (TRL?) but "
+                       "neither objective.trainer nor objective.loss_type is set, so v is the step of the seeds' "
+                       "Dr-GRPO loss (dr_grpo_per_prompt), not your trainer's; set objective.trainer: trl "
+                       "(or verl / openrlhf) — see README 'Probing a TRL / verl / OpenRLHF run'")
+        self._load_lora_model(str(files.adapter_dir), base)
+        lr = self._load_optimizer(files)
+        self.checkpoint_info = checkpoint_info(files, base, lr)
         self._ensure_sequence_processor()
 
     # ------------------------------------------------------------------ phase 0
@@ -273,14 +322,14 @@ class OfflineEntropyProbe:
                          se["E"], se["U"], lr)
 
         # Phase 4
-        truth = {"true": [], "linearity": {}, "per_sequence": {}}
+        truth = {"true": [], "linearity": isamp.stats.linearity_fit([], []), "per_sequence": {}}  # NaN slopes
         if cfg.importance.enabled:
             t0 = time.perf_counter()
             etas = isamp.eta_grid(cfg.importance.eta_list, cfg.importance.symmetric)
             truth = isamp.measure_delta_h(
                 sp, E_batch, res.Ybar, etas, normalize=cfg.estimator.normalize, mode=cfg.importance.mode,
                 optimizer=self.optimizer, named_params=list(zip(components.param_names, components.params)),
-                grads=res.u_gradients.total, max_grad_norm=cfg.estimator.max_grad_norm, dist=dist)
+                grads=res.u_gradients.total, max_grad_norm=components.objective.max_grad_norm, dist=dist)
             timing["phase4_importance"] = time.perf_counter() - t0
         timing["total"] = time.perf_counter() - t_start
 
@@ -306,6 +355,7 @@ class OfflineEntropyProbe:
             "environment": {**environment_info(self.model, cfg),
                             "distributed": {"world_size": dist.world_size, "backend": dist.backend}},
             "config_hash": cfg.config_hash(),
+            "checkpoint": self.checkpoint_info,  # layout, files and their sources, base model, lr source
             "warnings": list(self.warnings) + list(dict.fromkeys(self.sampling_warnings + _reward_warnings())),
         }
         results["per_sequence_rows"] = _per_sequence_rows(E_batch, scores, a, r, truth["per_sequence"])
@@ -455,6 +505,8 @@ def _run_probe_main(config: ProbeConfig, dist: DistContext, *, out: str | None, 
         if isinstance(exc, KeyboardInterrupt):
             logger.error("%s: run marked failed; finish it with: entropy-probe run --resume %s",
                          exc or "interrupted", run_dir.path)
+        elif isinstance(exc, ProbeError) and (hint := run_dir.resume_hint()):  # e.g. a reward that raised
+            logger.info(hint)
         raise
     finally:
         logging.getLogger("entropy_experiments").removeHandler(handler)

@@ -31,13 +31,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from . import adam_preconditioner as adam
+from . import objectives
 from .batches import batch_to_sequences, subset_batch, zero_advantage_prompts
 from .distributed import SINGLE, DistContext
-from .errors import NumericsError
+from .errors import ConfigError, NumericsError
 from .losses import (
     SurrogateCoefficients,
     directional_pieces,
-    dr_grpo_loss,
     entropy_estimate,
     sequence_coefficients,
     surrogate_coefficients,
@@ -75,13 +75,15 @@ class EScores:
 
 @dataclass
 class UGradients:
-    """g = Σ_k g_k of the Dr-GRPO loss over K groups of U prompts (each g_k includes the 1/B_U factor)."""
+    """g = Σ_k g_k of the trainer objective over K groups of U prompts (each g_k already carries the loss's
+    whole-batch normaliser, so the g_k add up to g)."""
 
     total: NamedTensors
     groups: list[NamedTensors]
     group_sizes: list[int]
     loss: float
     zero_advantage_prompts: int
+    leave_one_out_scales: list[float] | None = None   # c_k: g₍₋k₎ = c_k·(g − g_k) (objectives.py)
 
 
 @dataclass
@@ -129,6 +131,7 @@ class ProbeComponents:
             raise ValueError("the model has no trainable parameters (is the LoRA adapter loaded trainable?)")
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
+        self.objective = config.objective_options()
 
     # ------------------------------------------------------------------ helpers
     def _progress(self, iterable, desc: str, total: int | None = None):
@@ -153,23 +156,23 @@ class ProbeComponents:
 
     # ------------------------------------------------------------------ U side
     def accumulate_sum_Y(self, U_batch: dict, groups: list[list[int]] | None = None) -> UGradients:
-        """∇L_U accumulated per group of prompts (default: one group). Zero-advantage prompts are skipped:
-        their contribution to the gradient is exactly zero."""
+        """∇L_U of the trainer's objective (`objective.*`, objectives.py), accumulated per group of prompts
+        (default: one group). Prompts that cannot contribute (all-zero advantages, no KL / entropy term)
+        are skipped: their contribution to the gradient is exactly zero."""
         self.model.eval()
+        options = self.objective
         B_U = U_batch["num_prompts"]
         groups = groups or [list(range(B_U))]
+        terms = objectives.batch_terms(torch.tensor(U_batch["rewards"], dtype=torch.float64),
+                                       torch.tensor(U_batch["gen_lens"]), options)
+        active = [objectives.contributes(row, options) for row in terms]
         per_mb = self._prompts_per_microbatch(U_batch)
         total_loss = 0.0
-        active = (U_batch["advantages"].abs().sum(dim=1) > 0).tolist()
         # Work items (group k, microbatch of live prompts) in single-process order; this rank runs its share.
         items = [(k, idx) for k, group in enumerate(groups) for idx in chunked([p for p in group if active[p]], per_mb)]
         group_grads = [self._zeros(torch.float64) for _ in groups]
-        for k, idx in self._progress(self.dist.chunk_slice(items), "U backward (Dr-GRPO gradient)"):
-            sub = subset_batch(U_batch, idx)
-            lp = self.sp.teacher_force_logprobs(batch_to_sequences(sub), with_grad=True, compute_rb=False)
-            seq_sums = torch.stack([torch.stack([t.sum() for t in row]) for row in lp.token_logqs])
-            loss = dr_grpo_loss(seq_sums, sub["advantages"].to(seq_sums.device),
-                                torch.tensor(sub["max_lengths"], device=seq_sums.device), B_U)
+        for k, idx in self._progress(self.dist.chunk_slice(items), "U backward (trainer objective gradient)"):
+            loss = self._objective_loss(subset_batch(U_batch, idx), [terms[p] for p in idx])
             for name, g in zip(self.param_names, self._grad(loss, f"U backward, prompts {idx}")):
                 group_grads[k][name] += g.double()
             total_loss += float(loss.detach())
@@ -185,17 +188,42 @@ class ProbeComponents:
                 total[name] += buf[name]
         group_grads = [{n: t.float() for n, t in buf.items()} for buf in group_grads]
         total = {n: t.float() for n, t in total.items()}
+        loo = (objectives.leave_one_out_scales(torch.tensor(U_batch["gen_lens"]), groups, options)
+               if len(groups) >= 2 else None)
         return UGradients(total=total, groups=group_grads, group_sizes=[len(g) for g in groups],
-                          loss=total_loss, zero_advantage_prompts=zero_advantage_prompts(U_batch))
+                          loss=total_loss, zero_advantage_prompts=zero_advantage_prompts(U_batch),
+                          leave_one_out_scales=loo)
+
+    def _objective_loss(self, sub: dict, terms: list[list[objectives.SequenceTerms]]) -> Tensor:
+        """The objective's share of one microbatch of U prompts (graph through the trainer log-probs)."""
+        options = self.objective
+        seqs = batch_to_sequences(sub)
+        lp = self.sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=False)
+        ref = self._reference_logps(seqs) if options.needs_reference else None
+        loss = 0.0
+        for j, row in enumerate(terms):
+            for g, term in enumerate(row):
+                loss = loss + objectives.sequence_loss(
+                    lp.token_logps_train[j][g], term, options,
+                    ref_logps=None if ref is None else ref[j][g].to(lp.token_logps_train[j][g].device),
+                    entropies=lp.token_entropies_train[j][g])
+        return loss
+
+    def _reference_logps(self, seqs) -> list[list[Tensor]]:
+        """The reference policy's trainer log-probs (the base model: the adapter disabled), no graph."""
+        if not hasattr(self.model, "disable_adapter"):
+            raise ConfigError("objective.kl_coef > 0 needs a PEFT adapter: the KL reference is the base model "
+                              "with the adapter disabled")
+        with self.model.disable_adapter():
+            lp = self.sp.teacher_force_logprobs(seqs, with_grad=False, compute_rb=False)
+        return lp.token_logps_train
 
     def learning_rate(self, optimizer) -> float:
-        """The configured learning_rate, else the optimizer's (all param groups must agree)."""
-        if self.config.learning_rate is not None:
-            return float(self.config.learning_rate)
-        lrs = {float(g["lr"]) for g in optimizer.param_groups}
-        if len(lrs) != 1:
-            raise ValueError(f"param groups have different learning rates {sorted(lrs)}; set learning_rate in the config")
-        return lrs.pop()
+        """The configured learning_rate, else the optimizer's saved lr (all non-empty param groups must agree;
+        0 is a ConfigError): `checkpoint_layout.resolve_learning_rate`."""
+        from .checkpoint_layout import resolve_learning_rate
+
+        return resolve_learning_rate(self.config.learning_rate, optimizer.param_groups).value
 
     def update_direction(self, grads: NamedTensors, optimizer) -> tuple[NamedTensors, dict]:
         """v per unit lr from g and the optimizer's saved state (MATH.md §4) + a description of it."""
@@ -203,15 +231,17 @@ class ProbeComponents:
         params = {n: p.detach() for n, p in zip(self.param_names, self.params)}
         hyper = adam.hyper_by_name(optimizer, self.param_names)
         state = adam.adam_state_by_name(optimizer, self.param_names)
-        v = adam.update_direction(est.update_direction, params, grads, state, hyper, max_grad_norm=est.max_grad_norm)
-        grad_norm, coef = adam.clip_coefficient(grads, est.max_grad_norm)
+        max_norm = self.objective.max_grad_norm
+        v = adam.update_direction(est.update_direction, params, grads, state, hyper, max_grad_norm=max_norm)
+        grad_norm, coef = adam.clip_coefficient(grads, max_norm)
         first = hyper[self.param_names[0]]
         info = {
             "direction": est.update_direction,
             "norm": adam.named_norm(v),
             "grad_norm": grad_norm,
             "clipped": bool(coef < 1.0),
-            "max_grad_norm": est.max_grad_norm,
+            "max_grad_norm": max_norm,
+            "objective": self.objective.to_dict(),
             "hyperparameters": {"lr": first.lr, "betas": [first.beta1, first.beta2], "eps": first.eps,
                                 "weight_decay": first.weight_decay, "amsgrad": first.amsgrad,
                                 "step": int(state[self.param_names[0]]["step"])},
@@ -370,7 +400,6 @@ class ProbeComponents:
         hooks_ok = hooks_ok and not any(getattr(m, "gradient_checkpointing", False) is True
                                         for m in self.model.modules())
         if var.directional == "backward_hooks" and not hooks_ok:
-            from .errors import ConfigError
             raise ConfigError("variance.directional=backward_hooks needs every trainable parameter to be an "
                               "nn.Linear weight or bias and gradient checkpointing off; use auto or jvp")
         return "backward_hooks" if hooks_ok else "jvp"

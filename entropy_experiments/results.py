@@ -453,6 +453,14 @@ class RunDirectory:
         folder = self.path / PARTIAL_DIR
         return folder.is_dir() and any(folder.glob(f"{GEN_CHUNK_PREFIX}*.pt"))
 
+    def resume_hint(self) -> str | None:
+        """For a run that failed on a user error: how to finish it without sampling again, when it saved
+        samples (generation chunks, or both batches); None when it saved none."""
+        if not (self.has_partial_chunks() or all(self._batch_path(name).is_file() for name in BATCH_FILES)):
+            return None
+        return (f"run marked failed; the samples generated so far are kept in {self.path}: after fixing the "
+                f"cause, finish it with: entropy-probe run --resume {self.path}")
+
 
 def _load_pt(path: Path) -> Any | None:
     if not path.exists():
@@ -498,18 +506,47 @@ def _run_label(results: dict[str, Any]) -> str | None:
     return None
 
 
+IMPORTANCE_OFF_NOTE = "ΔH(η) not measured (importance.enabled: false)"
+
+
 def render_summary(results: dict[str, Any]) -> str:
-    """The console summary as plain text (rich tables, 110 columns, no colour codes)."""
+    """The console summary as plain text (rich tables, 110 columns, no colour codes).
+
+    A run without ΔH(η) rows (`true` = [], i.e. importance.enabled: false) gets one line saying so
+    instead of the ΔH and linearity tables.
+    """
     from rich.console import Console
+
+    unit = _UNITS.get(results.get("normalize", "per_token"), "nats")
+    bars_dot = results.get("bars_dot")
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=110, color_system=None, force_terminal=False, soft_wrap=False)
+    console.print(_head_table(results, unit))
+    console.print()
+    entries = results.get("true") or []
+    if entries:
+        console.print(_eta_table(entries, unit, bars_dot))
+        if note := _khat_note(entries):
+            console.print(note, markup=False, highlight=False)
+        console.print()
+        console.print(_fit_table(results.get("linearity") or {}, bars_dot))
+    else:
+        console.print(IMPORTANCE_OFF_NOTE, markup=False, highlight=False)
+    console.print()
+    warnings = results.get("warnings") or []
+    if warnings:
+        console.print(f"Warnings ({len(warnings)}):")
+        for w in warnings:
+            console.print(f"  ⚠ {w}", markup=False, highlight=False)
+    # rich pads every line to the console width; drop that so the text copies cleanly.
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+
+
+def _head_table(results: dict[str, Any], unit: str) -> Any:
+    """Ĥ, δH₁ ± SE, X̂·v, lr, batch counts, update and time."""
     from rich.table import Table
 
-    normalize = results.get("normalize", "per_token")
-    unit = _UNITS.get(normalize, "nats")
-    se = results.get("se", {})
-    bars_dot = results.get("bars_dot")
-    lr = results.get("learning_rate")
-    label = _run_label(results)
-
+    se, bars_dot, label = results.get("se", {}), results.get("bars_dot"), _run_label(results)
     head = Table(title="Entropy probe" + (f": {label}" if label else ""), show_header=False, box=None,
                  title_justify="left", padding=(0, 2))
     head.add_column(style="bold")
@@ -517,11 +554,11 @@ def render_summary(results: dict[str, Any]) -> str:
     H = results.get("H_orig", {})
     head.add_row("Ĥ per token", f"{_fmt(H.get('per_token'), '.4f')} nats/token")
     head.add_row("Ĥ per sequence", f"{_fmt(H.get('per_sequence'), '.4f')} nats/seq")
-    head.add_row("normalize", str(normalize))
+    head.add_row("normalize", str(results.get("normalize", "per_token")))
     head.add_row("δH₁ ± SE", f"{_fmt(results.get('deltaH1'), '+.4g')} ± {_fmt(se.get('total'), '.2g')} {unit}"
                              f"  (SE_E {_fmt(se.get('E'), '.2g')}, SE_U {_fmt(se.get('U'), '.2g')})")
     head.add_row("X̂·v (bars_dot)", f"{_fmt(bars_dot, '+.4g')} {unit} per unit lr")
-    head.add_row("learning rate", _fmt(lr, ".3g"))
+    head.add_row("learning rate", _fmt(results.get("learning_rate"), ".3g"))
     counts = results.get("counts", {})
     if counts:
         head.add_row("batches", f"E {counts.get('B_E')} seqs ({counts.get('unique_E_prompts')} unique prompts, "
@@ -535,11 +572,17 @@ def render_summary(results: dict[str, Any]) -> str:
     total_time = results.get("timing", {}).get("total")
     if _finite(total_time):
         head.add_row("time", f"{total_time:.1f} s")
+    return head
+
+
+def _eta_table(entries: list[dict[str, Any]], unit: str, bars_dot: Any) -> Any:
+    """One row per measured η: ΔH ± SE, ESS/N, k̂ (✗ above its threshold), ΔH/δH₁(η), zero weights."""
+    from rich.table import Table
 
     etas = Table(title="Measured ΔH(η) by SNIS on E", title_justify="left")
     for col in ("η", f"ΔH ± SE ({unit})", "ESS/N", "k̂", "ΔH/δH₁(η)", "zero-w"):
         etas.add_column(col, justify="right")
-    for entry in results.get("true", []):
+    for entry in entries:
         eta = entry.get("eta")
         khat, thr = entry.get("psis_khat"), entry.get("khat_threshold")
         flag = " ✗" if _finite(khat) and _finite(thr) and khat > thr else ""
@@ -550,8 +593,13 @@ def render_summary(results: dict[str, Any]) -> str:
                      _fmt(khat, ".2f") + flag,
                      _fmt(_ratio(entry.get("deltaH_true"), predicted), ".3f"),
                      str(entry.get("zero_weight_count", "n/a")))
+    return etas
 
-    lin = results.get("linearity", {})
+
+def _fit_table(lin: dict[str, Any], bars_dot: Any) -> Any:
+    """The linearity fits of ΔH in η against X̂·v."""
+    from rich.table import Table
+
     fit = Table(title="Linearity of ΔH in η", show_header=False, box=None, title_justify="left", padding=(0, 2))
     fit.add_column(style="bold")
     fit.add_column()
@@ -563,21 +611,7 @@ def render_summary(results: dict[str, Any]) -> str:
         s = item.get("slope")
         fit.add_row(f"symmetric slope η={_fmt(item.get('eta'), '.3g')}",
                     f"{_fmt(s, '+.4g')}  (ratio {_fmt(_ratio(s, bars_dot), '.3f')})")
-
-    buffer = io.StringIO()
-    console = Console(file=buffer, width=110, color_system=None, force_terminal=False, soft_wrap=False)
-    for table in (head, etas, fit):
-        console.print(table)
-        if table is etas and (note := _khat_note(results.get("true", []))):
-            console.print(note, markup=False, highlight=False)
-        console.print()
-    warnings = results.get("warnings") or []
-    if warnings:
-        console.print(f"Warnings ({len(warnings)}):")
-        for w in warnings:
-            console.print(f"  ⚠ {w}", markup=False, highlight=False)
-    # rich pads every line to the console width; drop that so the text copies cleanly.
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    return fit
 
 
 def _khat_note(entries: list[dict[str, Any]]) -> str | None:
@@ -627,52 +661,77 @@ def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
 
     Left panel: ΔH vs η. Right panel: ΔH/η vs η against the constant X̂·v, which shows where the
     linear regime ends. The SE of δH₁ at the config lr is se.total, so the band at η is |η|/lr·se.total.
-    x is symlog when the η values span more than a decade. Written atomically as PNG.
+    x is symlog when the η values span more than a decade. Without ΔH(η) rows (`true` = [],
+    importance.enabled: false) only the prediction is drawn, over η ∈ [0, lr], and the title says
+    ΔH(η) was not measured. Written atomically as PNG.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    normalize = results.get("normalize", "per_token")
-    unit = _UNITS_LONG.get(normalize, "nats")
     bars_dot, lr = results.get("bars_dot"), results.get("learning_rate")
-    se_total = results.get("se", {}).get("total")
-    points = [(e["eta"], e["deltaH_true"], e.get("se")) for e in results.get("true", [])
+    entries = results.get("true") or []
+    points = [(e["eta"], e["deltaH_true"], e.get("se")) for e in entries
               if _finite(e.get("eta")) and _finite(e.get("deltaH_true"))]
+    measured = bool(entries)
+    etas = [e for e, _, _ in points] if measured else ([lr] if _finite(lr) and lr > 0 else [])
+    nonzero = [abs(e) for e in etas if e != 0]
 
     fig = Figure(figsize=(11, 4.5), constrained_layout=True)
     FigureCanvasAgg(fig)
     ax, ax_ratio = fig.subplots(1, 2)
-    nonzero = [abs(e) for e, _, _ in points if e != 0]
-    use_symlog = bool(nonzero) and max(nonzero) / min(nonzero) > 10
-
-    if points and _finite(bars_dot) and nonzero:
-        grid = _eta_grid([e for e, _, _ in points])
-        line = grid * bars_dot
-        ax.plot(grid, line, color="C0", label="δH₁(η) = η·X̂·v")
-        if _finite(se_total) and _finite(lr) and lr > 0:
-            band = np.abs(grid) / lr * se_total
-            ax.fill_between(grid, line - band, line + band, color="C0", alpha=0.2, label="δH₁ ± SE")
-            # ΔH/η vs η: the prediction is flat at X̂·v with half-width se_total/lr.
-            ax_ratio.axhspan(bars_dot - se_total / lr, bars_dot + se_total / lr, color="C0", alpha=0.2)
-        ax_ratio.axhline(bars_dot, color="C0", label="X̂·v")
+    if nonzero and _finite(bars_dot):
+        _draw_prediction(ax, ax_ratio, _eta_grid(etas), bars_dot, results.get("se", {}).get("total"), lr)
     if points:
-        eta, dh, err = (np.array(c, dtype=float) for c in zip(*[(e, d, s if _finite(s) else np.nan)
-                                                                 for e, d, s in points]))
-        ax.errorbar(eta, dh, yerr=np.nan_to_num(err), fmt="o", color="C3", capsize=3, label="ΔH (SNIS) ± SE")
-        keep = eta != 0
-        ax_ratio.errorbar(eta[keep], dh[keep] / eta[keep], yerr=np.nan_to_num(err[keep]) / np.abs(eta[keep]),
-                          fmt="o", color="C3", capsize=3, label="ΔH/η (SNIS) ± SE")
-    else:
+        _draw_measured(ax, ax_ratio, points)
+    elif measured:
         ax.text(0.5, 0.5, "no finite ΔH(η)", transform=ax.transAxes, ha="center")
+    else:
+        ax_ratio.set_xlim(ax.get_xlim())  # nothing on the right fixes its η range: the prediction's
+    symlog = min(nonzero) if nonzero and max(nonzero) / min(nonzero) > 10 else None
+    _style_axes((ax, ax_ratio), etas, symlog, _UNITS_LONG.get(results.get("normalize", "per_token"), "nats"))
+    label = _run_label(results)
+    fig.suptitle("Entropy change of one update step" + (f": {label}" if label else "")
+                 + ("" if measured else f" — {IMPORTANCE_OFF_NOTE}"))
 
-    # Ticks at the measured η values, labelled compactly (matplotlib's default labels for η ~ 1e-5
-    # print every decimal and overlap).
-    ticks = sorted({0.0, *(e for e, _, _ in points)})
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    path = Path(path)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def _draw_prediction(ax: Any, ax_ratio: Any, grid: np.ndarray, bars_dot: float, se_total: Any,
+                     lr: Any) -> None:
+    """δH₁(η) = η·X̂·v with its ± SE band (left) and the flat X̂·v with its band (right)."""
+    line = grid * bars_dot
+    ax.plot(grid, line, color="C0", label="δH₁(η) = η·X̂·v")
+    if _finite(se_total) and _finite(lr) and lr > 0:
+        band = np.abs(grid) / lr * se_total
+        ax.fill_between(grid, line - band, line + band, color="C0", alpha=0.2, label="δH₁ ± SE")
+        # ΔH/η vs η: the prediction is flat at X̂·v with half-width se_total/lr.
+        ax_ratio.axhspan(bars_dot - se_total / lr, bars_dot + se_total / lr, color="C0", alpha=0.2)
+    ax_ratio.axhline(bars_dot, color="C0", label="X̂·v")
+
+
+def _draw_measured(ax: Any, ax_ratio: Any, points: list[tuple[float, float, Any]]) -> None:
+    """The finite ΔH(η) ± SE points (left) and ΔH/η ± SE/|η| for η ≠ 0 (right)."""
+    eta, dh, err = (np.array(c, dtype=float) for c in zip(*[(e, d, s if _finite(s) else np.nan)
+                                                             for e, d, s in points]))
+    ax.errorbar(eta, dh, yerr=np.nan_to_num(err), fmt="o", color="C3", capsize=3, label="ΔH (SNIS) ± SE")
+    keep = eta != 0
+    ax_ratio.errorbar(eta[keep], dh[keep] / eta[keep], yerr=np.nan_to_num(err[keep]) / np.abs(eta[keep]),
+                      fmt="o", color="C3", capsize=3, label="ΔH/η (SNIS) ± SE")
+
+
+def _style_axes(axes: tuple[Any, Any], etas: list[float], symlog: float | None, unit: str) -> None:
+    """Ticks at the given η values (labelled compactly: matplotlib's default labels for η ~ 1e-5 print
+    every decimal and overlap), symlog x with that linear threshold when given, zero lines, labels."""
+    ticks = sorted({0.0, *etas})
     labels = ["0" if t == 0 else f"{t:.0e}".replace("e-0", "e-") for t in ticks]
-    for a in (ax, ax_ratio):
-        if use_symlog:
-            a.set_xscale("symlog", linthresh=min(nonzero))
-        if points:
+    for a in axes:
+        if symlog is not None:
+            a.set_xscale("symlog", linthresh=symlog)
+        if etas:
             a.set_xticks(ticks, labels, rotation=45, ha="right", fontsize=8)
         a.axhline(0, color="0.6", lw=0.8)
         a.axvline(0, color="0.6", lw=0.8)
@@ -680,16 +739,8 @@ def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
         a.grid(alpha=0.3)
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=8)
-    ax.set_ylabel(f"ΔH ({unit})")
-    ax_ratio.set_ylabel(f"ΔH/η ({unit} per unit lr)")
-    label = _run_label(results)
-    fig.suptitle("Entropy change of one update step" + (f": {label}" if label else ""))
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    path = Path(path)
-    atomic_write_bytes(path, buffer.getvalue())
-    return path
+    axes[0].set_ylabel(f"ΔH ({unit})")
+    axes[1].set_ylabel(f"ΔH/η ({unit} per unit lr)")
 
 
 # ----------------------------------------------------------------------------------------------

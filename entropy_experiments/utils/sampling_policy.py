@@ -26,7 +26,7 @@ from torch import Tensor
 
 from entropy_experiments.errors import ConfigError, NumericsError
 
-CORE_KEYS = ("logq", "rb_entropy", "logp")
+CORE_KEYS = ("logq", "rb_entropy", "logp", "logp_train", "entropy_train")
 DIAG_KEYS = ("top1_prob", "margin", "collision", "renyi2", "eff_support", "two_point_entropy",
              "head_mass", "tail_mass", "logit_mean", "logit_var", "eos_prob")
 
@@ -126,7 +126,9 @@ def _chunk_stats(z: Tensor, tokens: Tensor, temperature: float, top_p: float, fp
     """Per-row statistics of one chunk. z [n, V] logits, tokens [n] → dict of [n] tensors.
 
     Core (differentiable): logq = log q(t), rb_entropy = H(q) = log Z − Σ q·a over the kept set,
-    logp = log softmax(z)(t) (τ = 1, no nucleus). Diagnostics (detached, under q): DIAG_KEYS.
+    logp = log softmax(z)(t) (τ = 1, no nucleus); logp_train / entropy_train = log-prob and entropy of
+    softmax(z/τ) with no nucleus, what RL trainers score in their training pass (the same tensors as
+    logq / rb_entropy when top_p = 1). Diagnostics (detached, under q): DIAG_KEYS.
 
     Peak memory is about two [n, V] work tensors: when nothing will be back-propagated through
     them (no-grad, or forward-mode AD) the work buffer is updated in place.
@@ -148,7 +150,9 @@ def _chunk_stats(z: Tensor, tokens: Tensor, temperature: float, top_p: float, fp
     if temperature != 1.0:
         a = a.div_(temperature) if inplace else a / temperature
     log_z_full = None
+    train = None
     if keep is not None:
+        train = _tempered_stats(a, tokens)  # before the nucleus mask below (which may work in place)
         if diagnostics:  # tempered, untruncated normaliser, for the nucleus head mass
             log_z_full = (sum_raw.log() if temperature == 1.0 else a.detach().exp().sum(-1).log())
         a = a.masked_fill_(~keep, float("-inf")) if inplace else a.masked_fill(~keep, float("-inf"))
@@ -166,11 +170,19 @@ def _chunk_stats(z: Tensor, tokens: Tensor, temperature: float, top_p: float, fp
         a = a.masked_fill_(~keep, 0.0) if inplace else a.masked_fill(~keep, 0.0)
     mean_a = _rowdot(q, a)
     out = {"logq": logq, "rb_entropy": log_z - mean_a, "logp": logp}
+    out["logp_train"], out["entropy_train"] = train if train is not None else (out["logq"], out["rb_entropy"])
     if diagnostics:
         with torch.no_grad():
             out.update(_diagnostic_stats(q.detach(), a.detach(), mean_a.detach(), out["rb_entropy"].detach(),
                                          log_z.detach(), log_z_full, eos_token_id))
     return out
+
+
+def _tempered_stats(a: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """(log softmax(a)(t), H(softmax(a))) [n] for shifted, tempered logits a [n, V] (no nucleus)."""
+    log_z = torch.logsumexp(a, dim=-1)
+    p = torch.softmax(a, dim=-1)
+    return a.gather(-1, tokens).squeeze(-1) - log_z, log_z - _rowdot(p, a)
 
 
 def _diagnostic_stats(q: Tensor, a_safe: Tensor, mean_a: Tensor, entropy: Tensor, log_z: Tensor,

@@ -190,7 +190,8 @@ class LogprobResults:
     Σ log p; rb_entropies: RB entropies H_k of q (numpy [T]; empty list unless compute_rb); rewards;
     rb_entropies_torch: graph-carrying H_k (with-grad path, compute_rb and rb_requires_grad);
     baseline_feats_torch: [T, 7] detached features (BASELINE_FEATURE_NAMES); token_logqs: log q [T];
-    sequence_logqs: Σ log q (accumulated in float64).
+    sequence_logqs: Σ log q (accumulated in float64); token_logps_train / token_entropies_train: log-prob
+    and entropy under softmax(logits/τ) with no nucleus, what RL trainers score (graph on the with-grad path).
     """
 
     logprobs: list[list[Tensor]]
@@ -202,6 +203,8 @@ class LogprobResults:
     baseline_feats_torch: list[list[Tensor]] | None = None
     token_logqs: list[list[Tensor]] | None = None
     sequence_logqs: list[list[float]] | None = None
+    token_logps_train: list[list[Tensor]] | None = None
+    token_entropies_train: list[list[Tensor]] | None = None
 
 
 @dataclass
@@ -863,7 +866,9 @@ class SequenceProcessor:
         """Rewards [B][G] through the reward registry (config `reward.name`, default tag_pref).
 
         Prompts without an example (no gold answer) get 0.0 with ONE loud warning; reward-function
-        failures propagate (RewardError) rather than silently becoming zeros.
+        failures propagate (RewardError naming the prompt) rather than silently becoming zeros. The
+        reward is called in its own convention (probe or TRL style, `rewards/calling.py`); TRL-style
+        functions also get each response's token ids as `completion_ids`.
         """
         from entropy_experiments.rewards import compute_rewards, get_reward
 
@@ -878,8 +883,20 @@ class SequenceProcessor:
                                                "their rewards are 0.0 — pass examples= with explicit prompts")
                 out.append([0.0] * G)
                 continue
-            out.append([float(r) for r in compute_rewards(fn, prompt, list(sequences.responses_text[b]), example)])
+            meta = getattr(example, "meta", None) or {}
+            pid = f", prompt id {meta['global_prompt_id']}" if "global_prompt_id" in meta else ""
+            rewards = compute_rewards(fn, prompt, list(sequences.responses_text[b]), example,
+                                      completion_ids=self._completion_ids(sequences, b),
+                                      where=f" (prompt {b + 1} of {len(prompts)}{pid})")
+            out.append([float(r) for r in rewards])
         return out
+
+    @staticmethod
+    def _completion_ids(sequences: BatchedSequences, b: int) -> list[list[int]]:
+        """Token ids of prompt b's G responses (the gen_lens[b][g] tokens after the padded prompt)."""
+        start = sequences.prompt_lens[b]
+        row = sequences.sequences[b]
+        return [row[g, start:start + T].tolist() for g, T in enumerate(sequences.gen_lens[b])]
 
     # ------------------------------------------------------------------ teacher forcing: batching
     def _tf_batches(self, sequences: BatchedSequences, tf_batch_size: int | None) -> Iterator[_TFBatch]:
@@ -1062,6 +1079,8 @@ class SequenceProcessor:
             rewards=[[0.0] * G for _ in range(B)],
             token_logqs=grid(lambda s, b, g: keep(s["logq"])),
             sequence_logqs=[[float(x.sum()) for x in row] for row in logq_np],
+            token_logps_train=grid(lambda s, b, g: keep(s["logp_train"])),
+            token_entropies_train=grid(lambda s, b, g: keep(s["entropy_train"])),
         )
         if with_grad and compute_rb and self.config.rb_requires_grad:
             lp.rb_entropies_torch = grid(lambda s, b, g: s["rb_entropy"])

@@ -1,0 +1,129 @@
+"""A real, tiny `trl.GRPOTrainer` run on CPU that leaves HF Trainer checkpoints (`checkpoint-N/`).
+
+Tests use it to check that what the probe reads is what TRL really writes: the PEFT adapter files, the
+`optimizer.pt` of the HF Trainer's AdamW (param groups, ids, saved lr), `scheduler.pt` and
+`trainer_state.json`. The policy is the tiny random Qwen2 of `tiny_model.py` under a LoRA r = 4; the
+prompts and the reward function are built here, so the run needs no hub and no network.
+
+`trl` is an optional (test-only) dependency: `pip install 'entropy_experiments[trl]'`. It is imported
+inside `run_tiny_grpo`, so importing this module never needs it.
+
+What a run with the defaults writes (trl 1.16.0, transformers 5.23.0, torch 2.13.0, CPU), per
+`checkpoint-N/`: adapter_config.json, adapter_model.safetensors, README.md, chat_template.jinja,
+tokenizer.json, tokenizer_config.json, optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json,
+training_args.bin. See `tests/test_trl_run.py` for the optimizer state's layout.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+# Prompts with varied lengths; the rewards below then vary within every group of completions.
+PROMPTS = [
+    "Tom has 3 apples and buys 5 more. How many apples does he have?",
+    "What is 2 + 2?",
+    "Show your work in <think> </think> tags.",
+    "The user asks a question, and the Assistant solves it.",
+    "0 1 2 3 4 5 6 7 8 9",
+    "Let me solve this step by step.",
+    "A conversation between User and Assistant.",
+    "And return the final answer in <answer> </answer> tags.",
+]
+
+REWARD_CHARS = "aeiou"
+
+
+def count_vowels_reward(prompts, completions, **kwargs) -> list[float]:
+    """A TRL-style reward function: the number of lower-case vowels in each completion (as floats)."""
+    return [float(sum(text.count(c) for c in REWARD_CHARS)) for text in completions]
+
+
+def tiny_prompt_dataset(n_prompts: int = 8):
+    """A `datasets.Dataset` with one "prompt" column of plain-text prompts (cycled from PROMPTS)."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [PROMPTS[i % len(PROMPTS)] for i in range(n_prompts)]})
+
+
+def _grpo_config(out_dir: Path, *, steps, loss_type, num_generations, prompts_per_step,
+                 gradient_accumulation_steps, learning_rate, seed, extra):
+    from trl import GRPOConfig
+
+    kwargs = {
+        "output_dir": str(out_dir),
+        "use_cpu": True,
+        "report_to": "none",
+        "max_steps": steps,
+        "save_strategy": "steps",
+        "save_steps": 1,
+        "logging_steps": 1,
+        "disable_tqdm": True,
+        "per_device_train_batch_size": num_generations * prompts_per_step,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "num_generations": num_generations,
+        "max_completion_length": 8,
+        "learning_rate": learning_rate,
+        "lr_scheduler_type": "linear",
+        "warmup_steps": 0,
+        "bf16": False,
+        "fp16": False,
+        "seed": seed,
+        "dataloader_num_workers": 0,
+        "log_completions": False,
+    }
+    if loss_type is not None:
+        kwargs["loss_type"] = loss_type
+    kwargs.update(extra)
+    return GRPOConfig(**kwargs)
+
+
+def run_tiny_grpo(out_dir: str | Path, *, steps: int = 2, model_dir: str | Path | None = None,
+                  loss_type: str | None = None, num_generations: int = 2, prompts_per_step: int = 2,
+                  gradient_accumulation_steps: int = 1, learning_rate: float = 1e-3,
+                  lora_targets: tuple[str, ...] | str = ("q_proj", "v_proj"), seed: int = 0,
+                  **config_overrides) -> Path:
+    """Train the tiny Qwen2 + LoRA with `trl.GRPOTrainer` for `steps` optimizer steps; return the last checkpoint.
+
+    Args:
+        out_dir: the Trainer's output_dir; it receives `checkpoint-1/` … `checkpoint-{steps}/`.
+        model_dir: a directory from `build_tiny_model_dir` (built under `out_dir/tiny_base` when None).
+        loss_type: GRPOConfig.loss_type (None: TRL's default, "dapo" in trl 1.16.0).
+        num_generations, prompts_per_step: G and B; each micro-batch holds G·B completions.
+        gradient_accumulation_steps: micro-batches per optimizer step (= steps_per_generation by default).
+        lora_targets: LoRA target modules (r = 4, alpha = 8, dropout 0); "all-linear" for every Linear.
+        config_overrides: further GRPOConfig fields (e.g. beta=0.04, scale_rewards="none").
+
+    Returns:
+        `out_dir/checkpoint-{steps}` (adapter, optimizer.pt, scheduler.pt, trainer_state.json, ...).
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from entropy_experiments.testing.tiny_model import build_tiny_model_dir
+
+    out_dir = Path(out_dir)
+    if model_dir is None:
+        model_dir = build_tiny_model_dir(out_dir / "tiny_base", seed=seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    targets = lora_targets if isinstance(lora_targets, str) else list(lora_targets)
+    peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM")
+    args = _grpo_config(out_dir, steps=steps, loss_type=loss_type, num_generations=num_generations,
+                        prompts_per_step=prompts_per_step, gradient_accumulation_steps=gradient_accumulation_steps,
+                        learning_rate=learning_rate, seed=seed, extra=config_overrides)
+    n_prompts = max(8, steps * prompts_per_step * gradient_accumulation_steps)
+    trainer = GRPOTrainer(model=model, reward_funcs=count_vowels_reward, args=args,
+                          train_dataset=tiny_prompt_dataset(n_prompts), processing_class=tokenizer,
+                          peft_config=peft_config)
+    trainer.train()
+    checkpoint = out_dir / f"checkpoint-{steps}"
+    if not checkpoint.is_dir():
+        raise RuntimeError(f"GRPOTrainer finished but wrote no {checkpoint}")
+    return checkpoint

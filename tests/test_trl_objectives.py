@@ -1,0 +1,105 @@
+"""Our trainer objectives against TRL's own loss code (trl 1.16.0 `GRPOTrainer._compute_loss`).
+
+For every loss_type × scale_rewards, the gradient of objectives.py's L_U with respect to every
+per-token log-prob (and entropy) equals the gradient of the loss TRL's trainer would back-propagate
+over one optimizer step (its micro-batches summed), with TRL's own advantages, to 1e-6 relative.
+Since the U gradient is (∂L/∂ℓ)·(∂ℓ/∂θ) and ∂ℓ/∂θ is the model's, equal ∂L/∂ℓ means equal U gradients.
+(The loss VALUES differ by design: TRL's surrogate is −exp(ℓ − sg ℓ)·A, whose value at ratio 1 is −A,
+ours is −A·ℓ; only the gradient is the trainer's step.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from entropy_experiments import objectives
+
+pytest.importorskip("trl")
+
+from tests.trl_reference import trl_advantages, trl_loss_over_micro_batches
+
+B, G = 4, 4
+
+
+def _batch(seed: int):
+    """Padded [B·G, T] log-probs (leaf, float64), mask, rewards [B, G] with one constant group."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 9, (B, G), generator=gen)
+    T = int(lengths.max())
+    logps = -3 * torch.rand(B * G, T, generator=gen, dtype=torch.float64)
+    mask = (torch.arange(T)[None, :] < lengths.reshape(-1, 1)).to(torch.float64)
+    rewards = torch.randint(0, 4, (B, G), generator=gen).double()
+    rewards[1] = 2.0
+    ref = logps + 0.2 * torch.randn(logps.shape, generator=gen, dtype=torch.float64)
+    entropies = 2 * torch.rand(logps.shape, generator=gen, dtype=torch.float64)
+    return logps.requires_grad_(True), mask, rewards, lengths, ref, entropies.requires_grad_(True)
+
+
+def _our_loss(logps, rewards, lengths, options, ref=None, entropies=None):
+    terms = objectives.batch_terms(rewards, lengths, options)
+    total = 0.0
+    for p in range(B):
+        for g in range(G):
+            n, T = p * G + g, int(lengths[p, g])
+            total = total + objectives.sequence_loss(
+                logps[n, :T], terms[p][g], options, ref_logps=None if ref is None else ref[n, :T],
+                entropies=None if entropies is None else entropies[n, :T])
+    return total
+
+
+def _assert_same_gradient(ours, theirs, wrt):
+    g_ours = torch.autograd.grad(ours, wrt, retain_graph=True)
+    g_trl = torch.autograd.grad(theirs, wrt, retain_graph=True)
+    for a, b in zip(g_ours, g_trl):
+        scale = b.abs().max().item()
+        assert scale > 0
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6 * scale), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
+@pytest.mark.parametrize("scale", ["none", "group", "batch"])
+def test_gradient_equals_trl_loss_code(loss_type, scale):
+    logps, mask, rewards, lengths, _, _ = _batch(seed=hash((loss_type, scale)) % 1000)
+    M = 2 if loss_type == "bnpo" else 1
+    options = objectives.ObjectiveOptions(loss_type=loss_type, scale_rewards=scale, micro_batches=M,
+                                          max_completion_length=12)
+    adv = trl_advantages(rewards.reshape(-1), G, scale)
+    # TRL's nanstd forms Bessel's count/(count − 1) in float32: ~3e-8 relative from our float64 advantages.
+    assert torch.allclose(objectives.advantages(rewards, scale, 1e-4).reshape(-1), adv.double(), rtol=1e-7,
+                          atol=1e-7)
+    theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=M, loss_type=loss_type,
+                                         max_completion_length=12)
+    ours = _our_loss(logps, rewards, lengths, options)
+    _assert_same_gradient(ours, theirs, [logps])
+
+
+@pytest.mark.parametrize("loss_type,M", [("dapo", 1), ("grpo", 2), ("bnpo", 2), ("dr_grpo", 1)])
+def test_kl_and_entropy_bonus_equal_trl(loss_type, M):
+    """β > 0 (k3 to the reference) and an entropy bonus (TRL: token mean per micro-batch)."""
+    logps, mask, rewards, lengths, ref, entropies = _batch(seed=7)
+    options = objectives.ObjectiveOptions(loss_type=loss_type, scale_rewards="group", micro_batches=M,
+                                          kl_coef=0.04, entropy_coef=0.01, entropy_aggregation="token_mean",
+                                          max_completion_length=12)
+    adv = trl_advantages(rewards.reshape(-1), G, "group")
+    theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=M, loss_type=loss_type, beta=0.04,
+                                         ref_per_token_logps=ref, entropies=entropies, entropy_coef=0.01,
+                                         max_completion_length=12)
+    ours = _our_loss(logps, rewards, lengths, options, ref=ref, entropies=entropies)
+    _assert_same_gradient(ours, theirs, [logps, entropies])
+
+
+def test_trl_preset_is_trls_default_objective():
+    """`objective.trainer: trl` = what a GRPOConfig() with no arguments trains with."""
+    from trl import GRPOConfig
+
+    from entropy_experiments.config import config_from_dict
+
+    defaults = GRPOConfig(output_dir="unused", report_to=[], use_cpu=True, bf16=False)
+    options = config_from_dict({"objective": {"trainer": "trl"}}).objective_options()
+    assert options.loss_type == defaults.loss_type
+    assert options.scale_rewards == defaults.scale_rewards
+    assert options.kl_coef == defaults.beta
+    assert options.entropy_coef == defaults.entropy_coef
+    assert options.max_completion_length == defaults.max_completion_length
+    assert options.max_grad_norm == defaults.max_grad_norm
