@@ -4,13 +4,58 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Forced, not defaulted: a user's HF_HUB_OFFLINE=0 must not let a test reach the network.
+os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
 from entropy_experiments.testing.tiny_model import add_random_lora, build_tiny_model_dir
+
+# ENTROPY_EXPERIMENTS_CACHE (the converted embedded SmolLM2, demo checkpoints) is one temporary directory
+# per test run, never the user's ~/.cache: the controller makes it and names it in _SHARED_CACHE_ENV
+# before the xdist workers start (they inherit the environment; a worker that somehow lacks it derives
+# the same path from the run's PYTEST_XDIST_TESTRUNUID). Converting SmolLM2 into it costs ~40 s of CPU
+# and 0.5 GB of disk once per run (model_loader's file lock: once across workers). To reuse a cache
+# between runs, set ENTROPY_TESTS_SHARED_CACHE=/some/dir yourself (never the user's probe cache).
+_SHARED_CACHE_ENV = "ENTROPY_TESTS_SHARED_CACHE"
+_CACHE_ENV = "ENTROPY_EXPERIMENTS_CACHE"
+
+
+def _worker_cache_dir() -> Path:
+    shared = os.environ.get(_SHARED_CACHE_ENV)
+    if shared:
+        return Path(shared)
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID", "no-uid")
+    path = Path(tempfile.gettempdir()) / f"entropy-tests-cache-{uid}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # an xdist worker: use the controller's directory
+        os.environ[_CACHE_ENV] = str(_worker_cache_dir())
+        return
+    preset = os.environ.get(_SHARED_CACHE_ENV)
+    if preset:  # a developer's own reusable test cache: kept after the run
+        Path(preset).mkdir(parents=True, exist_ok=True)
+        path = preset
+    else:
+        path = tempfile.mkdtemp(prefix="entropy-tests-cache-")
+        config._entropy_tests_cache = path  # removed in pytest_unconfigure
+    os.environ[_SHARED_CACHE_ENV] = path
+    os.environ[_CACHE_ENV] = path
+
+
+def pytest_unconfigure(config):
+    path = getattr(config, "_entropy_tests_cache", None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

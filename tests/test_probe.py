@@ -188,15 +188,17 @@ def _shifted(params: dict, v: dict, s: float) -> dict:
     return {n: (p + s * v[n].double()) if n in v else p for n, p in params.items()}
 
 
-@pytest.mark.parametrize("normalize,tau", [("per_token", 1.0), ("per_sequence", 1.0), ("per_token", 0.7)])
-def test_exact_on_enumerable_model(toy_dir, toy_prompts_file, normalize, tau):
+@pytest.mark.parametrize("normalize,tau,x_mode,baseline", [
+    ("per_token", 1.0, "causal", "none"), ("per_sequence", 1.0, "causal", "none"), ("per_token", 0.7, "causal", "none"),
+    ("per_token", 1.0, "causal", "loo_position"), ("per_token", 1.0, "full_return", "none")])
+def test_exact_on_enumerable_model(toy_dir, toy_prompts_file, normalize, tau, x_mode, baseline):
     max_new, eta = 3, 2e-2
     probe = make_probe(toy_dir, toy_prompts_file, {
         "seed": 3,
         "batch_config": {"B_E": 3000, "B_U": 8, "G": 4},
         "generation": {"max_new_tokens": max_new, "temperature": tau, "gen_batch_size": 1024,
                        "tf_batch_size": 1024},
-        "estimator": {"normalize": normalize, "microbatch_size": 1024},
+        "estimator": {"normalize": normalize, "microbatch_size": 1024, "x_mode": x_mode, "baseline": baseline},
         "importance": {"eta_list": [eta], "symmetric": False},
         "variance": {"u_groups": 4}})
     results, _, _ = _run(probe)

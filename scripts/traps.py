@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Trap suite: plant known bugs one at a time and check that the tests catch each of them.
+
+    python scripts/traps.py                  # every trap, 2 workers, + an unpatched baseline run
+    python scripts/traps.py --only NAME ...  # some traps;  --list: print them;  --jobs N;  --no-baseline
+
+Trap list format (TRAPS below): one `Trap(name, path, old, new, tests)` per planted bug —
+- name:  short identifier (shown in the table, used by --only);
+- path:  the file to patch, relative to the repository root;
+- old:   the exact current text; it must occur EXACTLY ONCE in that file, otherwise the suite stops
+         before running anything (the list must stay in sync with the code: update the snippet
+         when the code moves, never drop or weaken a trap);
+- new:   the text that replaces it (the planted bug);
+- tests: pytest node ids (relative to the repository root) that must fail with the bug in place.
+         Keep them few and fast: each trap runs only its own ids.
+
+For each trap the package, the tests and pyproject.toml (entropy_experiments/, sequence_processing/,
+tests/, pyproject.toml) are copied to a scratch directory, the patch is applied there and
+`python -m pytest -x -q -p no:cacheprovider <tests>` runs from that directory with PYTHONPATH=<scratch>,
+so the scratch copy is imported rather than the editable install (checked on every run: the scratch
+conftest records where `entropy_experiments` came from). Result: CAUGHT (the tests fail), SURVIVED
+(they pass: a gap in the suite) or ERROR (collection error, wrong import, timeout...). The baseline
+runs every listed test once unpatched: they must all pass, or a CAUGHT would mean nothing.
+Exit code 0 only if every trap is CAUGHT and the baseline passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIED = ["entropy_experiments", "sequence_processing", "tests", "pyproject.toml"]
+TIMEOUT_S = 400
+
+
+@dataclass(frozen=True)
+class Trap:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+EE = "entropy_experiments/"
+TRAPS = [
+    # ---- U side (objectives.py): caught by tests/test_objectives.py's written-out loops
+    Trap("dr_grpo_without_G", EE + "objectives.py",
+         "return (1.0 / (B * G * l_max)).expand(B, G)", "return (1.0 / (B * l_max)).expand(B, G)",
+         ("tests/test_objectives.py::test_loss_matches_written_out_formula[none-dr_grpo_per_prompt]",)),
+    Trap("advantages_centred_on_batch_mean", EE + "objectives.py",
+         "centred = r - r.mean(dim=1, keepdim=True)", "centred = r - r.mean()",
+         ("tests/test_objectives.py::test_advantages_match_loops[none]",)),
+    # ---- E side surrogate (losses.py)
+    Trap("tokens_to_go_off_by_one", EE + "losses.py",
+         "return torch.arange(length - 1, -1, -1, dtype=dtype, device=device)",
+         "return torch.arange(length, 0, -1, dtype=dtype, device=device)",
+         ("tests/test_losses.py::test_tokens_to_go_counts_tokens_strictly_after_k[7]",)),
+    Trap("loo_baseline_includes_own_coefficient", EE + "losses.py",
+         "(total[:T] - c) / others.clamp(min=1)", "total[:T] / count[:T]",
+         ("tests/test_losses.py::test_loo_baseline_excludes_the_sequence_itself",)),
+    Trap("missing_H_R_term_in_coefficients", EE + "losses.py",
+         'beta = tokens_to_go(T) if normalize == "per_token" else torch.zeros(T, dtype=torch.float64)',
+         "beta = torch.zeros(T, dtype=torch.float64)",
+         ("tests/test_losses.py::test_per_token_causal_coefficient_is_G_minus_H_hat_R",)),
+    Trap("missing_H_R_term_in_jackknife_statistic", EE + "stats.py",
+         "return float((a - (h / t) * b) / t)", "return float(a / t)",
+         ("tests/test_stats.py::test_delta_h1_per_token_value_and_se_vs_brute_force",)),
+    Trap("missing_H_R_term_in_one_pass_backward", EE + "probe_components.py",
+         "residual = coefficients.H_hat - (shift or 0.0)", "residual = -(shift or 0.0)",
+         ("tests/test_probe.py::test_one_pass_backward_matches_forward_mode_and_two_pass[per_token-causal]",)),
+    # ---- error bars
+    Trap("se_total_added_linearly", EE + "conditional_variance.py",
+         "return math.sqrt(se_e ** 2 + se_u ** 2)", "return se_e + se_u",
+         ("tests/test_losses.py::test_se_total_is_root_sum_of_squares[3.0-4.0]",)),
+    Trap("se_of_mean_reported_as_se_of_sum", EE + "stats.py",
+         "return float(math.sqrt((n - 1) / n * np.sum((theta - theta.mean()) ** 2)))",
+         "return float(math.sqrt((n - 1) / n * np.sum((theta - theta.mean()) ** 2)) / n)",
+         ("tests/test_stats.py::test_jackknife_se_of_mean_is_std_over_sqrt_n",)),
+    # ---- log-prob alignment (MATH.md §1: logits at i−1 score the token at i)
+    Trap("logprob_gathered_at_own_position", EE + "utils/sequence_processor.py",
+         "offset = lp - 1 - lead - first", "offset = lp - lead - first",
+         ("tests/test_sequence_processor.py::test_teacher_forcing_matches_brute_force[1.0-1.0]",)),
+    Trap("logprob_tokens_shifted_by_one", EE + "utils/sequence_processor.py",
+         "tokens.append(ids[r, lp - lead: lp - lead + t])", "tokens.append(ids[r, lp - lead - 1: lp - lead - 1 + t])",
+         ("tests/test_sequence_processor.py::test_teacher_forcing_matches_brute_force[1.0-1.0]",)),
+    Trap("bf16_runtime", EE + "offline_entropy_probe.py",
+         "model = model.float()", "model = model",
+         ("tests/test_traps_targets.py::test_a_bf16_checkpoint_runs_in_fp32",)),
+    # ---- optimizer state
+    Trap("weight_decay_from_constructor_default", EE + "adam_preconditioner.py",
+         'weight_decay=_scalar(group["weight_decay"]),', "weight_decay=0.0,",
+         ("tests/test_adam_preconditioner.py::test_state_is_cloned_and_hyper_comes_from_saved_groups",)),
+    Trap("silent_fresh_optimizer", EE + "offline_entropy_probe.py",
+         "if not ck.allow_fresh_optimizer:", "if False:",
+         ("tests/test_errors_cli.py::test_bad_input_is_one_clean_line_and_exit_2[optimizer_missing]",)),
+    Trap("positional_remap_without_shape_check", EE + "model_loader.py",
+         "if not state:\n        return  # parameter never stepped", "if True:\n        return  # parameter never stepped",
+         ("tests/test_model_loader.py::test_shape_mismatch_by_position",)),
+    Trap("u_gradient_in_train_mode", EE + "probe_components.py",
+         "self.model.eval()\n        options = self.objective", "self.model.train()\n        options = self.objective",
+         ("tests/test_traps_targets.py::test_u_gradient_is_taken_in_eval_mode_even_with_dropout",)),
+    # ---- rewards silently zero
+    Trap("gold_answers_dropped_with_replacement_sampling", EE + "utils/sequence_processor.py",
+         "examples=examples, **kwargs)", "**kwargs)",
+         ("tests/test_sp_generation.py::test_replacement_sampling_keeps_gold_answers_and_counts",)),
+    Trap("gold_answers_dropped_in_probe_batches", EE + "sampling.py",
+         "rewards = sp._compute_rewards(prompts, seqs, chosen)",
+         "rewards = sp._compute_rewards(prompts, seqs, [None] * len(chosen))",
+         ("tests/test_traps_targets.py::test_probe_batches_pass_each_prompts_gold_answer_to_the_reward",)),
+    Trap("reward_failure_becomes_zero", EE + "rewards/calling.py",
+         "raise RewardError(f\"reward '{name}' raised {exception_line(exc)}{where}\") from exc",
+         "values = [0.0] * len(responses)",
+         ("tests/test_rewards.py::test_a_raising_reward_is_one_line_naming_reward_exception_and_prompt[probe]",)),
+]
+
+# Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.
+IMPORT_PROBE = """
+
+import entropy_experiments as _trap_pkg  # scripts/traps.py: which copy was imported?
+
+with open(os.path.join(os.environ["TRAPS_SCRATCH"], "imported_from.txt"), "w") as _f:
+    _f.write(_trap_pkg.__file__)
+"""
+
+
+def check_traps(traps: list[Trap]) -> list[str]:
+    """Every old text exactly once in the repository file; names unique. Returns the problems."""
+    problems = []
+    if len({t.name for t in traps}) != len(traps):
+        problems.append("trap names are not unique")
+    for trap in traps:
+        path = ROOT / trap.path
+        if not path.is_file():
+            problems.append(f"{trap.name}: {trap.path} does not exist")
+            continue
+        count = path.read_text().count(trap.old)
+        if count != 1:
+            problems.append(f"{trap.name}: old text found {count} times in {trap.path} (must be exactly once): "
+                            f"{trap.old!r}")
+        if not trap.tests:
+            problems.append(f"{trap.name}: no tests listed")
+    return problems
+
+
+def make_scratch(parent: Path, trap: Trap | None) -> Path:
+    """A copy of the package + tests under `parent`, with `trap` applied (None: unpatched)."""
+    scratch = Path(tempfile.mkdtemp(prefix=(trap.name if trap else "baseline") + "-", dir=parent))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for item in COPIED:
+        src = ROOT / item
+        if src.is_dir():
+            shutil.copytree(src, scratch / item, ignore=ignore)
+        else:
+            shutil.copy2(src, scratch / item)
+    conftest = scratch / "tests" / "conftest.py"
+    conftest.write_text(conftest.read_text() + IMPORT_PROBE)
+    if trap is not None:
+        target = scratch / trap.path
+        text = target.read_text()
+        if text.count(trap.old) != 1:
+            raise SystemExit(f"traps: {trap.name}: old text not found exactly once in the scratch {trap.path}")
+        target.write_text(text.replace(trap.old, trap.new))
+    return scratch
+
+
+def run_pytest(scratch: Path, tests: list[str], stop_first: bool) -> tuple[int | None, str, float]:
+    """(pytest exit code or None on timeout, output tail, seconds) for `tests` run inside `scratch`."""
+    env = {**os.environ, "PYTHONPATH": str(scratch), "TRAPS_SCRATCH": str(scratch), "HF_HUB_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("PYTEST_ADDOPTS", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(["-x"] if stop_first else []), *tests]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, check=False, cwd=scratch, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"")
+        return None, (out.decode() if isinstance(out, bytes) else out)[-2000:], time.monotonic() - start
+    return proc.returncode, (proc.stdout + proc.stderr)[-2000:], time.monotonic() - start
+
+
+def imported_from_scratch(scratch: Path) -> str | None:
+    """None if the run imported the scratch copy, else what went wrong."""
+    marker = scratch / "imported_from.txt"
+    if not marker.is_file():
+        return "the scratch conftest never ran"
+    where = Path(marker.read_text()).resolve()
+    return None if where.is_relative_to(scratch.resolve()) else f"imported {where}, not the scratch copy"
+
+
+def run_one(parent: Path, trap: Trap | None, tests: list[str]) -> dict:
+    """Apply `trap` in a fresh scratch copy, run its tests, classify the outcome."""
+    scratch = make_scratch(parent, trap)
+    rc, tail, seconds = run_pytest(scratch, tests, stop_first=trap is not None)
+    wrong_import = imported_from_scratch(scratch)
+    if wrong_import:
+        status, why = "ERROR", wrong_import
+    elif rc is None:
+        status, why = "ERROR", f"timed out after {TIMEOUT_S} s"
+    elif trap is None:
+        status, why = ("PASSED", "") if rc == 0 else ("FAILED", f"pytest exit code {rc}")
+    elif rc == 1:
+        status, why = "CAUGHT", ""
+    elif rc == 0:
+        status, why = "SURVIVED", "the listed tests pass with the bug in place"
+    else:
+        status, why = "ERROR", f"pytest exit code {rc} (collection or usage error)"
+    shutil.rmtree(scratch, ignore_errors=True)
+    return {"name": trap.name if trap else "(baseline, unpatched)", "path": trap.path if trap else "-",
+            "status": status, "why": why, "seconds": seconds, "tail": tail}
+
+
+def print_table(rows: list[dict], total_s: float) -> None:
+    width = max(len(r["name"]) for r in rows)
+    pwidth = max(len(r["path"]) for r in rows)
+    print(f"\n{'trap':<{width}}  {'file':<{pwidth}}  {'result':<8}  {'time':>6}")
+    print("-" * (width + pwidth + 22))
+    for r in rows:
+        print(f"{r['name']:<{width}}  {r['path']:<{pwidth}}  {r['status']:<8}  {r['seconds']:5.1f}s"
+              + (f"  ({r['why']})" if r["why"] else ""))
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("CAUGHT", "SURVIVED", "ERROR")}
+    print(f"\n{counts['CAUGHT']} caught, {counts['SURVIVED']} survived, {counts['ERROR']} errors; "
+          f"total {total_s:.1f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these traps")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel pytest runs (default 2)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unpatched run of the listed tests")
+    parser.add_argument("--list", action="store_true", help="print the traps and exit")
+    args = parser.parse_args(argv)
+    traps = [t for t in TRAPS if not args.only or t.name in args.only]
+    unknown = set(args.only or []) - {t.name for t in TRAPS}
+    problems = check_traps(TRAPS) + [f"unknown trap {name!r}" for name in sorted(unknown)]
+    if problems:
+        print("traps: the trap list is out of sync with the code:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 2
+    if args.list:
+        for t in traps:
+            print(f"{t.name:<48} {t.path:<45} {' '.join(t.tests)}")
+        return 0
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="traps-") as parent:
+        jobs = [] if args.no_baseline else [(None, sorted({i for t in traps for i in t.tests}))]
+        jobs += [(t, list(t.tests)) for t in traps]
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            rows = list(pool.map(lambda job: run_one(Path(parent), *job), jobs))
+    for r in rows:
+        if r["status"] not in ("CAUGHT", "PASSED"):
+            print(f"\n==== {r['name']}: {r['status']} — last output:\n{r['tail']}", file=sys.stderr)
+    print_table(rows, time.monotonic() - start)
+    return 0 if all(r["status"] in ("CAUGHT", "PASSED") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Calibration of the two error bars side by side, on the enumerable toy model of tests/test_probe.py.
+
+- E side only: U (hence v) and θ fixed, E resampled over many seeds; the spread (std) of δH₁ = lr·X̂·v
+  over the seeds must match the mean reported SE_E (delete-one jackknife over E units) within 1.3×.
+- U side only: E (hence X̂) fixed, U resampled over many seeds; the spread of δH₁ = lr·X̂·v(U) must match
+  the mean reported SE_U (grouped jackknife with v rebuilt through AdamW) within 1.3×.
+
+The reference is the empirical spread over independent batches, which shares nothing with the
+jackknife formulas. Each side runs through ProbeComponents / conditional_variance directly (no full
+probe runs): one sampling + one backward per seed. The ratios are printed (`pytest -s`) and carried in
+the assertion messages. About 1 s per seed and side on two idle cores (~60 s in all; much more when
+the cores are shared), hence `slow`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from entropy_experiments import adam_preconditioner as adam
+from entropy_experiments import conditional_variance as cv
+from entropy_experiments.datasets import load_examples
+from entropy_experiments.probe_components import ProbeComponents, split_into_groups
+from entropy_experiments.sampling import sample_batch
+from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
+from tests.probe_helpers import make_probe, write_prompts
+
+SEEDS = 32            # independent batches per side (relative SE of a std over 32 draws: ~13%)
+BAND = 1.3
+B_E, B_U, G, K = 150, 8, 4, 8
+# Every prompt of 1-3 words over the toy vocabulary: 39 prompts, so U's B_U distinct prompts are a
+# small part of the pool and the prompt-to-prompt variance the U jackknife measures is really sampled.
+POOL = [" ".join(w) for n in (1, 2, 3) for w in itertools.product("xab", repeat=n)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("calibration")
+    toy = build_toy_enumerable_dir(folder / "toy")
+    data = write_prompts(folder / "pool.jsonl", POOL)
+    probe = make_probe(toy, data, {
+        "batch_config": {"B_E": B_E, "B_U": B_U, "G": G},
+        "generation": {"max_new_tokens": 3, "gen_batch_size": 512, "tf_batch_size": 512},
+        "estimator": {"microbatch_size": 512}, "variance": {"u_groups": K}})
+    probe._ensure_sequence_processor()
+    comps = ProbeComponents(probe.model, probe.config, sequence_processor=probe._sequence_processor)
+    examples = load_examples("jsonl", "train", dataset_path=str(data))
+    return probe, comps, examples
+
+
+def _E(probe, examples, seed: int) -> dict:
+    rng = random.Random(seed)
+    indices = [rng.randrange(len(examples)) for _ in range(B_E)]  # with replacement, one response each
+    return sample_batch(probe._sequence_processor, examples, indices, 1, seed=seed, with_rewards=False)
+
+
+def _U(probe, examples, seed: int) -> dict:
+    indices = random.Random(seed).sample(range(len(examples)), B_U)  # distinct prompts
+    return sample_batch(probe._sequence_processor, examples, indices, G, seed=seed, with_rewards=True)
+
+
+def _ratio(values: list[float], ses: list[float], side: str) -> float:
+    spread, reported = float(np.std(values, ddof=1)), float(np.mean(ses))
+    ratio = spread / reported
+    print(f"\ncalibration {side}: std(δH₁) over {len(values)} batches = {spread:.4e}, "
+          f"mean SE_{side} = {reported:.4e}, ratio = {ratio:.3f}")
+    return ratio
+
+
+@pytest.mark.slow
+def test_se_E_matches_the_spread_over_E_batches(setup):
+    probe, comps, examples = setup
+    optimizer = probe.optimizer
+    lr = comps.learning_rate(optimizer)
+    v, _ = comps.update_direction(comps.accumulate_sum_Y(_U(probe, examples, 999)).total, optimizer)
+    values, ses = [], []
+    for seed in range(SEEDS):
+        E = _E(probe, examples, 1000 + seed)
+        X, scores, _, (a, r) = comps.accumulate_X_one_pass(E, v)
+        _, se_e = cv.se_E(a, r, scores.seq_entropies, scores.lengths, scores.unit_of_sequence,
+                          normalize=probe.config.estimator.normalize, learning_rate=lr)
+        values.append(lr * adam.named_dot(X, v))
+        ses.append(se_e)
+    assert np.all(np.isfinite(ses)) and min(ses) > 0
+    ratio = _ratio(values, ses, "E")
+    assert 1 / BAND <= ratio <= BAND, f"E-side spread / mean SE_E = {ratio:.3f}"
+
+
+@pytest.mark.slow
+def test_se_U_matches_the_spread_over_U_batches(setup):
+    probe, comps, examples = setup
+    optimizer = probe.optimizer
+    lr = comps.learning_rate(optimizer)
+    X = comps.accumulate_X_one_pass(_E(probe, examples, 2999), None)[0]
+    groups = split_into_groups(B_U, K)
+    values, ses = [], []
+    for seed in range(SEEDS):
+        grads = comps.accumulate_sum_Y(_U(probe, examples, 3000 + seed), groups)
+        v, _ = comps.update_direction(grads.total, optimizer)
+        se_u, _ = cv.se_U(X, cv.leave_one_group_out_directions(comps, grads, optimizer), learning_rate=lr)
+        values.append(lr * adam.named_dot(X, v))
+        ses.append(se_u)
+    assert np.all(np.isfinite(ses)) and min(ses) > 0
+    ratio = _ratio(values, ses, "U")
+    assert 1 / BAND <= ratio <= BAND, f"U-side spread / mean SE_U = {ratio:.3f}"
