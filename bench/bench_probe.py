@@ -37,8 +37,8 @@ TARGET = 1.5
 
 def _demo_probe(args):
     from entropy_experiments.config import config_from_dict, load_config, packaged_config_path
+    from entropy_experiments.embedded import ensure_demo_checkpoint
     from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
-    from entropy_experiments.training import ensure_demo_checkpoint
 
     config = load_config(packaged_config_path("demo"))
     d = config.to_dict()

@@ -139,7 +139,7 @@ def _interleaved(fns: dict, rounds: int, repeats: int = 1) -> dict[str, float]:
 def load_smollm2():
     from transformers import AutoModelForCausalLM
 
-    from entropy_experiments.model_loader import load_tokenizer, resolve_base_model
+    from entropy_experiments.checkpoint.base_model import load_tokenizer, resolve_base_model
 
     path = resolve_base_model("smollm2-135m-instruct")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()

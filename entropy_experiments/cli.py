@@ -71,8 +71,8 @@ def cmd_make_checkpoint(args) -> None:
 def cmd_demo(args) -> None:
     """Embedded default end to end: cached make-checkpoint, then the probe with the shipped demo config."""
     from .config import load_config, packaged_config_path
+    from .embedded import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint
     from .offline_entropy_probe import run_probe
-    from .training import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint
 
     config = load_config(packaged_config_path("demo"), args.set or [])
     ckpt = ensure_demo_checkpoint(config, DEMO_CHECKPOINT_STEPS if args.steps is None else args.steps)
@@ -84,7 +84,9 @@ def cmd_demo(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from .results import load_results, plot_delta_h, print_summary
+    from .report.plot import plot_delta_h
+    from .report.results_schema import load_results
+    from .report.summary import print_summary
     results = load_results(args.run_dir)
     print_summary(results)
     plot_delta_h(results, Path(args.run_dir) / "delta_h_vs_eta.png")

@@ -8,6 +8,9 @@ Programming errors (bugs) are left as ordinary exceptions so that they keep thei
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class ProbeError(Exception):
     """Base class for errors caused by user input; the message is a single line."""
@@ -49,6 +52,20 @@ class DeviceError(ProbeError):
 
 class OutputError(ProbeError):
     """The run directory cannot be written or holds a different run."""
+
+
+def os_error_reason(err: OSError) -> str:
+    """The OS's short reason for `err` (e.g. 'No space left on device'), for one-line messages."""
+    return err.strerror or str(err)
+
+
+@contextlib.contextmanager
+def output_error_on_os_error(message: str) -> Iterator[None]:
+    """Turn an OSError raised in the block into `OutputError(f"{message}: {reason}")`; others propagate."""
+    try:
+        yield
+    except OSError as err:
+        raise OutputError(f"{message}: {os_error_reason(err)}") from err
 
 
 def closest_match(word: str, candidates: list[str] | tuple[str, ...] | set[str]) -> str | None:

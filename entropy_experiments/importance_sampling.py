@@ -131,10 +131,10 @@ def measure_delta_h(sp, E_batch: dict, v_named: NamedTensors, etas: list[float],
     rows, per_seq = [], {}
     for eta in etas:
         if mode == "param_override":
-            new = score(sp._build_params_override(v_named, eta))
+            new = score(sp.build_params_override(v_named, eta))
         elif mode == "real_step":
             with real_optimizer_step(optimizer, named_params, grads, eta, max_grad_norm):
-                new = score(sp._build_params_override({}, 0.0))
+                new = score(sp.build_params_override({}, 0.0))
         else:
             raise ValueError(f"importance.mode must be param_override or real_step, got {mode!r}")
         logw = gather(log_weights(new, base) if new else [], f"log-weights gather (η={eta:g})")

@@ -30,11 +30,15 @@ import torch
 from . import conditional_variance as cv
 from . import importance_sampling as isamp
 from .batches import count_tokens, validate_batch, zero_advantage_prompts
-from .checkpoint_layout import (
+from .checkpoint import (
     BaseModelChoice,
     CheckpointFiles,
     LearningRate,
     checkpoint_info,
+    fresh_adam_optimizer,
+    load_adam_optimizer_from_path,
+    load_peft_for_probe,
+    load_tokenizer,
     log_checkpoint_files,
     resolve_base_model_id,
     resolve_checkpoint,
@@ -98,8 +102,6 @@ class OfflineEntropyProbe:
 
     def _load_lora_model(self, lora_path: str, base: BaseModelChoice):
         """Load the base model + LoRA adapter (trainable, active), upcast to fp32, eval mode (MATH.md §7)."""
-        from .model_loader import load_peft_for_probe, load_tokenizer
-
         ck = self.config.checkpoint
         device_map = ck.device_map
         if self._ensure_dist().backend == "nccl":  # one GPU per rank
@@ -127,8 +129,6 @@ class OfflineEntropyProbe:
         A missing state is an error unless checkpoint.allow_fresh_optimizer; a resolved lr of 0 (a
         schedule that ended) is an error here, before any sampling.
         """
-        from .model_loader import fresh_adam_optimizer, load_adam_optimizer_from_path
-
         ck, config_lr = self.config.checkpoint, self.config.learning_rate
         fresh = False
         try:
@@ -405,7 +405,7 @@ def run_probe(config: ProbeConfig, *, out: str | None = None, resume: str | None
     Launched by torchrun with several ranks, every rank computes and only rank 0 writes: rank 0 prepares
     the run directory and broadcasts the saved batches of a resumed run (or its error).
     """
-    from .results import print_summary
+    from .report.summary import print_summary
 
     logger = logger or log
     dist = init_from_env(config.distributed)
@@ -443,7 +443,9 @@ def _run_probe_worker(config: ProbeConfig, dist: DistContext, logger: logging.Lo
 def _run_probe_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume: str | None,
                     overwrite: bool, logger: logging.Logger) -> dict:
     from .lifecycle import hold_point
-    from .results import GenerationChunkStore, RunDirectory, print_summary, validate_results_schema
+    from .report.results_schema import validate_results_schema
+    from .report.run_dir import GenerationChunkStore, RunDirectory
+    from .report.summary import print_summary
 
     run_path = Path(resume or out or config.output.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
     try:
@@ -494,7 +496,7 @@ def _run_probe_main(config: ProbeConfig, dist: DistContext, *, out: str | None, 
         run_dir.write_results(results)
         hold_point("results_written")
         if config.output.plot:
-            from .results import plot_delta_h
+            from .report.plot import plot_delta_h
             plot_delta_h(results, run_dir.path / "delta_h_vs_eta.png")
         run_dir.mark_status("complete")
         print_summary(results)

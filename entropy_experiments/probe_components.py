@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from . import adam_preconditioner as adam
 from . import objectives
 from .batches import batch_to_sequences, subset_batch, zero_advantage_prompts
+from .checkpoint.learning_rate import resolve_learning_rate
 from .distributed import SINGLE, DistContext
 from .errors import ConfigError, NumericsError
 from .losses import (
@@ -221,8 +222,6 @@ class ProbeComponents:
     def learning_rate(self, optimizer) -> float:
         """The configured learning_rate, else the optimizer's saved lr (all non-empty param groups must agree;
         0 is a ConfigError): `checkpoint_layout.resolve_learning_rate`."""
-        from .checkpoint_layout import resolve_learning_rate
-
         return resolve_learning_rate(self.config.learning_rate, optimizer.param_groups).value
 
     def update_direction(self, grads: NamedTensors, optimizer) -> tuple[NamedTensors, dict]:

@@ -76,7 +76,7 @@ def sample_batch(sp, examples: list, prompt_indices: list[int], G: int, *, seed:
             seqs = sp.generate_batched(prompts, G, seed=seed, seed_per_chunk=True)
     seqs.examples = chosen
     seqs.prompt_ids = [int(ex.meta["global_prompt_id"]) for ex in chosen]
-    rewards = sp._compute_rewards(prompts, seqs, chosen) if with_rewards else None
+    rewards = sp.compute_rewards(prompts, seqs, chosen) if with_rewards else None
     return pack_batch(seqs, rewards, with_advantages=with_rewards)
 
 

@@ -14,6 +14,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .checkpoint.adapter import create_lora_model
+from .checkpoint.base_model import load_tokenizer, resolve_base_model_id
+from .checkpoint.optimizer_state import trainable_named_parameters
+from .checkpoint.writer import save_checkpoint
 from .config import ProbeConfig
 from .sampling import draw_index_plan, sample_batch
 
@@ -25,9 +29,7 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
                     lora_alpha: int = 16, logger: logging.Logger | None = None) -> Path:
     """Create a LoRA adapter on `config.checkpoint.base_model` (null: the embedded model), train it `steps`
     Dr-GRPO steps, save it."""
-    from .checkpoint_layout import resolve_base_model_id
     from .datasets import load_examples
-    from .model_loader import create_lora_model, load_tokenizer, save_checkpoint, trainable_named_parameters
     from .probe_components import ProbeComponents
     from .utils.sequence_processor import SequenceProcessor
 
@@ -72,23 +74,3 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
     logger.info("checkpoint written to %s", out_dir)
     return Path(out_dir)
 
-
-DEMO_CHECKPOINT_STEPS = 2
-
-
-def demo_checkpoint_dir(steps: int = DEMO_CHECKPOINT_STEPS) -> Path:
-    """Where the demo checkpoint of `steps` Dr-GRPO steps is cached (one directory per step count,
-    so `demo --steps N` never silently reuses a checkpoint of another length)."""
-    from .model_loader import cache_root
-    return cache_root() / f"demo_checkpoint_{steps}steps"
-
-
-def ensure_demo_checkpoint(config, steps: int = DEMO_CHECKPOINT_STEPS) -> Path:
-    """The cached demo checkpoint (made once with make-checkpoint on `config`); returns its directory."""
-    ckpt = demo_checkpoint_dir(steps)
-    if not (ckpt / "checkpoint.json").exists():
-        log.info("demo: making the demo checkpoint once (%d Dr-GRPO steps) in %s", steps, ckpt)
-        make_checkpoint(ckpt, config, steps=steps)
-    else:
-        log.info("demo: reusing the cached demo checkpoint %s", ckpt)
-    return ckpt

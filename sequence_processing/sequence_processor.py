@@ -1,6 +1,6 @@
-"""Re-export of `entropy_experiments.utils.sequence_processor` under the seed-era module path."""
+"""Re-export of `entropy_experiments.compat.sequence_processor` (seed 004) under the seed-era module path."""
 
-from entropy_experiments.utils.sequence_processor import (
+from entropy_experiments.compat.sequence_processor import (
     BatchedSequences,
     DiagnosticsPack,
     DiagnosticsResults,

@@ -22,7 +22,8 @@ import torch
 import yaml
 
 from entropy_experiments import cli
-from entropy_experiments import results as R
+from entropy_experiments.report.results_schema import validate_results_schema
+from entropy_experiments.report.summary import render_summary
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
 from tests.run_helpers import base_config as make_base_config
 from tests.run_helpers import logging_restored
@@ -136,7 +137,7 @@ def test_run_writes_every_output(first_run, tiny_model_dir):
     assert json.loads((out / "run_meta.json").read_text())["status"] == "complete"
 
     res = _results(out)
-    R.validate_results_schema(res)
+    validate_results_schema(res)
     assert math.isfinite(res["deltaH1"]) and math.isfinite(res["bars_dot"])
     assert res["deltaH1"] == pytest.approx(res["learning_rate"] * res["bars_dot"], rel=1e-9)
     assert [t["eta"] for t in res["true"] if t["eta"] > 0] == [1.0e-4, 1.0e-3]
@@ -180,7 +181,7 @@ def test_resume_reproduces_the_numbers(first_run, run_copy, config_file):
     code, _ = _main(["run", "--config", str(config_file), "--resume", str(run_copy)])
     assert code == 0
     after = _results(run_copy)
-    R.validate_results_schema(after)
+    validate_results_schema(after)
     assert _numbers(after) == _numbers(before)
     assert after["config_hash"] == before["config_hash"]
     # the saved batches were reused, not re-sampled and re-written
@@ -224,7 +225,7 @@ def test_different_config_needs_overwrite(run_copy, config_file, capsys):
     capsys.readouterr()
     assert code == 0
     replaced = _results(run_copy)
-    R.validate_results_schema(replaced)
+    validate_results_schema(replaced)
     assert replaced["config_hash"] != original["config_hash"]
     assert yaml.safe_load((run_copy / "config.yaml").read_text())["seed"] == 11
     assert json.loads((run_copy / "run_meta.json").read_text())["status"] == "complete"
@@ -249,7 +250,7 @@ def test_report_rerenders_summary_and_plot(first_run, run_copy, capsys):
     line = _summary_line(out, "δH₁")
     assert f"{res['deltaH1']:+.4g}" in line
     assert line == _summary_line(first_run[1], "δH₁")
-    assert out == R.render_summary(res)
+    assert out == render_summary(res)
     assert (run_copy / "delta_h_vs_eta.png").read_bytes().startswith(PNG_MAGIC)
 
 
@@ -308,9 +309,9 @@ def test_module_entry_point_dryrun(config_file, tmp_path):
 def test_demo_on_embedded_smollm2(tmp_path, monkeypatch):
     """`entropy-probe demo` at tiny sizes: a fresh 1-step demo checkpoint in tmp_path (the converted
     SmolLM2 itself stays in the shared cache), then the probe into --out."""
-    from entropy_experiments import training
+    from entropy_experiments import embedded
 
-    monkeypatch.setattr(training, "demo_checkpoint_dir", lambda steps: tmp_path / f"demo_checkpoint_{steps}steps")
+    monkeypatch.setattr(embedded, "demo_checkpoint_dir", lambda steps: tmp_path / f"demo_checkpoint_{steps}steps")
     ckpt = tmp_path / "demo_checkpoint_1steps"  # one cache directory per step count: --steps 1 never reuses 2
     out = tmp_path / "demo_run"
     code, stdout = _main(["demo", "--out", str(out), "--steps", "1",
@@ -320,7 +321,7 @@ def test_demo_on_embedded_smollm2(tmp_path, monkeypatch):
     assert code == 0
     assert json.loads((ckpt / "checkpoint.json").read_text())["step"] == 1
     res = _results(out)
-    R.validate_results_schema(res)
+    validate_results_schema(res)
     assert isinstance(res["deltaH1"], float) and math.isfinite(res["deltaH1"])
     assert res["counts"]["B_E"] == 2
     assert "δH₁" in stdout

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from entropy_experiments import cli
-from entropy_experiments import results as R
+from entropy_experiments.report.results_schema import validate_results_schema
+from entropy_experiments.report.summary import render_summary
 from tests.run_helpers import logging_restored, make_run_setup
 
 NOTE = "ΔH(η) not measured (importance.enabled: false)"
@@ -45,7 +46,7 @@ def runs(tiny_model_dir, tmp_path_factory) -> dict:
 def test_run_completes_with_delta_h1_only(runs):
     off = runs["off"]
     res = off["results"]
-    R.validate_results_schema(res)
+    validate_results_schema(res)
     assert res["true"] == []
     assert res["linearity"] == {"slope_through_origin": None, "loglog_slope": None, "symmetric_slopes": []}
     assert json.loads((off["dir"] / "run_meta.json").read_text())["status"] == "complete"
@@ -77,5 +78,5 @@ def test_report_rerenders_summary_and_plot(runs, tmp_path):
     (run_dir / "delta_h_vs_eta.png").unlink()
     code, stdout, stderr = _cli(["report", str(run_dir)])
     assert code == 0, stderr
-    assert stdout == runs["off"]["stdout"] == R.render_summary(runs["off"]["results"])
+    assert stdout == runs["off"]["stdout"] == render_summary(runs["off"]["results"])
     assert (run_dir / "delta_h_vs_eta.png").read_bytes().startswith(PNG_MAGIC)

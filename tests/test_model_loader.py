@@ -7,6 +7,7 @@ state and the step it takes next), peft's own loading of the same adapter, the b
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import pickle
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from entropy_experiments import embedded, io_utils
 from entropy_experiments import model_loader as ml
 from entropy_experiments.errors import CheckpointError, ConfigError, DeviceError, OptimizerStateError
 from entropy_experiments.testing.tiny_model import build_tiny_model, build_tiny_tokenizer
@@ -474,7 +476,7 @@ def test_bad_dtype_and_device_names():
     assert ml.resolve_dtype("bf16") is torch.bfloat16 and ml.resolve_dtype("fp32") is torch.float32
 
 
-@pytest.mark.skipif(ml.importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes installed")
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes installed")
 def test_qlora_without_bitsandbytes(saved_checkpoint, tiny_model_dir):
     message = _load_model_error(CheckpointError, str(tiny_model_dir), saved_checkpoint[2] / "model",
                                 device_map="cpu", use_qlora=True)
@@ -526,7 +528,7 @@ def test_atomic_dir_replace_leaves_nothing_on_failure(tmp_path):
         raise KeyboardInterrupt  # like a killed conversion
 
     with pytest.raises(KeyboardInterrupt):
-        ml._atomic_replace_dir(tmp_path / "model", fail)
+        io_utils.atomic_replace_dir(tmp_path / "model", fail)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -547,9 +549,9 @@ def test_ensure_embedded_model_replaces_half_written_cache(tmp_path, monkeypatch
             for name in ("config.json", "model.safetensors", "tokenizer_config.json"):
                 (tmp / name).write_text("x")
 
-        ml._atomic_replace_dir(dest, fill)
+        io_utils.atomic_replace_dir(dest, fill)
 
-    monkeypatch.setattr(ml, "_convert_embedded_model", fake_convert)
+    monkeypatch.setattr(embedded, "convert_embedded_model", fake_convert)
     assert ml.ensure_embedded_model() == target and calls == [target]
     assert (target / "model.safetensors").is_file() and not stale.exists()
     assert ml.ensure_embedded_model() == target and len(calls) == 1  # complete now: no second conversion

@@ -130,7 +130,7 @@ def test_chunks_are_seeded_on_their_own_and_saved_chunks_are_reused(tiny_peft_mo
 
 
 def test_chunk_store_round_trip(tmp_path):
-    from entropy_experiments.results import GenerationChunkStore, RunDirectory
+    from entropy_experiments.report.run_dir import GenerationChunkStore, RunDirectory
 
     run = RunDirectory.prepare(tmp_path / "run", "seed: 1\n", "h", overwrite=False, resume=False)
     store = GenerationChunkStore(run)
@@ -178,7 +178,7 @@ def test_non_finite_in_the_u_gradient_names_phase_batch_and_sequence(tiny_model_
 
 def test_non_finite_in_delta_h_scoring_names_the_phase(tiny_model_dir, data, monkeypatch):
     probe = make_probe(tiny_model_dir, data, {"batch_config": {"B_E": 2, "B_U": 2}})
-    real = SequenceProcessor._build_params_override
+    real = SequenceProcessor.build_params_override
 
     def poisoned(self, v_named, eta):
         mapping = real(self, v_named, eta)
@@ -187,7 +187,7 @@ def test_non_finite_in_delta_h_scoring_names_the_phase(tiny_model_dir, data, mon
         mapping[name][:, 0] = float("nan")
         return mapping
 
-    monkeypatch.setattr(SequenceProcessor, "_build_params_override", poisoned)
+    monkeypatch.setattr(SequenceProcessor, "build_params_override", poisoned)
     with pytest.raises(NumericsError, match=r"^non-finite logits in teacher forcing at θ \+ η·v \(ΔH\(η\) scoring\): "
                                             r"batch 0, sequence b=0 g=0, token 0$"):
         probe.run_mixed_probe()

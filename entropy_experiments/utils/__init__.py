@@ -1,2 +1,2 @@
-"""Sampling/scoring utilities: SequenceProcessor (seed 004), the sampling policy, diagnostics,
-parameter overrides, precision profiles and the one-at-a-time reference sampler."""
+"""Earlier import paths (re-exports of `entropy_experiments.policy` and `entropy_experiments.compat`) and the
+one-at-a-time reference sampler."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from entropy_experiments.utils.sequence_processor import BatchedSequences, SequenceProcessor
+from entropy_experiments.compat.sequence_processor import BatchedSequences, SequenceProcessor
 
 
 def sample_one_at_a_time(model: nn.Module, tokenizer, prompts: Sequence[str], G: int, gen_config: Any,
@@ -23,10 +23,10 @@ def sample_one_at_a_time(model: nn.Module, tokenizer, prompts: Sequence[str], G:
     process-wide precision switches are left as they are.
     """
     sp = SequenceProcessor(model, tokenizer, gen_config, apply_precision=False)
-    prompt_tokens = sp._tokenize_prompts(prompts)
+    prompt_tokens = sp.tokenize_prompts(prompts)
     responses = []
-    with sp._seeded(seed):
+    with sp.seeded(seed):
         for tokens in prompt_tokens:
-            ids, mask = sp._left_pad([tokens])
-            responses.append([sp._generate_rows(ids, mask)[0][0] for _ in range(G)])
-    return sp._pack(prompt_tokens, responses, prompts)
+            ids, mask = sp.left_pad([tokens])
+            responses.append([sp.generate_rows(ids, mask)[0][0] for _ in range(G)])
+    return sp.pack(prompt_tokens, responses, prompts)

@@ -1,0 +1,308 @@
+"""Generation under the sampling policy: tokenise, left-pad, HF generate, cut, pack (seed 004, MATH.md §1).
+
+B prompts, G responses each; prompts left-padded to ONE padded length Lp per call; a response of T
+tokens sits at [Lp, Lp + T) of its row; everything after it is pad with attention mask 0. q_θ
+(temperature + nucleus, `sampling_policy.py`) is applied through a LogitsProcessor inside HF
+`generate` with HF's own warpers off, and responses are cut by the stop rule (`stop_rule.py`).
+Rows are generated in chunks, each optionally seeded on its own (`chunk_seed`) so a resumed run can
+skip the chunks it saved; rows that share a prompt share its prefill; running out of memory halves
+the rows per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from entropy_experiments.errors import ConfigError, DataError, NumericsError
+from entropy_experiments.policy.oom import shrink_after_oom, unless_out_of_memory
+from entropy_experiments.policy.policy_model import PolicyModel
+from entropy_experiments.policy.precision_utils import forward_precision_ctx
+from entropy_experiments.policy.progress import progress
+from entropy_experiments.policy.sampling_policy import NonFiniteLogitsError, SamplingPolicyLogitsProcessor
+from entropy_experiments.policy.sequences import BatchedSequences
+from entropy_experiments.policy.stop_rule import StopStringCriterion, response_length
+
+__all__ = [
+    "chunk_seed", "generate_chunk", "generate_in_chunks", "generate_rows", "generate_span", "left_pad", "pack",
+    "seeded", "tokenize_prompts",
+]
+
+# (ids, mask, prompt_index, output_scores=...) -> (responses, scores): generates the listed rows
+ChunkGenerator = Callable[..., tuple[list[list[int]], list[Tensor] | None]]
+# (ids, mask, start, stop, G, index, state, reseed) -> responses of rows [start, stop)
+SpanGenerator = Callable[..., list[list[int]]]
+
+
+def chunk_seed(seed: int, index: int) -> int:
+    """The torch seed of generation chunk `index` in a call seeded with `seed` (`seed_per_chunk`).
+
+    Chunk 0 uses `seed` itself (a one-chunk call draws exactly what a plain seeded call draws); later
+    chunks get a hash of (seed, index), so any chunk can be regenerated alone — which is what lets a
+    resumed run skip the chunks it saved and still produce the batch an uninterrupted run produces.
+    """
+    if index == 0:
+        return int(seed)
+    digest = hashlib.sha256(f"{int(seed)}:{int(index)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@contextlib.contextmanager
+def seeded(device: torch.device, seed: int | None) -> Iterator[None]:
+    """Seed torch for the block without touching the caller's RNG state; no-op when seed is None."""
+    if seed is None:
+        yield
+        return
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(seed))
+        yield
+
+
+# ------------------------------------------------------------------------------------ prompts
+def max_prompt_tokens(policy: PolicyModel) -> int | None:
+    """generation.max_prompt_tokens, else the model's context minus max_new_tokens (None: unknown)."""
+    if policy.config.max_prompt_tokens is not None:
+        return int(policy.config.max_prompt_tokens)
+    limit = getattr(getattr(policy.hf_model, "config", None), "max_position_embeddings", None)
+    if limit is None:
+        return None
+    room = int(limit) - int(policy.config.max_new_tokens)
+    if room < 1:
+        raise ConfigError(f"generation.max_new_tokens={policy.config.max_new_tokens} leaves no room for a prompt "
+                          f"in the model's context of {limit} tokens")
+    return room
+
+
+def tokenize_prompts(policy: PolicyModel, prompts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each prompt (no padding), checked against max_prompt_tokens."""
+    if isinstance(prompts, str):
+        raise DataError("prompts: expected a list of strings, got a single string")
+    ids = [list(x) for x in policy.tokenizer(list(prompts), padding=False)["input_ids"]]
+    limit = max_prompt_tokens(policy)
+    for i, row in enumerate(ids):
+        if not row:
+            raise DataError(f"prompt {i} is empty after tokenisation")
+        if limit is not None and len(row) > limit:
+            if policy.config.prompt_overflow == "truncate":
+                policy.logger.warning("prompt %d has %d tokens; keeping its last %d (generation.prompt_overflow: "
+                                      "truncate)", i, len(row), limit)
+                ids[i] = row[-limit:]
+            else:
+                raise DataError(f"prompt {i} has {len(row)} tokens, more than generation.max_prompt_tokens={limit} "
+                                "(set generation.prompt_overflow: truncate to keep its last tokens)")
+    return ids
+
+
+def left_pad(policy: PolicyModel, token_lists: Sequence[Sequence[int]], length: int | None = None
+             ) -> tuple[Tensor, Tensor]:
+    """Left-pad to one length → (ids [n, Lp], mask [n, Lp]) on the model's device."""
+    Lp = length if length is not None else max(len(t) for t in token_lists)
+    ids = torch.full((len(token_lists), Lp), policy.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(token_lists), Lp), dtype=torch.long)
+    for i, row in enumerate(token_lists):
+        if row:
+            ids[i, Lp - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[i, Lp - len(row):] = 1
+    return ids.to(policy.device), mask.to(policy.device)
+
+
+# ------------------------------------------------------------------------------------ HF generate
+@contextlib.contextmanager
+def neutral_generation_config(model: nn.Module) -> Iterator[None]:
+    """Temporarily give the model (and a PEFT wrapper's base) a blank HF GenerationConfig.
+
+    transformers fills every generate() setting left at None from `model.generation_config`
+    (e.g. a checkpoint's min_p, repetition_penalty or suppress_tokens). Blanking it for the call
+    guarantees the only logits rule is ours.
+    """
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    holders = [model]
+    if hasattr(model, "get_base_model"):
+        holders.append(model.get_base_model())
+    saved = []
+    for holder in holders:
+        if getattr(holder, "generation_config", None) is not None:
+            saved.append((holder, holder.generation_config))
+            holder.generation_config = HFGenerationConfig()
+    try:
+        yield
+    finally:
+        for holder, cfg in saved:
+            holder.generation_config = cfg
+
+
+def hf_generation_config(policy: PolicyModel, *, output_scores: bool):
+    """Generation settings with every HF warper neutral: our LogitsProcessor is the only rule."""
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    return HFGenerationConfig(
+        do_sample=True, temperature=1.0, top_p=1.0, top_k=0, typical_p=1.0, min_p=None,
+        repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1, num_return_sequences=1,
+        max_new_tokens=int(policy.config.max_new_tokens), min_new_tokens=None, min_length=0,
+        pad_token_id=policy.pad_token_id, eos_token_id=list(policy.eos_token_ids), use_cache=True,
+        renormalize_logits=False, output_scores=output_scores, return_dict_in_generate=output_scores,
+    )
+
+
+def generate_rows(policy: PolicyModel, input_ids: Tensor, attention_mask: Tensor, *, past_key_values: Any = None,
+                  output_scores: bool = False) -> tuple[list[list[int]], list[Tensor] | None]:
+    """Sample one response per row of the left-padded prompts [R, Lp] with HF generate (KV cache).
+
+    `past_key_values`: optionally a cache already holding the first Lp − 1 prompt positions of
+    every row (see `shared_prompt_cache`); generate then only runs the last prompt token.
+    Returns the responses cut at T (token id lists) and, with `output_scores`, HF's processed
+    scores per step ([R, V] each: the logits it sampled from, after every processor).
+    """
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+
+    if policy.module.training:
+        policy.warn_once("training", "SequenceProcessor: the model is in train() mode (dropout on); "
+                                     "the probe expects eval()")
+    Lp = int(input_ids.shape[1])
+    config = policy.config
+    processors = LogitsProcessorList([SamplingPolicyLogitsProcessor(config.temperature, config.top_p)])
+    criteria = StoppingCriteriaList()
+    if config.stop_strings:
+        criteria.append(StopStringCriterion(policy.tokenizer, config.stop_strings, Lp))
+    extra = {} if past_key_values is None else {"past_key_values": past_key_values}
+    # Autocast off, as in scoring: tokens are drawn from the same fp32 logits they are scored by.
+    with torch.no_grad(), neutral_generation_config(policy.module), \
+            forward_precision_ctx(False, "float32", policy.device.type):
+        out = policy.module.generate(
+            input_ids=input_ids, attention_mask=attention_mask,
+            generation_config=hf_generation_config(policy, output_scores=output_scores),
+            logits_processor=processors, stopping_criteria=criteria, **extra,
+        )
+    sequences = out.sequences if output_scores else out
+    generated = sequences[:, Lp:].tolist()
+    responses = [row[: response_length(policy, row)] for row in generated]
+    return responses, (list(out.scores) if output_scores else None)
+
+
+def shared_prompt_cache(policy: PolicyModel, input_ids: Tensor, attention_mask: Tensor, prompt_index: Tensor) -> Any:
+    """KV cache of the first Lp − 1 positions of each distinct prompt, expanded to the rows.
+
+    With G > 1 responses per prompt, running each prompt once instead of G times divides the
+    prefill cost (which dominates for long prompts on CPU) by G. input_ids / attention_mask:
+    [P, Lp] distinct prompts; prompt_index: [R] the prompt of each row. Position ids come from
+    the mask, as generate computes them, so the continuation sees identical positions.
+    """
+    prefix_ids, prefix_mask = input_ids[:, :-1], attention_mask[:, :-1]
+    position_ids = (prefix_mask.long().cumsum(-1) - 1).masked_fill(prefix_mask == 0, 0)
+    kwargs: dict[str, Any] = {"logits_to_keep": 1} if policy.supports_logits_to_keep else {}
+    with torch.no_grad(), forward_precision_ctx(False, "float32", policy.device.type):
+        out = policy.module(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=position_ids,
+                            use_cache=True, **kwargs)
+    cache = out.past_key_values
+    cache.batch_select_indices(prompt_index.to(prefix_ids.device))
+    return cache
+
+
+def generate_chunk(policy: PolicyModel, ids: Tensor, mask: Tensor, prompt_index: Tensor, *,
+                   output_scores: bool = False) -> tuple[list[list[int]], list[Tensor] | None]:
+    """Generate the rows `prompt_index` (indices into the padded prompts ids/mask [B, Lp]).
+
+    Rows that share a prompt share its prefill through `shared_prompt_cache`.
+    """
+    unique, inverse = torch.unique(prompt_index, return_inverse=True)
+    cache = None
+    if len(unique) < len(prompt_index) and ids.shape[1] > 1:
+        cache = shared_prompt_cache(policy, ids[unique], mask[unique], inverse)
+    return generate_rows(policy, ids[prompt_index], mask[prompt_index], past_key_values=cache,
+                         output_scores=output_scores)
+
+
+def pack(policy: PolicyModel, prompt_tokens: Sequence[Sequence[int]], responses: Sequence[Sequence[Sequence[int]]],
+         prompts: Sequence[str] | None = None) -> BatchedSequences:
+    """Packed layout from per-prompt token ids [B] and responses [B][G] (token id lists)."""
+    B, G = len(prompt_tokens), len(responses[0]) if responses else 0
+    Lp = max(len(p) for p in prompt_tokens)
+    T_max = max((len(r) for row in responses for r in row), default=0)
+    L = Lp + T_max
+    seqs = torch.full((B, G, L), policy.pad_token_id, dtype=torch.long)
+    masks = torch.zeros((B, G, L), dtype=torch.long)
+    for b, prompt in enumerate(prompt_tokens):
+        p = torch.tensor(list(prompt), dtype=torch.long)
+        seqs[b, :, Lp - len(prompt):Lp] = p
+        masks[b, :, Lp - len(prompt):Lp] = 1
+        for g, resp in enumerate(responses[b]):
+            seqs[b, g, Lp:Lp + len(resp)] = torch.tensor(list(resp), dtype=torch.long)
+            masks[b, g, Lp:Lp + len(resp)] = 1
+    texts = [policy.tokenizer.batch_decode([list(r) for r in row], skip_special_tokens=True) for row in responses]
+    return BatchedSequences(sequences=seqs, prompt_lens=[Lp] * B, gen_lens=[[len(r) for r in row] for row in responses],
+                            attention_masks=masks, responses_text=texts,
+                            prompts=list(prompts) if prompts is not None else None)
+
+
+# ------------------------------------------------------------------------------------ chunks
+def generate_in_chunks(policy: PolicyModel, ids: Tensor, mask: Tensor, G: int, chunk: int, *, seed: int | None,
+                       seed_per_chunk: bool, done_chunks: Mapping[int, Sequence[Sequence[int]]] | None,
+                       on_chunk: Callable[[int, list[list[int]]], None] | None,
+                       span: SpanGenerator) -> list[list[int]]:
+    """The B·G responses, row = b·G + g, generated `chunk` rows at a time by `span`.
+
+    `seed` seeds torch for the whole call, or (with `seed_per_chunk`) each chunk i on its own with
+    `chunk_seed(seed, i)`; then `done_chunks` {i: responses} are reused instead of generated and
+    `on_chunk(i, responses)` is called as each chunk completes.
+    """
+    R = int(ids.shape[0]) * G
+    responses: list[list[int]] = []
+    state = {"limit": chunk}  # rows per generate call; shrinks for the rest of the call after an OOM
+    starts = list(range(0, R, chunk))
+    with contextlib.nullcontext() if seed_per_chunk else seeded(policy.device, seed):
+        for i, start in enumerate(progress(starts, "generate", total=len(starts))):
+            stop = min(start + chunk, R)
+            saved = (done_chunks or {}).get(i) if seed_per_chunk else None
+            if saved is not None and len(saved) == stop - start:
+                responses.extend([list(map(int, r)) for r in saved])
+                continue
+            reseed = chunk_seed(seed, i) if seed_per_chunk else None
+            with seeded(policy.device, reseed):
+                rows = span(ids, mask, start, stop, G, i, state, reseed)
+            if on_chunk is not None:
+                on_chunk(i, rows)
+            responses.extend(rows)
+    return responses
+
+
+def generate_span(policy: PolicyModel, ids: Tensor, mask: Tensor, start: int, stop: int, G: int, index: int,
+                  state: dict, reseed: int | None, *, chunk_generator: ChunkGenerator) -> list[list[int]]:
+    """Rows [start, stop) in calls of at most state["limit"] rows, halving that limit on OOM.
+
+    After an OOM the chunk starts again from its own seed (when it has one), so what it draws
+    does not depend on how far the failed attempt got.
+    """
+    while True:
+        limit = state["limit"]
+        attempt = partial(_generate_span_once, ids, mask, start, stop, G, index, limit, chunk_generator)
+        rows, reason = unless_out_of_memory(attempt)
+        if reason is None:
+            return rows
+        state["limit"] = shrink_after_oom(limit, reason, f"generation (chunk {index}, rows {start}-{stop - 1})",
+                                          policy.logger)
+        if reseed is not None:
+            torch.manual_seed(int(reseed))
+
+
+def _generate_span_once(ids: Tensor, mask: Tensor, start: int, stop: int, G: int, index: int, limit: int,
+                        chunk_generator: ChunkGenerator) -> list[list[int]]:
+    """Rows [start, stop) of chunk `index` in calls of at most `limit` rows."""
+    rows: list[list[int]] = []
+    for s in range(start, stop, limit):
+        prompt_index = torch.arange(s, min(s + limit, stop), device=ids.device) // G
+        try:
+            part, _ = chunk_generator(ids, mask, prompt_index)
+        except NonFiniteLogitsError as exc:
+            b, g = divmod(s + exc.row, G)
+            raise NumericsError(f"non-finite logits in generation: chunk {index}, sequence b={b} g={g}, "
+                                f"token {getattr(exc, 'position', ids.shape[1]) - ids.shape[1]}") from None
+        rows.extend(part)
+    return rows

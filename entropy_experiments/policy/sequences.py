@@ -1,0 +1,156 @@
+"""The data that flows between generation, scoring and the probe (seed 004 layout, MATH.md §1).
+
+BatchedSequences: the packed, left-padded layout; a response of T tokens sits at [Lp, Lp + T) of its
+row. LogprobResults / DiagnosticsResults: teacher-forcing results per [b][g]. `LogprobResults.logprobs`
+is log p (raw model, τ = 1, no nucleus) as in the seed; `token_logqs` is log q (the sampling policy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from entropy_experiments.policy.distribution_diagnostics import DiagnosticsPack
+
+__all__ = [
+    "BatchedSequences", "DiagnosticsResults", "LogprobResults", "completion_ids", "example_from_dict",
+    "global_prompt_id", "response_tokens",
+]
+
+
+@dataclass
+class BatchedSequences:
+    """Generated (or saved) sequences in the packed, left-padded layout.
+
+    sequences / attention_masks: [B, G, L] (long); prompt_lens: [B] padded prompt length Lp;
+    gen_lens: [B][G] response lengths T; responses_text: [B][G] decoded responses (special tokens
+    skipped); prompts: [B]; examples: [B] data-set records (gold answers) or None; prompt_ids: [B]
+    global prompt ids or None.
+    """
+
+    sequences: Tensor
+    prompt_lens: list[int]
+    gen_lens: list[list[int]]
+    attention_masks: Tensor
+    responses_text: list[list[str]]
+    prompts: list[str] | None = None
+    examples: list | None = None
+    prompt_ids: list[int] | None = None
+
+    @property
+    def num_prompts(self) -> int:
+        return int(self.sequences.shape[0])
+
+    @property
+    def num_responses_per_prompt(self) -> int:
+        return int(self.sequences.shape[1])
+
+    def subset(self, prompt_indices: Sequence[int]) -> BatchedSequences:
+        """The same layout restricted to the listed prompts (used for microbatches)."""
+        idx = [int(i) for i in prompt_indices]
+        index = torch.tensor(idx, dtype=torch.long, device=self.sequences.device)
+
+        def pick(xs):
+            return None if xs is None else [xs[i] for i in idx]
+
+        return BatchedSequences(
+            sequences=self.sequences.index_select(0, index),
+            prompt_lens=[self.prompt_lens[i] for i in idx],
+            gen_lens=[list(self.gen_lens[i]) for i in idx],
+            attention_masks=self.attention_masks.index_select(0, index),
+            responses_text=[list(self.responses_text[i]) for i in idx],
+            prompts=pick(self.prompts), examples=pick(self.examples), prompt_ids=pick(self.prompt_ids),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain tensors / lists / dicts only (loadable with torch.load(weights_only=True))."""
+        examples = None
+        if self.examples is not None:
+            examples = [dataclasses.asdict(ex) if dataclasses.is_dataclass(ex) else dict(ex) for ex in self.examples]
+        return {
+            "sequences": self.sequences.detach().cpu(), "attention_masks": self.attention_masks.detach().cpu(),
+            "prompt_lens": [int(x) for x in self.prompt_lens],
+            "gen_lens": [[int(t) for t in row] for row in self.gen_lens],
+            "responses_text": [list(r) for r in self.responses_text],
+            "prompts": None if self.prompts is None else list(self.prompts),
+            "examples": examples,
+            "prompt_ids": None if self.prompt_ids is None else [int(p) for p in self.prompt_ids],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> BatchedSequences:
+        examples = d.get("examples")
+        if examples is not None:
+            examples = [example_from_dict(e) for e in examples]
+        return cls(sequences=d["sequences"], prompt_lens=list(d["prompt_lens"]),
+                   gen_lens=[list(r) for r in d["gen_lens"]], attention_masks=d["attention_masks"],
+                   responses_text=[list(r) for r in d["responses_text"]], prompts=d.get("prompts"),
+                   examples=examples, prompt_ids=d.get("prompt_ids"))
+
+
+def example_from_dict(e: Any) -> Any:
+    if not isinstance(e, Mapping):
+        return e
+    try:
+        from entropy_experiments.datasets import Example
+    except ImportError:  # pragma: no cover - the datasets package ships with this one
+        return dict(e)
+    names = {f.name for f in dataclasses.fields(Example)}
+    return Example(**e) if set(e) == names else dict(e)
+
+
+@dataclass
+class LogprobResults:
+    """Teacher-forcing results, per [b][g] over the T generated tokens (see module docstring for naming).
+
+    logprobs: log p tensors [T]; entropies: naive surprisal −log q (numpy [T]); sequence_logprobs:
+    Σ log p; rb_entropies: RB entropies H_k of q (numpy [T]; empty list unless compute_rb); rewards;
+    rb_entropies_torch: graph-carrying H_k (with-grad path, compute_rb and rb_requires_grad);
+    baseline_feats_torch: [T, 7] detached features (BASELINE_FEATURE_NAMES); token_logqs: log q [T];
+    sequence_logqs: Σ log q (accumulated in float64); token_logps_train / token_entropies_train: log-prob
+    and entropy under softmax(logits/τ) with no nucleus, what RL trainers score (graph on the with-grad path).
+    """
+
+    logprobs: list[list[Tensor]]
+    entropies: list[list[np.ndarray]]
+    sequence_logprobs: list[list[float]]
+    rb_entropies: list[list[np.ndarray]]
+    rewards: list[list[float]]
+    rb_entropies_torch: list[list[Tensor]] | None = None
+    baseline_feats_torch: list[list[Tensor]] | None = None
+    token_logqs: list[list[Tensor]] | None = None
+    sequence_logqs: list[list[float]] | None = None
+    token_logps_train: list[list[Tensor]] | None = None
+    token_entropies_train: list[list[Tensor]] | None = None
+
+
+@dataclass
+class DiagnosticsResults:
+    diagnostics: list[list[DiagnosticsPack]]
+
+
+def response_tokens(sequences: BatchedSequences, b: int, g: int) -> Tensor:
+    Lp, T = int(sequences.prompt_lens[b]), int(sequences.gen_lens[b][g])
+    return sequences.sequences[b, g, Lp:Lp + T]
+
+
+def completion_ids(sequences: BatchedSequences, b: int) -> list[list[int]]:
+    """Token ids of prompt b's G responses (the gen_lens[b][g] tokens after the padded prompt)."""
+    start = sequences.prompt_lens[b]
+    row = sequences.sequences[b]
+    return [row[g, start:start + T].tolist() for g, T in enumerate(sequences.gen_lens[b])]
+
+
+def global_prompt_id(example: Any, default: int) -> int:
+    meta = getattr(example, "meta", None)
+    if meta is None and isinstance(example, Mapping):
+        meta = example.get("meta")
+    if isinstance(meta, Mapping) and "global_prompt_id" in meta:
+        return int(meta["global_prompt_id"])
+    return int(default)

@@ -1,0 +1,172 @@
+"""The console summary of a results dict: Ĥ, δH₁ ± SE, the measured ΔH(η) rows and the linearity fits.
+
+Also the number formatting and labels the plot shares (`format_number`, `run_label`, `UNITS_LONG`).
+rich is imported when a summary is rendered, not when this module is.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+from typing import Any
+
+from ..stats import PSIS_PRIOR_DRAWS, psis_tail_size
+
+UNITS = {"per_token": "nats/token", "per_sequence": "nats/seq"}
+UNITS_LONG = {"per_token": "nats per token", "per_sequence": "nats per sequence"}
+
+
+def is_finite_number(x: Any) -> bool:
+    """Whether `x` is a finite int / float (not a bool, not None / NaN / ±inf)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def format_number(x: Any, spec: str = ".4g") -> str:
+    """Format a number; None / NaN (written as null in results.json) show as 'n/a'."""
+    return format(x, spec) if is_finite_number(x) else "n/a"
+
+
+def _ratio(num: Any, den: Any) -> float | None:
+    return num / den if is_finite_number(num) and is_finite_number(den) and den != 0 else None
+
+
+def run_label(results: dict[str, Any]) -> str | None:
+    """The model / checkpoint name, when the probe recorded one."""
+    for key in ("checkpoint", "model"):
+        value = results.get(key)
+        if isinstance(value, dict):
+            value = value.get("name") or value.get("path")
+        if value:
+            return str(value)
+    return None
+
+
+IMPORTANCE_OFF_NOTE = "ΔH(η) not measured (importance.enabled: false)"
+
+
+def render_summary(results: dict[str, Any]) -> str:
+    """The console summary as plain text (rich tables, 110 columns, no colour codes).
+
+    A run without ΔH(η) rows (`true` = [], i.e. importance.enabled: false) gets one line saying so
+    instead of the ΔH and linearity tables.
+    """
+    from rich.console import Console
+
+    unit = UNITS.get(results.get("normalize", "per_token"), "nats")
+    bars_dot = results.get("bars_dot")
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=110, color_system=None, force_terminal=False, soft_wrap=False)
+    console.print(_head_table(results, unit))
+    console.print()
+    entries = results.get("true") or []
+    if entries:
+        console.print(_eta_table(entries, unit, bars_dot))
+        if note := _khat_note(entries):
+            console.print(note, markup=False, highlight=False)
+        console.print()
+        console.print(_fit_table(results.get("linearity") or {}, bars_dot))
+    else:
+        console.print(IMPORTANCE_OFF_NOTE, markup=False, highlight=False)
+    console.print()
+    warnings = results.get("warnings") or []
+    if warnings:
+        console.print(f"Warnings ({len(warnings)}):")
+        for w in warnings:
+            console.print(f"  ⚠ {w}", markup=False, highlight=False)
+    # rich pads every line to the console width; drop that so the text copies cleanly.
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+
+
+def _head_table(results: dict[str, Any], unit: str) -> Any:
+    """Ĥ, δH₁ ± SE, X̂·v, lr, batch counts, update and time."""
+    from rich.table import Table
+
+    se, bars_dot, label = results.get("se", {}), results.get("bars_dot"), run_label(results)
+    head = Table(title="Entropy probe" + (f": {label}" if label else ""), show_header=False, box=None,
+                 title_justify="left", padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    H = results.get("H_orig", {})
+    head.add_row("Ĥ per token", f"{format_number(H.get('per_token'), '.4f')} nats/token")
+    head.add_row("Ĥ per sequence", f"{format_number(H.get('per_sequence'), '.4f')} nats/seq")
+    head.add_row("normalize", str(results.get("normalize", "per_token")))
+    head.add_row("δH₁ ± SE", f"{format_number(results.get('deltaH1'), '+.4g')} ± {format_number(se.get('total'), '.2g')} {unit}"
+                             f"  (SE_E {format_number(se.get('E'), '.2g')}, SE_U {format_number(se.get('U'), '.2g')})")
+    head.add_row("X̂·v (bars_dot)", f"{format_number(bars_dot, '+.4g')} {unit} per unit lr")
+    head.add_row("learning rate", format_number(results.get("learning_rate"), ".3g"))
+    counts = results.get("counts", {})
+    if counts:
+        head.add_row("batches", f"E {counts.get('B_E')} seqs ({counts.get('unique_E_prompts')} unique prompts, "
+                                f"{counts.get('E_tokens')} tokens); U {counts.get('B_U')} prompts × G "
+                                f"{counts.get('G')} ({counts.get('U_tokens')} tokens, "
+                                f"{counts.get('zero_advantage_prompts')} zero-advantage)")
+    update = results.get("update", {})
+    if update:
+        head.add_row("update", f"{update.get('direction')}: ‖v‖ {format_number(update.get('norm'), '.4g')}, "
+                               f"‖g‖ {format_number(update.get('grad_norm'), '.4g')}, clipped {update.get('clipped')}")
+    total_time = results.get("timing", {}).get("total")
+    if is_finite_number(total_time):
+        head.add_row("time", f"{total_time:.1f} s")
+    return head
+
+
+def _eta_table(entries: list[dict[str, Any]], unit: str, bars_dot: Any) -> Any:
+    """One row per measured η: ΔH ± SE, ESS/N, k̂ (✗ above its threshold), ΔH/δH₁(η), zero weights."""
+    from rich.table import Table
+
+    etas = Table(title="Measured ΔH(η) by SNIS on E", title_justify="left")
+    for col in ("η", f"ΔH ± SE ({unit})", "ESS/N", "k̂", "ΔH/δH₁(η)", "zero-w"):
+        etas.add_column(col, justify="right")
+    for entry in entries:
+        eta = entry.get("eta")
+        khat, thr = entry.get("psis_khat"), entry.get("khat_threshold")
+        flag = " ✗" if is_finite_number(khat) and is_finite_number(thr) and khat > thr else ""
+        predicted = eta * bars_dot if is_finite_number(eta) and is_finite_number(bars_dot) else None
+        etas.add_row(format_number(eta, ".3g"),
+                     f"{format_number(entry.get('deltaH_true'), '+.4g')} ± {format_number(entry.get('se'), '.2g')}",
+                     format_number(entry.get("ess_frac"), ".3f"),
+                     format_number(khat, ".2f") + flag,
+                     format_number(_ratio(entry.get("deltaH_true"), predicted), ".3f"),
+                     str(entry.get("zero_weight_count", "n/a")))
+    return etas
+
+
+def _fit_table(lin: dict[str, Any], bars_dot: Any) -> Any:
+    """The linearity fits of ΔH in η against X̂·v."""
+    from rich.table import Table
+
+    fit = Table(title="Linearity of ΔH in η", show_header=False, box=None, title_justify="left", padding=(0, 2))
+    fit.add_column(style="bold")
+    fit.add_column()
+    slope = lin.get("slope_through_origin")
+    fit.add_row("slope through origin", f"{format_number(slope, '+.4g')}  vs X̂·v {format_number(bars_dot, '+.4g')}  "
+                                        f"(ratio {format_number(_ratio(slope, bars_dot), '.3f')})")
+    fit.add_row("log-log slope", f"{format_number(lin.get('loglog_slope'), '.3f')}  (1 in the linear regime)")
+    for item in lin.get("symmetric_slopes") or []:
+        s = item.get("slope")
+        fit.add_row(f"symmetric slope η={format_number(item.get('eta'), '.3g')}",
+                    f"{format_number(s, '+.4g')}  (ratio {format_number(_ratio(s, bars_dot), '.3f')})")
+    return fit
+
+
+def _khat_note(entries: list[dict[str, Any]]) -> str | None:
+    """A footnote when k̂ rests on so few tail draws that arviz-stats' prior (towards 0.5) dominates it."""
+    entry = next((e for e in entries if is_finite_number(e.get("ess")) and is_finite_number(e.get("ess_frac"))
+                  and e["ess_frac"] > 0), None)
+    if entry is None:
+        return None
+    n = round(entry["ess"] / entry["ess_frac"])  # every η scores the same N sequences
+    tail = psis_tail_size(n)
+    if not 5 <= tail < 2 * PSIS_PRIOR_DRAWS:
+        return None
+    return (f"k̂ is fit to the M = {tail} largest of N = {n} weights and shrunk towards 0.5 by a prior "
+            f"worth {PSIS_PRIOR_DRAWS} draws, so at this N a k̂ above its threshold "
+            f"({format_number(entry.get('khat_threshold'), '.2f')}) is weak evidence; "
+            "ESS/N is the steadier guide.")
+
+
+def print_summary(results: dict[str, Any]) -> None:
+    """Print `render_summary(results)` to stdout."""
+    sys.stdout.write(render_summary(results))
+    sys.stdout.flush()
