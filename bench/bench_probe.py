@@ -102,7 +102,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from entropy_experiments.batches import count_tokens
+    from entropy_experiments.data.batch import count_tokens
 
     probe = _demo_probe(args)
     t0 = time.perf_counter()

@@ -147,7 +147,7 @@ def load_smollm2():
 
 
 def bench_prompts(n: int) -> list[str]:
-    from entropy_experiments.datasets import load_examples
+    from entropy_experiments.data.datasets import load_examples
 
     return [ex.question for ex in load_examples("gsm_symbolic_r1_template", "train", pool_size=max(n, 8))[:n]]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from entropy_experiments import adam_preconditioner as adam
 from entropy_experiments.config import config_from_dict, load_config
+from entropy_experiments.estimators import update_direction as adam
 from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
 from entropy_experiments.probe_components import ProbeComponents
 from entropy_experiments.results import RunDirectory

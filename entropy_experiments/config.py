@@ -371,7 +371,7 @@ class ProbeConfig(_Section):
 
     def objective_options(self):
         """The resolved `objectives.ObjectiveOptions` (explicit keys > trainer preset > defaults)."""
-        from .objectives import resolve
+        from .estimators.objectives import resolve
 
         return resolve(self.objective.explicit(), default_completion_length=self.generation.max_new_tokens)
 

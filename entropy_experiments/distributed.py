@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .data.batch import concat_batches  # noqa: F401  (re-exported: moved to data/batch.py)
 from .errors import ProbeError
 
 log = logging.getLogger("entropy_experiments.distributed")
@@ -286,46 +287,3 @@ def rank_seed(seed: int, rank: int) -> int:
     """The generator seed of `rank` for a sampling stream whose single-process seed is `seed`
     (rank 0 keeps `seed`, so a one-process run is unchanged)."""
     return int(seed) + 1_000_003 * int(rank)
-
-
-def concat_batches(parts: Sequence[dict], pad_id: int) -> dict:
-    """Concatenate packed batches (prompt-major) into one, re-padding to a common layout.
-
-    Each part has its own padded prompt length Lp and total length L; the result left-pads every
-    prompt to the largest Lp and right-pads to the largest response, so that every (prompt, response)
-    keeps its tokens and mask (teacher forcing trims the shared padding of each forward again).
-    """
-    from .batches import validate_batch
-
-    parts = [p for p in parts if p is not None and p["num_prompts"] > 0]
-    if len(parts) == 1:
-        return parts[0]
-    G = parts[0]["num_responses_per_prompt"]
-    if any(p["num_responses_per_prompt"] != G for p in parts):
-        raise ValueError("concat_batches: parts have different numbers of responses per prompt")
-    Lp = max(max(p["prompt_lens"]) for p in parts)
-    T = max(max(p["max_lengths"]) for p in parts)
-    L = Lp + T
-    seqs, masks = [], []
-    for p in parts:
-        B, _, Lx = p["sequences"].shape
-        s = torch.full((B, G, L), pad_id, dtype=p["sequences"].dtype)
-        m = torch.zeros((B, G, L), dtype=p["attention_masks"].dtype)
-        for b in range(B):
-            shift = Lp - p["prompt_lens"][b]
-            width = min(Lx, L - shift)
-            s[b, :, shift:shift + width] = p["sequences"][b, :, :width]
-            m[b, :, shift:shift + width] = p["attention_masks"][b, :, :width]
-        seqs.append(s)
-        masks.append(m)
-    out: dict[str, Any] = {
-        "sequences": torch.cat(seqs), "attention_masks": torch.cat(masks),
-        "prompt_lens": [Lp] * sum(p["num_prompts"] for p in parts),
-        "advantages": torch.cat([p["advantages"] for p in parts]),
-        "num_prompts": sum(p["num_prompts"] for p in parts), "num_responses_per_prompt": G,
-    }
-    for key in ("gen_lens", "rewards", "max_lengths", "prompt_ids", "prompts", "responses_text"):
-        if all(key in p and p[key] is not None for p in parts):
-            out[key] = [x for p in parts for x in p[key]]
-    validate_batch(out, "gathered batch")
-    return out

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import stats
-from .batches import batch_to_sequences, subset_batch
+from .data.batch import batch_to_sequences, subset_batch
 from .distributed import SINGLE, DistContext
+from .estimators import snis as stats
 
 NamedTensors = dict[str, Tensor]
 log = logging.getLogger("entropy_experiments.importance")

@@ -1,156 +1,33 @@
-"""The entropy surrogate L_X on the evaluation batch E, defined once (MATH.md §3).
+"""Moved to entropy_experiments.estimators.surrogate; kept so existing imports work."""
 
-Its gradient is X̂; it is split into per-token coefficients so that the same numbers feed the backward
-pass (X̂) and the per-sequence pieces used for error bars. (The U side — the trainers' objectives L_U —
-lives in objectives.py.)
+from .estimators.surrogate import (
+    BASELINES,
+    NORMALIZE_MODES,
+    X_MODES,
+    SurrogateCoefficients,
+    directional_pieces,
+    entropy_estimate,
+    entropy_to_go,
+    normalizer,
+    sequence_coefficients,
+    surrogate_coefficients,
+    surrogate_loss,
+    tokens_to_go,
+    weighted_logq_sum,
+)
 
-Conventions: a response of T tokens is a 1-D tensor of length T, positions k = 1..T (index k−1).
-ℓ_k = log q_θ(t_k | p, t_<k) under the sampling policy; H_k = the RB entropy of q_θ(· | p, t_<k).
-"""
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-import torch
-from torch import Tensor
-
-NORMALIZE_MODES = ("per_token", "per_sequence")
-X_MODES = ("causal", "full_return")
-BASELINES = ("none", "loo_position")
-
-
-# ----------------------------------------------------------------------------- E side (MATH.md §3)
-
-def entropy_to_go(token_entropies: Tensor) -> Tensor:
-    """G_k = Σ_{j>k} H_j, the entropy realised strictly after step k.  [T] → [T]."""
-    return token_entropies.flip(0).cumsum(0).flip(0) - token_entropies
-
-
-def tokens_to_go(length: int, *, dtype=torch.float64, device=None) -> Tensor:
-    """R_k = T − k for k = 1..T, the number of tokens strictly after step k.  → [T]."""
-    return torch.arange(length - 1, -1, -1, dtype=dtype, device=device)
-
-
-def entropy_estimate(seq_entropies: Tensor, lengths: Tensor, normalize: str) -> float:
-    """Ĥ: Σ h_i / Σ T_i (per_token) or mean h_i (per_sequence).  [N], [N] → float."""
-    if normalize == "per_token":
-        return float(seq_entropies.sum() / lengths.sum())
-    return float(seq_entropies.mean())
-
-
-def normalizer(lengths: Tensor, normalize: str) -> float:
-    """D of MATH.md §3/§6: Σ T_i (per_token) or N (per_sequence)."""
-    return float(lengths.sum()) if normalize == "per_token" else float(len(lengths))
-
-
-@dataclass
-class SurrogateCoefficients:
-    """Per-token coefficients of ℓ_ik in L_X, split as c_ik = alpha_ik − Ĥ·beta_ik.
-
-    alpha already has the baseline b_ik subtracted. Splitting out the Ĥ term lets the jackknife
-    recompute Ĥ in each delete-one replicate (δH₁/η = (A − Ĥ·B)/D with A, B from alpha, beta).
-    All tensors float64, one [T_i] tensor per sequence.
-    """
-
-    alpha: list[Tensor]
-    beta: list[Tensor]
-    H_hat: float
-    D: float
-
-    def coefficient(self, i: int) -> Tensor:
-        """c_i = alpha_i − Ĥ beta_i, the stop-gradient weight of ℓ_i in the surrogate.  → [T_i]."""
-        return self.alpha[i] - self.H_hat * self.beta[i]
-
-
-def sequence_coefficients(token_entropies: Tensor, *, normalize: str, x_mode: str) -> tuple[Tensor, Tensor]:
-    """(alpha_i, beta_i) [T_i] of ONE sequence before any baseline: they depend only on its own H_ik.
-
-    causal: alpha = G_ik, beta = R_ik (per_token) or 0 (per_sequence); full_return: alpha = h_i,
-    beta = T_i (per_token) or 1 (per_sequence). float64, no graph.
-    """
-    h = token_entropies.detach().to(torch.float64)
-    T = len(h)
-    if x_mode == "causal":
-        beta = tokens_to_go(T) if normalize == "per_token" else torch.zeros(T, dtype=torch.float64)
-        return entropy_to_go(h), beta
-    return h.sum().expand(T).clone(), torch.full((T,), float(T) if normalize == "per_token" else 1.0,
-                                                  dtype=torch.float64)
-
-
-def surrogate_coefficients(token_entropies: list[Tensor], *, normalize: str, x_mode: str,
-                           baseline: str) -> SurrogateCoefficients:
-    """Build the L_X coefficients from the RB entropies H_ik of each E sequence (no grad, float64).
-
-    causal:      alpha = G_ik − b_ik, beta = R_ik (per_token) or 0 (per_sequence);
-    full_return: alpha = h_i − b_ik,  beta = T_i (per_token) or 1 (per_sequence)  — the whole-sequence
-                 return, whose X̂·v equals the η → 0 slope of the SNIS estimate (MATH.md §3 identity).
-    loo_position: b_ik = mean over the OTHER sequences having a position k of their c_jk (zero where no
-    other sequence reaches k); it depends only on independent sequences, so it adds no bias.
-    """
-    if normalize not in NORMALIZE_MODES or x_mode not in X_MODES or baseline not in BASELINES:
-        raise ValueError(f"bad estimator options: {normalize=}, {x_mode=}, {baseline=}")
-    H = [h.detach().to(torch.float64) for h in token_entropies]
-    lengths = torch.tensor([len(h) for h in H], dtype=torch.float64)
-    seq_h = torch.stack([h.sum() for h in H])
-    H_hat = entropy_estimate(seq_h, lengths, normalize)
-    D = normalizer(lengths, normalize)
-
-    alpha, beta = [], []
-    for h_i in H:
-        alpha_i, beta_i = sequence_coefficients(h_i, normalize=normalize, x_mode=x_mode)
-        alpha.append(alpha_i)
-        beta.append(beta_i)
-
-    if baseline == "loo_position":
-        alpha = _subtract_loo_position_baseline(alpha, beta, H_hat)
-    return SurrogateCoefficients(alpha=alpha, beta=beta, H_hat=H_hat, D=D)
-
-
-def _subtract_loo_position_baseline(alpha: list[Tensor], beta: list[Tensor], H_hat: float) -> list[Tensor]:
-    """alpha_ik − b_ik with b_ik the leave-one-out mean of c_jk = alpha_jk − Ĥ beta_jk at position k."""
-    max_T = max(len(a) for a in alpha)
-    total = torch.zeros(max_T, dtype=torch.float64)
-    count = torch.zeros(max_T, dtype=torch.float64)
-    coefs = [a - H_hat * b for a, b in zip(alpha, beta)]
-    for c in coefs:
-        total[: len(c)] += c
-        count[: len(c)] += 1
-    out = []
-    for a, c in zip(alpha, coefs):
-        T = len(a)
-        others = count[:T] - 1
-        b = torch.where(others > 0, (total[:T] - c) / others.clamp(min=1), torch.zeros_like(c))
-        out.append(a - b)
-    return out
-
-
-def surrogate_loss(token_logqs: list[Tensor], token_entropies: list[Tensor], coefficients: list[Tensor],
-                   D: float) -> Tensor:
-    """Σ_i Σ_k [H_ik + sg(c_ik)·ℓ_ik] / D for a microbatch of sequences (graph through ℓ and H).
-
-    token_logqs / token_entropies: per-sequence [T_i] tensors carrying the graph; coefficients: the
-    matching [T_i] stop-gradient weights. Summing the microbatch losses gives L_X of the whole batch.
-    """
-    entropy_sum = sum(ent.sum() for ent in token_entropies)
-    return (entropy_sum + weighted_logq_sum(token_logqs, coefficients)) / D
-
-
-def weighted_logq_sum(token_logqs: list[Tensor], weights: list[Tensor]) -> Tensor:
-    """Σ_i Σ_k sg(w_ik)·ℓ_ik (graph through ℓ only).  Per-sequence [T_i] tensors → scalar."""
-    total = 0.0
-    for logq, w in zip(token_logqs, weights):
-        total = total + (w.detach().to(logq.dtype) * logq).sum()
-    return total
-
-
-def directional_pieces(d_logq: list[Tensor], d_entropy: list[Tensor],
-                       coefs: SurrogateCoefficients) -> tuple[Tensor, Tensor]:
-    """Per-sequence pieces of D_v L_X (MATH.md §6): a_i = Σ_k [D_v H_ik + alpha_ik D_v ℓ_ik], r_i = Σ_k beta_ik D_v ℓ_ik.
-
-    Inputs are the forward-mode directional derivatives of ℓ and H along v (per sequence, [T_i]).
-    Returns (a [N], r [N]) float64; X̂·v = (Σa − Ĥ Σr) / D.
-    """
-    a = torch.stack([(dH.double() + al * dl.double()).sum() for dl, dH, al in zip(d_logq, d_entropy, coefs.alpha)])
-    r = torch.stack([(be * dl.double()).sum() for dl, be in zip(d_logq, coefs.beta)])
-    return a, r
+__all__ = [
+    "BASELINES",
+    "NORMALIZE_MODES",
+    "X_MODES",
+    "SurrogateCoefficients",
+    "directional_pieces",
+    "entropy_estimate",
+    "entropy_to_go",
+    "normalizer",
+    "sequence_coefficients",
+    "surrogate_coefficients",
+    "surrogate_loss",
+    "tokens_to_go",
+    "weighted_logq_sum",
+]

@@ -27,9 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import conditional_variance as cv
 from . import importance_sampling as isamp
-from .batches import count_tokens, validate_batch, zero_advantage_prompts
 from .checkpoint import (
     BaseModelChoice,
     CheckpointFiles,
@@ -46,10 +44,13 @@ from .checkpoint import (
     schedule_hint,
 )
 from .config import ProbeConfig, config_from_dict, load_config
+from .data.batch import count_tokens, validate_batch, zero_advantage_prompts
+from .data.plan import draw_index_plan
 from .distributed import DistContext, init_from_env
 from .errors import CheckpointError, OptimizerStateError, ProbeError
+from .estimators import jackknife as cv
 from .probe_components import ProbeComponents, split_into_groups
-from .sampling import draw_index_plan, sample_batch_sharded
+from .sampling import sample_batch_sharded
 
 log = logging.getLogger("entropy_experiments.probe")
 
@@ -192,17 +193,17 @@ class OfflineEntropyProbe:
 
     # ------------------------------------------------------------------ phase 0
     def _examples(self) -> list:
-        from .datasets import load_examples
+        from .data.datasets import load_examples
 
         bc = self.config.batch_config
         return load_examples(bc.dataset_name, bc.split, dataset_path=bc.dataset_path, pool_size=bc.pool_size)
 
     def _pack_E_from_sequences(self, seqs) -> dict:
-        from .batches import pack_batch
+        from .data.batch import pack_batch
         return pack_batch(seqs, None, with_advantages=False)
 
     def _pack_U_from_sequences(self, seqs, rewards: list[list[float]]) -> dict:
-        from .batches import pack_batch
+        from .data.batch import pack_batch
         return pack_batch(seqs, rewards, with_advantages=True)
 
     def _sample_EU_via_sequence_processor(self, *, B_E: int, B_U: int, G_U: int) -> tuple[dict, dict]:
@@ -251,7 +252,7 @@ class OfflineEntropyProbe:
         cfg = self.config
         timing: dict[str, float] = {}
         t_start = time.perf_counter()
-        from .rewards import clear_reward_warnings
+        from .data.rewards import clear_reward_warnings
         clear_reward_warnings()  # warnings of an earlier run in this process are not this run's
         dist = self._ensure_dist()
         if self.model is None:
@@ -364,7 +365,7 @@ class OfflineEntropyProbe:
 
 def _reward_warnings() -> list[str]:
     try:
-        from .rewards import reward_warnings
+        from .data.rewards import reward_warnings
         return list(reward_warnings())
     except ImportError:
         return []

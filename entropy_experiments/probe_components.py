@@ -30,13 +30,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from . import adam_preconditioner as adam
-from . import objectives
-from .batches import batch_to_sequences, subset_batch, zero_advantage_prompts
 from .checkpoint.learning_rate import resolve_learning_rate
+from .data.batch import batch_to_sequences, subset_batch, zero_advantage_prompts
 from .distributed import SINGLE, DistContext
 from .errors import ConfigError, NumericsError
-from .losses import (
+from .estimators import objectives
+from .estimators import update_direction as adam
+from .estimators.surrogate import (
     SurrogateCoefficients,
     directional_pieces,
     entropy_estimate,

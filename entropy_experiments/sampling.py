@@ -1,60 +1,24 @@
-"""Phase 0: which prompts to sample (the index plan) and turning them into packed batches.
+"""Phase 0: turning the index plan (`data/plan.py`) into packed batches.
 
 The index plan is drawn once from the config seed — E prompts WITH replacement (G = 1) or distinct,
 U prompts distinct — so that a distributed run can draw it on rank 0 and broadcast it, and a resumed
 run can check it. Generation itself is the SequenceProcessor's; this module only orchestrates it.
+IndexPlan / draw_index_plan moved to entropy_experiments.data.plan and are re-exported here.
 """
 
 from __future__ import annotations
 
 import logging
-import random
-from collections import Counter
-from dataclasses import dataclass
 
 import torch
 
-from .batches import pack_batch
-from .errors import DataError
+from .data.batch import concat_batches, pack_batch
+from .data.plan import IndexPlan, draw_index_plan
+from .distributed import rank_seed
 
 log = logging.getLogger("entropy_experiments.sampling")
 
-
-@dataclass(frozen=True)
-class IndexPlan:
-    """Pool indices of the E prompts ([B_E], repeats allowed in replacement mode) and U prompts ([B_U])."""
-
-    E_prompt_indices: list[int]
-    U_prompt_indices: list[int]
-    E_responses_per_prompt: int
-    U_responses_per_prompt: int
-
-    def describe(self) -> dict:
-        counts = Counter(self.E_prompt_indices)
-        return {"E_sequences": len(self.E_prompt_indices) * self.E_responses_per_prompt,
-                "unique_E_prompts": len(counts), "largest_E_repeat": max(counts.values(), default=0),
-                "U_prompts": len(self.U_prompt_indices), "G": self.U_responses_per_prompt}
-
-
-def draw_index_plan(pool_size: int, *, B_E: int, B_U: int, G: int, E_sampling_mode: str, seed: int,
-                    max_prompts_pool: int | None = None) -> IndexPlan:
-    """Draw the plan with a local RNG (never the global one). Raises DataError if the pool is too small."""
-    pool = min(pool_size, max_prompts_pool) if max_prompts_pool else pool_size
-    if pool < 1:
-        raise DataError("the data set split is empty")
-    if B_U > pool:
-        raise DataError(f"batch_config.B_U={B_U} is larger than the prompt pool ({pool} prompts)")
-    rng = random.Random(seed)
-    if E_sampling_mode == "replacement":
-        E, E_G = [rng.randrange(pool) for _ in range(B_E)], 1
-    elif E_sampling_mode == "distinct":
-        if B_E > pool:
-            raise DataError(f"batch_config.B_E={B_E} distinct prompts requested but the pool has {pool}")
-        E, E_G = rng.sample(range(pool), B_E), G
-    else:
-        raise ValueError(f"unknown E_sampling_mode {E_sampling_mode!r}")
-    U = rng.sample(range(pool), B_U)
-    return IndexPlan(E_prompt_indices=E, U_prompt_indices=U, E_responses_per_prompt=E_G, U_responses_per_prompt=G)
+__all__ = ["IndexPlan", "draw_index_plan", "sample_batch", "sample_batch_sharded"]
 
 
 def sample_batch(sp, examples: list, prompt_indices: list[int], G: int, *, seed: int, with_rewards: bool,
@@ -89,8 +53,6 @@ def sample_batch_sharded(sp, examples: list, prompt_indices: list[int], G: int, 
     if dist is None or not dist.enabled:
         return sample_batch(sp, examples, prompt_indices, G, seed=seed, with_rewards=with_rewards,
                             reference=reference)
-    from .distributed import concat_batches, rank_seed
-
     mine = dist.prompt_slice(len(prompt_indices))
     local = (sample_batch(sp, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
                           with_rewards=with_rewards, reference=reference) if mine else None)

@@ -19,7 +19,8 @@ from .checkpoint.base_model import load_tokenizer, resolve_base_model_id
 from .checkpoint.optimizer_state import trainable_named_parameters
 from .checkpoint.writer import save_checkpoint
 from .config import ProbeConfig
-from .sampling import draw_index_plan, sample_batch
+from .data.plan import draw_index_plan
+from .sampling import sample_batch
 
 log = logging.getLogger("entropy_experiments.training")
 
@@ -29,7 +30,7 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
                     lora_alpha: int = 16, logger: logging.Logger | None = None) -> Path:
     """Create a LoRA adapter on `config.checkpoint.base_model` (null: the embedded model), train it `steps`
     Dr-GRPO steps, save it."""
-    from .datasets import load_examples
+    from .data.datasets import load_examples
     from .probe_components import ProbeComponents
     from .utils.sequence_processor import SequenceProcessor
 

@@ -22,7 +22,7 @@ import pytest
 
 from entropy_experiments import adam_preconditioner as adam
 from entropy_experiments import conditional_variance as cv
-from entropy_experiments.datasets import load_examples
+from entropy_experiments.data.datasets import load_examples
 from entropy_experiments.probe_components import ProbeComponents, split_into_groups
 from entropy_experiments.sampling import sample_batch
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir

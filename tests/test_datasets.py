@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from entropy_experiments.datasets import (
+from entropy_experiments.data.datasets import (
     DATASET_REGISTRY,
     Example,
     clear_example_cache,
     load_examples,
     r1_prompt,
 )
-from entropy_experiments.datasets.gsm_symbolic import SPLIT_SEEDS, split_of
+from entropy_experiments.data.datasets.gsm_symbolic import SPLIT_SEEDS, split_of
 from entropy_experiments.errors import DataError
 
 DEFAULT = "gsm_symbolic_r1_template"

@@ -78,7 +78,7 @@ def test_bad_launch_environments_are_one_line_errors(monkeypatch):
 
 
 def _part(prompt_lens: list[int], gen: list[list[int]], first_id: int) -> dict:
-    from entropy_experiments.batches import validate_batch
+    from entropy_experiments.data.batch import validate_batch
 
     B, G = len(gen), len(gen[0])
     Lp, T = max(prompt_lens), max(max(g) for g in gen)
@@ -173,8 +173,8 @@ def fresh_two_rank_run(dist_config, tmp_path_factory) -> Path:
 
 
 def test_fresh_sampling_on_two_ranks_follows_the_plan(fresh_two_rank_run, dist_config):
-    from entropy_experiments.datasets import load_examples
-    from entropy_experiments.sampling import draw_index_plan
+    from entropy_experiments.data.datasets import load_examples
+    from entropy_experiments.data.plan import draw_index_plan
 
     _, config = dist_config
     bc = config["batch_config"]

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from entropy_experiments.datasets import Example
-from entropy_experiments.errors import RewardError
-from entropy_experiments.rewards import (
+from entropy_experiments.data.datasets import Example
+from entropy_experiments.data.rewards import (
     REWARD_REGISTRY,
     clear_reward_warnings,
     compute_rewards,
@@ -20,7 +19,8 @@ from entropy_experiments.rewards import (
     register_reward,
     reward_warnings,
 )
-from entropy_experiments.rewards.tag_pref import extract_answer, score_response
+from entropy_experiments.data.rewards.tag_pref import extract_answer, score_response
+from entropy_experiments.errors import RewardError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOGGER = "entropy_experiments.rewards"
@@ -227,7 +227,7 @@ def test_register_reward_adds_a_name_used_in_errors():
 
 
 def test_math_density_is_graded_and_bounded():
-    from entropy_experiments.rewards import compute_rewards, get_reward
+    from entropy_experiments.data.rewards import compute_rewards, get_reward
 
     fn = get_reward("math_density")
     ex = Example(question="q", answer="1", text="q", meta={"global_prompt_id": 0, "dataset": "t", "split": "train"})
@@ -246,7 +246,7 @@ def trl_example() -> Example:
 def test_style_is_read_from_the_signature_once_per_function(monkeypatch):
     import inspect
 
-    from entropy_experiments.rewards.calling import reward_style
+    from entropy_experiments.data.rewards.calling import reward_style
 
     class Judge:
         def __call__(self, prompts, completions, **kwargs):

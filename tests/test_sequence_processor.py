@@ -419,7 +419,7 @@ def test_config_errors(peft):
 
 # ------------------------------------------------------------------------------ containers and RNG
 def test_to_dict_round_trip_subset_and_weights_only_load(peft, seqs, tmp_path):
-    from entropy_experiments.datasets import Example
+    from entropy_experiments.data.datasets import Example
 
     model, tok = peft
     full = copy.deepcopy(seqs)

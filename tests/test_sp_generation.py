@@ -172,7 +172,7 @@ def qa_file(tmp_path):
 @pytest.fixture()
 def rigged_reward(monkeypatch):
     """A reward that returns the gold answer as a number: non-zero only if gold answers arrive."""
-    from entropy_experiments.rewards import REWARD_REGISTRY
+    from entropy_experiments.data.rewards import REWARD_REGISTRY
 
     monkeypatch.setitem(REWARD_REGISTRY, "rigged_gold_number",
                         lambda prompt, responses, example: [float(example.answer)] * len(responses))

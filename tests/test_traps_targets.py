@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from entropy_experiments.datasets import load_examples
+from entropy_experiments.data.datasets import load_examples
 from entropy_experiments.probe_components import ProbeComponents
 from entropy_experiments.sampling import sample_batch
 from entropy_experiments.utils.sequence_processor import SequenceProcessor
@@ -53,7 +53,7 @@ def test_u_gradient_is_taken_in_eval_mode_even_with_dropout(tiny_model_dir, tmp_
 @pytest.fixture()
 def gold_reward(monkeypatch):
     """A reward equal to the prompt's gold answer: non-zero only if gold answers arrive."""
-    from entropy_experiments.rewards import REWARD_REGISTRY
+    from entropy_experiments.data.rewards import REWARD_REGISTRY
 
     monkeypatch.setitem(REWARD_REGISTRY, "trap_gold_number",
                         lambda prompt, responses, example: [float(example.answer)] * len(responses))

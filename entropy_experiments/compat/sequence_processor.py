@@ -23,7 +23,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from entropy_experiments.datasets.prompt_draws import draw_distinct, draw_with_replacement, load_prompt_pool
+from entropy_experiments.data.datasets.prompt_draws import (
+    draw_distinct,
+    draw_with_replacement,
+    load_prompt_pool,
+)
+from entropy_experiments.data.rewards.sequence_rewards import rewards_for_sequences
 from entropy_experiments.errors import ConfigError, DataError
 from entropy_experiments.policy import generate, score
 from entropy_experiments.policy.distribution_diagnostics import (
@@ -49,7 +54,6 @@ from entropy_experiments.policy.sequences import (
 )
 from entropy_experiments.policy.stop_rule import response_length
 from entropy_experiments.policy.tf_batches import TFBatch, tf_batches
-from entropy_experiments.rewards.sequence_rewards import rewards_for_sequences
 
 __all__ = [
     "BatchedSequences", "DiagnosticsPack", "DiagnosticsResults", "GenerationConfig", "LogprobResults",

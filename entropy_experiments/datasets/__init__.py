@@ -1,21 +1,13 @@
-"""Data sets: the `Example` record, DATASET_REGISTRY and `load_examples` (the one entry point).
+"""moved to entropy_experiments.data.datasets; kept so existing imports work."""
 
-Registered names: `gsm_symbolic_r1_template` (default, generated offline), `gsm8k_r1_template`
-(local JSONL or the hub), `jsonl` (any local JSONL, prompts verbatim). Importing this package reads
-nothing from disk or the network; builders import their heavy dependencies when first called.
-"""
-
-from entropy_experiments.datasets.base import (
+from entropy_experiments.data.datasets import (
     DATASET_REGISTRY,
     Example,
     clear_example_cache,
     load_examples,
+    r1_prompt,
     register_dataset,
 )
-from entropy_experiments.datasets.templates import r1_prompt
-
-# Imported for their registration side effect.
-from entropy_experiments.datasets import gsm8k, gsm_symbolic, jsonl  # noqa: F401  isort: skip
 
 __all__ = [
     "DATASET_REGISTRY",

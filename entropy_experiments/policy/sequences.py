@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
+from entropy_experiments.data.batch import take_prompts, take_rows
 from entropy_experiments.policy.distribution_diagnostics import DiagnosticsPack
 
 __all__ = [
@@ -54,18 +54,14 @@ class BatchedSequences:
     def subset(self, prompt_indices: Sequence[int]) -> BatchedSequences:
         """The same layout restricted to the listed prompts (used for microbatches)."""
         idx = [int(i) for i in prompt_indices]
-        index = torch.tensor(idx, dtype=torch.long, device=self.sequences.device)
-
-        def pick(xs):
-            return None if xs is None else [xs[i] for i in idx]
-
         return BatchedSequences(
-            sequences=self.sequences.index_select(0, index),
-            prompt_lens=[self.prompt_lens[i] for i in idx],
-            gen_lens=[list(self.gen_lens[i]) for i in idx],
-            attention_masks=self.attention_masks.index_select(0, index),
-            responses_text=[list(self.responses_text[i]) for i in idx],
-            prompts=pick(self.prompts), examples=pick(self.examples), prompt_ids=pick(self.prompt_ids),
+            sequences=take_prompts(self.sequences, idx),
+            prompt_lens=take_rows(self.prompt_lens, idx),
+            gen_lens=[list(row) for row in take_rows(self.gen_lens, idx)],
+            attention_masks=take_prompts(self.attention_masks, idx),
+            responses_text=[list(row) for row in take_rows(self.responses_text, idx)],
+            prompts=take_rows(self.prompts, idx), examples=take_rows(self.examples, idx),
+            prompt_ids=take_rows(self.prompt_ids, idx),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,7 +94,7 @@ def example_from_dict(e: Any) -> Any:
     if not isinstance(e, Mapping):
         return e
     try:
-        from entropy_experiments.datasets import Example
+        from entropy_experiments.data.datasets import Example
     except ImportError:  # pragma: no cover - the datasets package ships with this one
         return dict(e)
     names = {f.name for f in dataclasses.fields(Example)}

@@ -11,7 +11,7 @@ import math
 import sys
 from typing import Any
 
-from ..stats import PSIS_PRIOR_DRAWS, psis_tail_size
+from ..estimators.snis import PSIS_PRIOR_DRAWS, psis_tail_size
 
 UNITS = {"per_token": "nats/token", "per_sequence": "nats/seq"}
 UNITS_LONG = {"per_token": "nats per token", "per_sequence": "nats per sequence"}

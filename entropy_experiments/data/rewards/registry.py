@@ -1,0 +1,127 @@
+"""The reward registry, `get_reward` (names or "package.module:function") and `compute_rewards`.
+
+A reward function returns one float per response to one prompt. It is either probe style,
+`fn(prompt, responses, example)` with `example` the data set record (gold answer in `example.answer`),
+or TRL style, `fn(prompts, completions, **kwargs)` (any function with a parameter named `completions`
+or `completion_ids`); `calling.py` holds the two conventions. Callers always go through `compute_rewards`, which calls the
+function in its convention and checks the length and that every value is a finite number.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+from entropy_experiments.data.datasets.base import Example
+from entropy_experiments.data.rewards.calling import call_reward, exception_line
+from entropy_experiments.errors import RewardError, closest_match
+
+# fn(prompt, responses, example) -> list[float], or TRL style fn(prompts, completions, **kwargs) (calling.py).
+RewardFn = Callable[..., Any]
+
+REWARD_REGISTRY: dict[str, RewardFn] = {}
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: register `fn` under `name` in REWARD_REGISTRY."""
+
+    def decorator(fn: RewardFn) -> RewardFn:
+        if name in REWARD_REGISTRY and REWARD_REGISTRY[name] is not fn:
+            raise ValueError(f"reward name {name!r} is already registered")
+        REWARD_REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def _import_reward(spec: str) -> RewardFn:
+    """Resolve "package.module:function" (the function part may be dotted, e.g. "Class.method")."""
+    module_name, _, attr_path = spec.partition(":")
+    if not module_name or not attr_path:
+        raise RewardError(f"reward '{spec}': expected 'package.module:function'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001  ImportError, or any error raised while the module runs
+        raise RewardError(
+            f"reward '{spec}': cannot import module '{module_name}' ({exception_line(exc)})"
+        ) from None
+    owner = module_name
+    for attr in attr_path.split("."):
+        if not hasattr(obj, attr):
+            public = [name for name in dir(obj) if not name.startswith("_")]
+            hint = closest_match(attr, public)
+            suffix = f" (did you mean '{hint}'?)" if hint else ""
+            raise RewardError(f"reward '{spec}': '{owner}' has no attribute '{attr}'{suffix}")
+        obj = getattr(obj, attr)
+        owner = f"{owner}.{attr}"
+    if not callable(obj):
+        raise RewardError(f"reward '{spec}': '{owner}' is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def get_reward(spec: str) -> RewardFn:
+    """The reward function for a registered name (e.g. 'tag_pref', 'zero') or 'package.module:function'."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise RewardError(f"reward spec must be a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    if ":" in spec:
+        return _import_reward(spec)
+    if spec not in REWARD_REGISTRY:
+        known = sorted(REWARD_REGISTRY)
+        hint = closest_match(spec, known)
+        suffix = f" (did you mean '{hint}'?)" if hint else ""
+        raise RewardError(
+            f"unknown reward '{spec}': choose one of {known} or 'package.module:function'{suffix}"
+        )
+    return REWARD_REGISTRY[spec]
+
+
+def describe_reward(fn: RewardFn) -> str:
+    """A name for error messages: the registry name, else 'module:qualname'."""
+    for name, registered in REWARD_REGISTRY.items():
+        if registered is fn:
+            return name
+    module = getattr(fn, "__module__", None) or "?"
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return f"{module}:{qualname}"
+
+
+def compute_rewards(reward_fn: RewardFn, prompt: str, responses: list[str], example: Example, *,
+                    completion_ids: list[list[int]] | None = None, where: str = "") -> list[float]:
+    """Call `reward_fn` (either convention, `calling.py`) and check its output: exactly len(responses)
+    finite numbers, returned as floats.
+
+    `completion_ids`: the responses' token ids, for TRL-style functions (None when unknown). `where`
+    ends every RewardError message, e.g. " (prompt 3 of 4, prompt id 17)". A function that raises or
+    returns None for a response is a RewardError too.
+    """
+    name = describe_reward(reward_fn)
+    values = call_reward(reward_fn, prompt, responses, example, name=name, where=where,
+                         completion_ids=completion_ids)
+    try:
+        count = len(values)
+    except TypeError:
+        raise RewardError(
+            f"reward '{name}' returned a {type(values).__name__}, expected a list of {len(responses)} "
+            f"floats{where}"
+        ) from None
+    if count != len(responses):
+        raise RewardError(f"reward '{name}' returned {count} values for {len(responses)} responses{where}")
+    rewards = []
+    for index, value in enumerate(values):
+        if value is None:  # TRL's "cannot score this one"; the probe has no way to leave a response out of U
+            raise RewardError(f"reward '{name}' returned None at index {index}{where}: the probe needs a "
+                              "number for every response (TRL's None, 'not scorable', is not supported)")
+        try:
+            if isinstance(value, (str, bytes)):  # float("1") would succeed: a string is a bug here
+                raise TypeError
+            number = float(value)  # accepts ints, bools, numpy scalars and 0-d tensors
+        except (TypeError, ValueError):
+            raise RewardError(
+                f"reward '{name}' value at index {index} is not a number: {value!r}{where}") from None
+        if not math.isfinite(number):
+            raise RewardError(f"reward '{name}' value at index {index} is not finite: {number!r}{where}")
+        rewards.append(number)
+    return rewards

@@ -1,0 +1,307 @@
+"""The trainer objectives L_U, each defined once (MATH.md §4, ../shared/design/TRAINERS.md).
+
+v must be the step the user's trainer takes next, so U's gradient is the gradient of that trainer's
+loss at its first, on-policy optimizer step after generation (ratio 1: clipping inactive). Every
+objective here has the form
+
+    L_U(θ) = Σ_pg w_pg Σ_t [ −A_pg ℓ_pgt(θ) + β·kl_pgt(θ) ]  −  c · Σ_pg u_pg Σ_t H_pgt(θ)
+
+with ℓ the TRAINER's per-token log-prob (logits / τ, no top-p), A the advantages, kl a per-token KL
+estimate against the reference (the base model: the same network with the adapter disabled), H the
+trainer's per-token entropy, and per-sequence token weights w_pg, u_pg that depend only on the
+batch's lengths (no graph). So the loss of U is a sum of per-sequence terms and can be
+back-propagated one microbatch of prompts at a time.
+
+Loss aggregations (`LOSS_WEIGHTS`, canonical TRL names; verl names in `LOSS_ALIASES`), B prompts × G:
+
+| loss_type            | w_pg                              |
+|----------------------|-----------------------------------|
+| dr_grpo_per_prompt   | 1 / (B · G · L_max,p)             |  the seeds' trainer (default)
+| grpo                 | 1 / (B · G · T_pg)                |  seq-mean-token-mean
+| bnpo                 | 1 / (M · Σ_{micro-batch} T)       |  token mean per micro-batch, M micro-batches
+| dapo                 | 1 / Σ_pg T_pg                     |  token-mean over the whole U
+| dr_grpo              | 1 / (B · G · L_const)             |  seq-mean-token-sum-norm
+| luspo                | 1 / (B · G)                       |  seq-mean-token-sum
+
+Micro-batches are the M contiguous equal slices of U in (prompt, response) order (TRL shuffles the
+generation batch before splitting it, so `bnpo` with M > 1 reproduces TRL's normaliser only in
+distribution). The entropy bonus is aggregated like the loss (`entropy_aggregation: loss`, verl) or
+as a token mean per micro-batch (`token_mean`, TRL: u_pg = 1 / (M · Σ_{micro-batch} T)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError, closest_match
+
+ADVANTAGE_SCALINGS = ("none", "group", "batch")
+KL_ESTIMATORS = ("k3", "low_var_kl")
+ENTROPY_AGGREGATIONS = ("loss", "token_mean")
+LOSS_ALIASES = {
+    "token-mean": "dapo",
+    "seq-mean-token-mean": "grpo",
+    "seq-mean-token-sum": "luspo",
+    "seq-mean-token-sum-norm": "dr_grpo",
+}
+
+
+@dataclass(frozen=True)
+class ObjectiveOptions:
+    """The resolved objective of the trainer that made the checkpoint (config section `objective`)."""
+
+    loss_type: str = "dr_grpo_per_prompt"
+    scale_rewards: str = "none"
+    advantage_eps: float = 1e-4
+    max_completion_length: int | None = None   # L_const of dr_grpo (None: generation.max_new_tokens)
+    micro_batches: int = 1
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    entropy_aggregation: str = "loss"
+    max_grad_norm: float | None = None
+    trainer: str | None = None                 # the preset the values came from, for the record
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef != 0.0
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.entropy_coef != 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Trainer presets: every key a trainer fixes by default (sources in TRAINERS.md: trl 1.16.0
+# grpo_config.py loss_type ≈ L801 "dapo", scale_rewards ≈ L789 "group", beta ≈ L681 0.0,
+# entropy_coef ≈ L876 0.0, max_completion_length ≈ L494 512, advantages ε = 1e-4 in grpo_trainer.py
+# ≈ L2787, max_grad_norm 1.0 from TrainingArguments; verl core_algos.py GRPO ε = 1e-6 ≈ L267–330,
+# loss_agg_mode token-mean, grad_clip 1.0, use_kl_loss false (low_var_kl when on); OpenRLHF
+# group_norm ε = 1e-9, PolicyLoss token_level_loss=True (token mean per micro-batch), max_norm 1.0).
+TRAINER_PRESETS: dict[str, dict[str, Any]] = {
+    "trl": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-4, "max_completion_length": 512,
+            "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "entropy_aggregation": "token_mean",
+            "max_grad_norm": 1.0, "micro_batches": 1},
+    "verl": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-6, "max_completion_length": None,
+             "kl_coef": 0.0, "kl_estimator": "low_var_kl", "entropy_coef": 0.0, "entropy_aggregation": "loss",
+             "max_grad_norm": 1.0, "micro_batches": 1},
+    "openrlhf": {"loss_type": "bnpo", "scale_rewards": "group", "advantage_eps": 1e-9, "max_completion_length": None,
+                 "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "entropy_aggregation": "loss",
+                 "max_grad_norm": 1.0, "micro_batches": 1},
+}
+
+
+# ----------------------------------------------------------------------------- advantages
+
+def advantages(rewards: Tensor, scale_rewards: str = "none", eps: float = 1e-4) -> Tensor:
+    """A_pg from rewards [B, G] (float64 out).
+
+    none: r − mean_g r; group: (r − mean_g r) / (std_g r + ε); batch: (r − mean_g r) / (std(all r) + ε);
+    std with Bessel's correction (torch.std), as TRL's `nanstd`. A constant group has A = 0 in all.
+    """
+    if scale_rewards not in ADVANTAGE_SCALINGS:
+        raise ConfigError(f"objective.scale_rewards: expected one of {ADVANTAGE_SCALINGS}, got {scale_rewards!r}")
+    r = rewards.to(torch.float64)
+    centred = r - r.mean(dim=1, keepdim=True)
+    if scale_rewards == "none":
+        return centred
+    if scale_rewards == "group":
+        std = r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :1])
+    else:
+        std = r.std() if r.numel() > 1 else torch.zeros(())
+    return centred / (std + eps)
+
+
+# ----------------------------------------------------------------------------- token weights
+
+def micro_batch_token_counts(lengths: Tensor, micro_batches: int) -> Tensor:
+    """Σ T over the micro-batch of each sequence. lengths [B, G] → [B, G] float64.
+
+    The B·G sequences in (prompt, response) order are split into `micro_batches` equal slices.
+    """
+    flat = lengths.reshape(-1).to(torch.float64)
+    n = flat.numel()
+    if micro_batches < 1 or n % micro_batches:
+        raise ConfigError(f"objective.micro_batches: must divide the {n} U sequences (B_U·G), got {micro_batches}")
+    per = flat.reshape(micro_batches, n // micro_batches)
+    return per.sum(dim=1, keepdim=True).expand_as(per).reshape(lengths.shape)
+
+
+WeightFn = Callable[[Tensor, ObjectiveOptions], Tensor]
+
+
+def _dr_grpo_per_prompt(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+    B, G = lengths.shape
+    l_max = lengths.to(torch.float64).amax(dim=1, keepdim=True)
+    return (1.0 / (B * G * l_max)).expand(B, G)
+
+
+def _grpo(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+    return 1.0 / (lengths.numel() * lengths.to(torch.float64))
+
+
+def _bnpo(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+    return 1.0 / (options.micro_batches * micro_batch_token_counts(lengths, options.micro_batches))
+
+
+def _dapo(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+    return torch.full(lengths.shape, 1.0 / float(lengths.sum()), dtype=torch.float64)
+
+
+def _dr_grpo(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+    if options.max_completion_length is None:
+        raise ConfigError("objective.max_completion_length: dr_grpo needs the trainer's constant length")
+    return torch.full(lengths.shape, 1.0 / (lengths.numel() * options.max_completion_length), dtype=torch.float64)
+
+
+def _luspo(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+    return torch.full(lengths.shape, 1.0 / lengths.numel(), dtype=torch.float64)
+
+
+LOSS_WEIGHTS: dict[str, WeightFn] = {
+    "dr_grpo_per_prompt": _dr_grpo_per_prompt,
+    "grpo": _grpo,
+    "bnpo": _bnpo,
+    "dapo": _dapo,
+    "dr_grpo": _dr_grpo,
+    "luspo": _luspo,
+}
+
+
+def register_loss_type(name: str, weights: WeightFn) -> None:
+    """Add an aggregation: `weights(lengths [B, G], options) -> w [B, G]` (float64, no graph)."""
+    if name in LOSS_WEIGHTS and LOSS_WEIGHTS[name] is not weights:
+        raise ValueError(f"loss_type {name!r} is already registered")
+    LOSS_WEIGHTS[name] = weights
+
+
+def canonical_loss_type(name: str) -> str:
+    """The registry name of `name` (verl aliases mapped); ConfigError for an unknown one."""
+    name = LOSS_ALIASES.get(name, name)
+    if name not in LOSS_WEIGHTS:
+        known = sorted(LOSS_WEIGHTS) + sorted(LOSS_ALIASES)
+        hint = closest_match(name, known)
+        raise ConfigError(f"objective.loss_type: unknown {name!r}; expected one of {', '.join(known)}"
+                          + (f" (did you mean {hint!r}?)" if hint else ""))
+    return name
+
+
+def token_weights(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+    """w_pg of the policy (and KL) term. lengths [B, G] → [B, G] float64."""
+    return LOSS_WEIGHTS[canonical_loss_type(options.loss_type)](lengths, options)
+
+
+def entropy_weights(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+    """u_pg of the entropy bonus. lengths [B, G] → [B, G] float64 (zeros when entropy_coef is 0)."""
+    if not options.needs_entropy:
+        return torch.zeros(lengths.shape, dtype=torch.float64)
+    if options.entropy_aggregation == "token_mean":
+        return 1.0 / (options.micro_batches * micro_batch_token_counts(lengths, options.micro_batches))
+    return token_weights(lengths, options)
+
+
+def leave_one_out_scales(lengths: Tensor, groups: list[list[int]], options: ObjectiveOptions) -> list[float]:
+    """c_k with g₍₋k₎ = c_k·(g − g_k): the ratio of the loss's normaliser Z to Z without prompt group k.
+
+    Z = B (dr_grpo_per_prompt), B·G (grpo, dr_grpo, luspo) or Σ T (dapo; also bnpo, whose
+    per-micro-batch normalisers have no leave-one-out form: the total token count stands in).
+    Advantages (including a batch std) are held at their whole-batch values in the replicates.
+    """
+    kind = canonical_loss_type(options.loss_type)
+    if kind in ("dapo", "bnpo"):
+        per_prompt = lengths.to(torch.float64).sum(dim=1)
+    else:
+        per_prompt = torch.ones(lengths.shape[0], dtype=torch.float64)
+    total = float(per_prompt.sum())
+    return [total / (total - float(per_prompt[group].sum())) for group in groups]
+
+
+# ----------------------------------------------------------------------------- per-token terms
+
+def kl_per_token(logps: Tensor, ref_logps: Tensor, estimator: str = "k3") -> Tensor:
+    """KL(π‖π_ref) per token from the sampled tokens. [T], [T] → [T] (graph through `logps`).
+
+    k3 (TRL): exp(ref − ℓ) − (ref − ℓ) − 1; low_var_kl (verl): the same with ref − ℓ clamped to
+    ±20 and the result clamped to ±10.
+    """
+    delta = ref_logps.detach().to(logps.dtype) - logps
+    if estimator == "k3":
+        return torch.exp(delta) - delta - 1.0
+    if estimator == "low_var_kl":
+        delta = delta.clamp(-20.0, 20.0)
+        return (torch.exp(delta) - delta - 1.0).clamp(-10.0, 10.0)
+    raise ConfigError(f"objective.kl_estimator: expected one of {KL_ESTIMATORS}, got {estimator!r}")
+
+
+@dataclass(frozen=True)
+class SequenceTerms:
+    """What one U sequence contributes: its advantage and its two token weights (floats, no graph)."""
+
+    advantage: float
+    weight: float
+    entropy_weight: float
+
+
+def sequence_loss(logps: Tensor, terms: SequenceTerms, options: ObjectiveOptions, *,
+                  ref_logps: Tensor | None = None, entropies: Tensor | None = None) -> Tensor:
+    """w·Σ_t [−A ℓ_t + β kl_t] − c·u·Σ_t H_t for one sequence (scalar, graph through ℓ and H).
+
+    logps / ref_logps / entropies: [T] trainer log-probs, reference log-probs, trainer entropies.
+    """
+    per_token = -terms.advantage * logps
+    if options.needs_reference:
+        if ref_logps is None:
+            raise ValueError("objective.kl_coef != 0 needs the reference log-probs")
+        per_token = per_token + options.kl_coef * kl_per_token(logps, ref_logps, options.kl_estimator)
+    loss = terms.weight * per_token.sum()
+    if options.needs_entropy:
+        if entropies is None:
+            raise ValueError("objective.entropy_coef != 0 needs the per-token entropies")
+        loss = loss - options.entropy_coef * terms.entropy_weight * entropies.sum()
+    return loss
+
+
+def batch_terms(rewards: Tensor, lengths: Tensor, options: ObjectiveOptions) -> list[list[SequenceTerms]]:
+    """SequenceTerms [B][G] of the whole U batch (rewards, lengths [B, G])."""
+    adv = advantages(rewards, options.scale_rewards, options.advantage_eps)
+    w = token_weights(lengths, options)
+    u = entropy_weights(lengths, options)
+    B, G = lengths.shape
+    return [[SequenceTerms(float(adv[b, g]), float(w[b, g]), float(u[b, g])) for g in range(G)] for b in range(B)]
+
+
+def contributes(terms_row: list[SequenceTerms], options: ObjectiveOptions) -> bool:
+    """Whether a prompt's sequences can change the gradient (all-zero advantages add nothing unless a
+    KL or entropy term is on)."""
+    return options.needs_reference or options.needs_entropy or any(t.advantage != 0.0 for t in terms_row)
+
+
+def resolve(explicit: dict[str, Any], *, default_completion_length: int) -> ObjectiveOptions:
+    """ObjectiveOptions from the config's `objective` keys: explicit > trainer preset > defaults.
+
+    `explicit` holds only the keys the user set (None = unset); `default_completion_length` fills a
+    dr_grpo L_const that neither the user nor the preset fixed (the padded response length).
+    """
+    trainer = explicit.get("trainer")
+    values: dict[str, Any] = {}
+    if trainer is not None:
+        if trainer not in TRAINER_PRESETS:
+            raise ConfigError(f"objective.trainer: expected one of {', '.join(TRAINER_PRESETS)}, got {trainer!r}")
+        values.update(TRAINER_PRESETS[trainer])
+    values.update({k: v for k, v in explicit.items() if v is not None and k != "trainer"})
+    options = replace(ObjectiveOptions(), **values, trainer=trainer)
+    options = replace(options, loss_type=canonical_loss_type(options.loss_type))
+    if options.max_completion_length is None and options.loss_type == "dr_grpo":
+        options = replace(options, max_completion_length=default_completion_length)
+    for key, allowed in (("scale_rewards", ADVANTAGE_SCALINGS), ("kl_estimator", KL_ESTIMATORS),
+                         ("entropy_aggregation", ENTROPY_AGGREGATIONS)):
+        if getattr(options, key) not in allowed:
+            raise ConfigError(f"objective.{key}: expected one of {', '.join(allowed)}, got {getattr(options, key)!r}")
+    return options
