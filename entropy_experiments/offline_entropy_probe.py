@@ -162,6 +162,21 @@ class OfflineEntropyProbe:
             self._sequence_processor.chunk_store = self.chunk_store
         return self._sequence_processor
 
+    def _warn_objective_mismatches(self, files) -> None:
+        """Loud warnings (kept for results.json) where the objective may not be the trainer's."""
+        objective, ck = self.config.objective, self.config.checkpoint
+        if files.layout == "trainer" and objective.trainer is None and objective.loss_type is None:
+            self._warn(f"OBJECTIVE NOT SET: {ck.checkpoint_path} was written by a Hugging Face Trainer (TRL?) but "
+                       "neither objective.trainer nor objective.loss_type is set, so v is the step of the seeds' "
+                       "Dr-GRPO loss (dr_grpo_per_prompt), not your trainer's; set objective.trainer: trl "
+                       "(or verl / openrlhf) — see README 'Probing a TRL / verl / OpenRLHF run'")
+        options = self.config.objective_options()
+        max_new = self.config.generation.max_new_tokens
+        if options.loss_type == "dr_grpo" and options.max_completion_length != max_new:
+            self._warn(f"objective.max_completion_length is {options.max_completion_length} (dr_grpo's constant "
+                       f"normaliser) but generation.max_new_tokens is {max_new}: set both to your trainer's "
+                       "max_completion_length, or the gradient scale and the sampled lengths are not the trainer's")
+
     def load(self, checkpoint_path: str | None = None) -> None:
         """Load model, tokenizer, optimizer and SequenceProcessor from the config's checkpoint section.
 
@@ -180,12 +195,7 @@ class OfflineEntropyProbe:
         self.logger.info("base model: %s (from %s)", base.name, base.source)
         if base.warning is not None:
             self._warn(base.warning)
-        objective = self.config.objective
-        if files.layout == "trainer" and objective.trainer is None and objective.loss_type is None:
-            self._warn(f"OBJECTIVE NOT SET: {ck.checkpoint_path} was written by a Hugging Face Trainer (TRL?) but "
-                       "neither objective.trainer nor objective.loss_type is set, so v is the step of the seeds' "
-                       "Dr-GRPO loss (dr_grpo_per_prompt), not your trainer's; set objective.trainer: trl "
-                       "(or verl / openrlhf) — see README 'Probing a TRL / verl / OpenRLHF run'")
+        self._warn_objective_mismatches(files)
         self._load_lora_model(str(files.adapter_dir), base)
         lr = self._load_optimizer(files)
         self.checkpoint_info = checkpoint_info(files, base, lr)

@@ -198,7 +198,7 @@ def leave_one_group_out_directions(components, u_grads, optimizer) -> list[dict[
     """v₍₋k₎ for each U group k: AdamW direction rebuilt from the gradient without group k (renormalised
     by the objective's leave-one-out scales when the U gradients carry them)."""
     loo = leave_one_out_gradients(u_grads.groups, u_grads.group_sizes,
-                                  getattr(u_grads, "leave_one_out_scales", None))
+                                  u_grads.leave_one_out_scales)
     return [components.update_direction(g, optimizer)[0] for g in loo]
 
 
