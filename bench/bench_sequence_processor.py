@@ -53,7 +53,7 @@ def _reset_peak() -> None:
 
 def _plain_full(logits: torch.Tensor, tokens: torch.Tensor, tau: float, top_p: float):
     """What one would write without chunking: whole-tensor float64 log-softmaxes."""
-    from entropy_experiments.utils.sampling_policy import sampling_logits
+    from entropy_experiments.policy.sampling_policy import sampling_logits
 
     idx = tokens.unsqueeze(-1)
     # the same nucleus rule (membership decided on the fp32 logits), values in float64
@@ -69,7 +69,7 @@ def _plain_full(logits: torch.Tensor, tokens: torch.Tensor, tau: float, top_p: f
 
 def memory_worker(mode: str, chunk: int, tau: float, top_p: float, out: str) -> None:
     """Subprocess body: allocate the logits, take the baseline, run one method, report."""
-    from entropy_experiments.utils.sampling_policy import token_logq_and_entropy
+    from entropy_experiments.policy.sampling_policy import token_logq_and_entropy
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -154,7 +154,7 @@ def bench_prompts(n: int) -> list[str]:
 
 # ------------------------------------------------------------------------------------ 2. teacher forcing
 def bench_teacher_forcing(model, tok, rounds: int) -> bool:
-    from entropy_experiments.utils.sequence_processor import SequenceProcessor
+    from entropy_experiments.compat.sequence_processor import SequenceProcessor
 
     B, T = 8, 64
     sp = SequenceProcessor(model, tok, {"generation": {"max_new_tokens": T, "tf_batch_size": B},
@@ -191,8 +191,8 @@ def bench_teacher_forcing(model, tok, rounds: int) -> bool:
 
 # ------------------------------------------------------------------------------------ 3. generation
 def bench_generation(model, tok, rounds: int) -> list[bool]:
-    from entropy_experiments.utils.reference_sampler import sample_one_at_a_time
-    from entropy_experiments.utils.sequence_processor import GenerationConfig, SequenceProcessor
+    from entropy_experiments.compat.sequence_processor import GenerationConfig, SequenceProcessor
+    from entropy_experiments.policy.reference_sampler import sample_one_at_a_time
 
     n_prompts, G, T = 4, 4, 48
     prompts = bench_prompts(n_prompts)
@@ -233,7 +233,7 @@ def main() -> int:
         mode, chunk, tau, top_p, out = sys.argv[2:7]
         memory_worker(mode, int(chunk), float(tau), float(top_p), out)
         return 0
-    from entropy_experiments.utils.sequence_processor import GenerationConfig
+    from entropy_experiments.compat.sequence_processor import GenerationConfig
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")

@@ -24,7 +24,7 @@ from entropy_experiments.config import config_from_dict, load_config
 from entropy_experiments.estimators import update_direction as adam
 from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
 from entropy_experiments.probe_components import ProbeComponents
-from entropy_experiments.results import RunDirectory
+from entropy_experiments.report.run_dir import RunDirectory
 
 
 def parse_objective(spec: str) -> dict:

@@ -95,7 +95,6 @@ def in_process_runs(config: Path, n: int) -> list[dict]:
     checksum0 = hooks0 = None
     for i in range(n):
         res = probe.run_mixed_probe()
-        res.pop("per_sequence_rows")
         del res["timing"]
         gc.collect()
         with torch.no_grad():

@@ -13,7 +13,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import ProbeError
+from .config import load_config, packaged_config_path
+from .embedded import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint
+from .errors import ConfigError, ProbeError
+from .lifecycle import interruptible
+from .report.plot import plot_delta_h
+from .report.results_schema import load_results
+from .report.summary import print_summary
+from .run import run_probe
+from .training import make_checkpoint
 
 log = logging.getLogger("entropy_experiments")
 
@@ -31,8 +39,6 @@ def _setup_logging(verbose: bool = False) -> None:
 
 def run_with_clean_errors(fn: Callable[[], object]) -> int:
     """Call fn; a ProbeError becomes `error: <one line>` on stderr and its exit code (2)."""
-    from .lifecycle import interruptible
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         with interruptible():  # SIGTERM / SIGINT: the run is marked failed (resumable), exit 128 + signal
@@ -47,13 +53,10 @@ def run_with_clean_errors(fn: Callable[[], object]) -> int:
 
 
 def _load(args) -> object:
-    from .config import load_config
     return load_config(getattr(args, "config", None), getattr(args, "set", None) or [])
 
 
 def cmd_run(args) -> None:
-    from .errors import ConfigError
-    from .offline_entropy_probe import run_probe
     if args.resume and args.out and Path(args.resume) != Path(args.out):
         raise ConfigError("--resume and --out name different directories; pass only --resume RUN_DIR")
     if args.config is None:
@@ -64,16 +67,11 @@ def cmd_run(args) -> None:
 
 
 def cmd_make_checkpoint(args) -> None:
-    from .training import make_checkpoint
     make_checkpoint(args.out, _load(args), steps=args.steps)
 
 
 def cmd_demo(args) -> None:
     """Embedded default end to end: cached make-checkpoint, then the probe with the shipped demo config."""
-    from .config import load_config, packaged_config_path
-    from .embedded import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint
-    from .offline_entropy_probe import run_probe
-
     config = load_config(packaged_config_path("demo"), args.set or [])
     ckpt = ensure_demo_checkpoint(config, DEMO_CHECKPOINT_STEPS if args.steps is None else args.steps)
     # The probe recognises the make-checkpoint layout (model/ + optimizer.pt + names) under checkpoint_path.
@@ -84,9 +82,6 @@ def cmd_demo(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from .report.plot import plot_delta_h
-    from .report.results_schema import load_results
-    from .report.summary import print_summary
     results = load_results(args.run_dir)
     print_summary(results)
     plot_delta_h(results, Path(args.run_dir) / "delta_h_vs_eta.png")

@@ -1,8 +1,9 @@
 """Phase 0: turning the index plan (`data/plan.py`) into packed batches.
 
 The index plan is drawn once from the config seed — E prompts WITH replacement (G = 1) or distinct,
-U prompts distinct — so that a distributed run can draw it on rank 0 and broadcast it, and a resumed
-run can check it. Generation itself is the SequenceProcessor's; this module only orchestrates it.
+U prompts distinct — so that a distributed run can draw it on rank 0 and broadcast it (probe.py), and
+a resumed run can check it. Generation itself is the SequenceProcessor's; `sample_batch` turns a list
+of prompt indices into one packed batch.
 IndexPlan / draw_index_plan moved to entropy_experiments.data.plan and are re-exported here.
 """
 
@@ -12,13 +13,12 @@ import logging
 
 import torch
 
-from .data.batch import concat_batches, pack_batch
+from .data.batch import pack_batch
 from .data.plan import IndexPlan, draw_index_plan
-from .distributed import rank_seed
 
 log = logging.getLogger("entropy_experiments.sampling")
 
-__all__ = ["IndexPlan", "draw_index_plan", "sample_batch", "sample_batch_sharded"]
+__all__ = ["IndexPlan", "draw_index_plan", "sample_batch"]
 
 
 def sample_batch(sp, examples: list, prompt_indices: list[int], G: int, *, seed: int, with_rewards: bool,
@@ -33,7 +33,7 @@ def sample_batch(sp, examples: list, prompt_indices: list[int], G: int, *, seed:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if reference:
-            from .utils.reference_sampler import sample_one_at_a_time
+            from .policy.reference_sampler import sample_one_at_a_time
             seqs = sample_one_at_a_time(sp.model, sp.tokenizer, prompts, G, sp.config, seed=seed)
         else:
             # Each chunk seeded from (seed, chunk index): chunks saved by a killed run can be reused.
@@ -42,19 +42,3 @@ def sample_batch(sp, examples: list, prompt_indices: list[int], G: int, *, seed:
     seqs.prompt_ids = [int(ex.meta["global_prompt_id"]) for ex in chosen]
     rewards = sp.compute_rewards(prompts, seqs, chosen) if with_rewards else None
     return pack_batch(seqs, rewards, with_advantages=with_rewards)
-
-
-def sample_batch_sharded(sp, examples: list, prompt_indices: list[int], G: int, *, seed: int, with_rewards: bool,
-                         reference: bool = False, dist=None, what: str = "batch") -> dict:
-    """`sample_batch` over the ranks of a distributed job: each rank generates its contiguous slice of
-    `prompt_indices` with its own generator (`distributed.rank_seed`; rank 0 keeps `seed`), and the
-    slices are all-gathered so that every rank returns the whole batch in plan order. One process:
-    exactly `sample_batch`."""
-    if dist is None or not dist.enabled:
-        return sample_batch(sp, examples, prompt_indices, G, seed=seed, with_rewards=with_rewards,
-                            reference=reference)
-    mine = dist.prompt_slice(len(prompt_indices))
-    local = (sample_batch(sp, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
-                          with_rewards=with_rewards, reference=reference) if mine else None)
-    parts = dist.all_gather_object(local, f"gather sampled {what}")
-    return concat_batches(parts, sp.pad_token_id)

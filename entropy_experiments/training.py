@@ -2,7 +2,7 @@
 
 Users without a checkpoint (and the tests) get one this way. Each step samples B_U distinct prompts
 × G responses through the SequenceProcessor, takes the gradient of the same Dr-GRPO loss the probe
-uses (`ProbeComponents.accumulate_sum_Y`), clips it and steps AdamW; then `save_checkpoint` writes
+uses (`probe.update_gradients`), clips it and steps AdamW; then `save_checkpoint` writes
 model/, optimizer.pt, optimizer_param_names.json and checkpoint.json.
 """
 
@@ -18,8 +18,12 @@ from .checkpoint.adapter import create_lora_model
 from .checkpoint.base_model import load_tokenizer, resolve_base_model_id
 from .checkpoint.optimizer_state import trainable_named_parameters
 from .checkpoint.writer import save_checkpoint
+from .compat.sequence_processor import SequenceProcessor
 from .config import ProbeConfig
+from .data.datasets import load_examples
 from .data.plan import draw_index_plan
+from .estimators.objective_gradient import Trainable
+from .probe import Policy, sequence_processor_settings, update_gradients
 from .sampling import sample_batch
 
 log = logging.getLogger("entropy_experiments.training")
@@ -30,10 +34,6 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
                     lora_alpha: int = 16, logger: logging.Logger | None = None) -> Path:
     """Create a LoRA adapter on `config.checkpoint.base_model` (null: the embedded model), train it `steps`
     Dr-GRPO steps, save it."""
-    from .data.datasets import load_examples
-    from .probe_components import ProbeComponents
-    from .utils.sequence_processor import SequenceProcessor
-
     logger = logger or log
     if steps < 0:
         raise ValueError("--steps must be >= 0")
@@ -44,8 +44,8 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
                               device_map=ck.device_map, seed=config.seed)
     model.eval()  # dropout is 0 anyway; the probe's passes also run in eval()
     tokenizer = load_tokenizer(base_model, trust_remote_code=ck.trust_remote_code)
-    sp = SequenceProcessor(model, tokenizer, config=config, logger=logger)
-    components = ProbeComponents(model, config, logger, sequence_processor=sp)
+    sp = SequenceProcessor(model, tokenizer, config=sequence_processor_settings(config), logger=logger)
+    policy = Policy(sp, Trainable.of(model), optimizer=None)
     named = trainable_named_parameters(model)
     params = [p for _, p in named]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
@@ -57,7 +57,7 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
                                seed=config.seed + 1000 * (step + 1))
         U = sample_batch(sp, examples, plan.U_prompt_indices, bc.G, seed=config.seed + 1000 * (step + 1) + 1,
                          with_rewards=True)
-        grads = components.accumulate_sum_Y(U).total
+        grads = update_gradients(config, policy, U, [list(range(U["num_prompts"]))]).total
         for name, p in named:
             p.grad = grads[name].to(p.dtype)
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)

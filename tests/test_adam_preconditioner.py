@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from entropy_experiments.adam_preconditioner import (
+from entropy_experiments.errors import ConfigError, OptimizerStateError
+from entropy_experiments.estimators.update_direction import (
     UPDATE_DIRECTIONS,
     AdamHyper,
     AdamStateError,
@@ -22,7 +23,6 @@ from entropy_experiments.adam_preconditioner import (
     sgd_direction,
     update_direction,
 )
-from entropy_experiments.errors import ConfigError, OptimizerStateError
 
 SHAPES = {"a.lora_A": (4, 6), "a.lora_B": (6, 4), "b.lora_A": (3, 5), "b.lora_B": (5,)}
 NAMES = list(SHAPES)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropy_experiments import checkpoint_layout as cl
+from entropy_experiments import checkpoint as cl
 from entropy_experiments import model_loader as ml
 from entropy_experiments.errors import CheckpointError, ConfigError, OptimizerStateError
 

@@ -109,7 +109,7 @@ def test_default_build_is_offline_and_import_is_light():
         "import socket, sys\n"
         "def refuse(*a, **k): raise RuntimeError('network used')\n"
         "socket.socket.connect = refuse; socket.create_connection = refuse\n"
-        "import entropy_experiments.datasets as d\n"
+        "import entropy_experiments.data.datasets as d\n"
         "assert 'reasoning_gym' not in sys.modules and 'datasets' not in sys.modules\n"
         "print(len(d.load_examples('gsm_symbolic_r1_template', 'test', pool_size=10)))\n"
     )

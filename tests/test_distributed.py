@@ -23,7 +23,9 @@ import torch
 import yaml
 
 from entropy_experiments import cli
-from entropy_experiments import distributed as D
+from entropy_experiments import parallel as D
+from entropy_experiments.data.batch import concat_batches
+from entropy_experiments.test_hooks import FAULT_ENV
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
 from tests.run_helpers import base_config, logging_restored
 
@@ -104,7 +106,7 @@ def _tokens(batch: dict, b: int, g: int) -> list[int]:
 def test_concat_batches_repads_and_keeps_every_token():
     p0 = _part([3, 2], [[2, 4], [1, 1]], 0)
     p1 = _part([5], [[6, 2]], 2)
-    out = D.concat_batches([p0, None, p1], pad_id=99)
+    out = concat_batches([p0, None, p1], pad_id=99)
     assert out["num_prompts"] == 3 and out["prompt_ids"] == [0, 1, 2]
     assert out["prompt_lens"] == [5, 5, 5] and out["sequences"].shape == (3, 2, 11)
     for b_out, (part, b) in enumerate([(p0, 0), (p0, 1), (p1, 0)]):
@@ -120,7 +122,7 @@ def _env() -> dict:
     env = dict(os.environ)
     env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
                 "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])})
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", D.FAULT_ENV):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", FAULT_ENV):
         env.pop(key, None)
     return env
 
@@ -249,7 +251,7 @@ def _two_ranks_one_killed(path: Path, out: Path) -> tuple[list[int], str]:
     for rank in range(2):
         env = _env()
         env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port), D.FAULT_ENV: "sampled:1:kill"})
+                    "MASTER_PORT": str(port), FAULT_ENV: "sampled:1:kill"})
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "entropy_experiments.cli", "run", "--config", str(path), "--out",
              str(out), "--set", "distributed.timeout_s=10"],

@@ -1,7 +1,7 @@
 """No lost work: a real `entropy-probe run` subprocess is killed (SIGTERM, SIGINT, SIGKILL) at several
 points, then `--resume` finishes it with results identical to an uninterrupted run of the same seed.
 
-The run is held at a named point by the test-only hook `lifecycle.hold_point` (env
+The run is held at a named point by the test-only hook `test_hooks.hold_for_kill_test` (env
 ENTROPY_PROBE_TEST_HOLD=point[:n]); the test waits for its marker file and sends the signal. E and U
 are generated 2 rows per chunk (2 chunks each), so a kill during sampling leaves saved chunks.
 """

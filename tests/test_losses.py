@@ -18,8 +18,8 @@ import math
 import pytest
 import torch
 
-from entropy_experiments.conditional_variance import se_total
 from entropy_experiments.estimators import surrogate as losses
+from entropy_experiments.estimators.jackknife import se_total
 
 LENGTHS = [5, 1, 3, 5, 2]  # ragged, with ties at the longest length and a length-1 sequence
 

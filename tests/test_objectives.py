@@ -16,9 +16,9 @@ import math
 import pytest
 import torch
 
-from entropy_experiments import objectives
 from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError
+from entropy_experiments.estimators import objectives
 from entropy_experiments.probe_components import ProbeComponents
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
@@ -251,7 +251,7 @@ def test_u_gradient_matches_autograd_of_written_out_loss(sampled_U, loss_type, s
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.6), (1.3, 0.9)])
 def test_trainer_logprobs_are_tempered_without_nucleus(temperature, top_p):
     """The objective scores tokens as trainers do: log softmax(z/τ), no top-p (≠ the sampling q when top_p < 1)."""
-    from entropy_experiments.utils.sampling_policy import policy_token_stats
+    from entropy_experiments.policy.sampling_policy import policy_token_stats
 
     gen = torch.Generator().manual_seed(0)
     logits = 3 * torch.randn(40, 50, generator=gen)

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from entropy_experiments import importance_sampling as isamp
-from entropy_experiments.losses import directional_pieces
+from entropy_experiments.estimators import delta_h as isamp
+from entropy_experiments.estimators.surrogate import directional_pieces
 from entropy_experiments.probe_components import ProbeComponents
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts

@@ -84,7 +84,7 @@ def test_summary_contains_the_numbers():
 
 
 def test_summary_notes_when_khat_rests_on_few_tail_draws():
-    from entropy_experiments.stats import psis_tail_size
+    from entropy_experiments.estimators.snis import psis_tail_size
 
     assert [psis_tail_size(n) for n in (24, 25, 32, 225, 226, 10_000)] == [4, 5, 6, 45, 45, 300]
     text = render_summary(fake_results())  # N = ess / ess_frac = 64 → M = 12 tail draws

@@ -405,7 +405,7 @@ def test_raising_reward_is_exit_2_one_line_and_resume_reuses_the_samples(
 
     import torch
 
-    from entropy_experiments.results import validate_results_schema
+    from entropy_experiments.report.results_schema import validate_results_schema
     from tests.trl_reward_plugins import RAISE_ENV
 
     out = tmp_path / "run"

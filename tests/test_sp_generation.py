@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_sp_policy import brute_force
 
-from entropy_experiments.utils.reference_sampler import sample_one_at_a_time
+from entropy_experiments.policy.reference_sampler import sample_one_at_a_time
 from entropy_experiments.utils.sequence_processor import GenerationConfig, SequenceProcessor
 
 # One intra-op thread for the whole module (runs here are compared number for number).

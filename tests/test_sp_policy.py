@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from entropy_experiments.errors import ConfigError, NumericsError
-from entropy_experiments.utils.distribution_diagnostics import DistributionDiagnostics
-from entropy_experiments.utils.sampling_policy import (
+from entropy_experiments.policy.distribution_diagnostics import DistributionDiagnostics
+from entropy_experiments.policy.sampling_policy import (
     SamplingPolicyLogitsProcessor,
     nucleus_keep_mask,
     policy_token_stats,

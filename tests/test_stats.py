@@ -9,24 +9,26 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from entropy_experiments.stats import (
+from entropy_experiments.estimators.jackknife import (
     Estimate,
     delta_h1_per_sequence,
     delta_h1_per_token,
     delta_h1_slope,
-    ess,
-    importance_diagnostics,
     jackknife_from_unit_sums,
     jackknife_ratio_se,
     jackknife_replicates,
     jackknife_se,
+    sum_by_unit,
+)
+from entropy_experiments.estimators.snis import (
+    ess,
+    importance_diagnostics,
     khat_threshold,
     linearity_fit,
     logw_summary,
     psis_khat,
     snis_delta_h,
     snis_entropy,
-    sum_by_unit,
     zero_weight_count,
 )
 

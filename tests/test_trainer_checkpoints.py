@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from entropy_experiments import checkpoint_layout as cl
+from entropy_experiments import checkpoint as cl
 from entropy_experiments import model_loader as ml
 from entropy_experiments.errors import CheckpointError, ConfigError, OptimizerStateError
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entropy_experiments import objectives
+from entropy_experiments.estimators import objectives
 
 pytest.importorskip("trl")
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..objectives import advantages as objective_advantages
+from ..estimators.objectives import advantages as objective_advantages
 
 
 class BatchContractError(ValueError):
@@ -88,7 +88,7 @@ def validate_batch(batch: dict[str, Any], name: str = "batch") -> None:
 
 def batch_to_sequences(batch: dict[str, Any]):
     """Rebuild the `BatchedSequences` view of a packed batch (for teacher forcing)."""
-    from ..utils.sequence_processor import BatchedSequences
+    from ..compat.sequence_processor import BatchedSequences
 
     B, G = batch["sequences"].shape[:2]
     return BatchedSequences(

@@ -194,12 +194,13 @@ def se_E(a: torch.Tensor, r: torch.Tensor, seq_entropies: torch.Tensor, lengths:
     return learning_rate * est.value, learning_rate * est.se
 
 
-def leave_one_group_out_directions(components, u_grads, optimizer) -> list[dict[str, torch.Tensor]]:
-    """v₍₋k₎ for each U group k: AdamW direction rebuilt from the gradient without group k (renormalised
-    by the objective's leave-one-out scales when the U gradients carry them)."""
+def leave_one_group_out_directions(direction_of: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+                                   u_grads) -> list[dict[str, torch.Tensor]]:
+    """v₍₋k₎ for each U group k: `direction_of` (g ↦ the AdamW direction) applied to the gradient without
+    group k (renormalised by the objective's leave-one-out scales when the U gradients carry them)."""
     loo = leave_one_out_gradients(u_grads.groups, u_grads.group_sizes,
                                   u_grads.leave_one_out_scales)
-    return [components.update_direction(g, optimizer)[0] for g in loo]
+    return [direction_of(g) for g in loo]
 
 
 def se_U(Xbar: dict[str, torch.Tensor], loo_directions: list[dict[str, torch.Tensor]],

@@ -35,6 +35,7 @@ __all__ = [
     "leave_one_out_gradients",
     "named_dot",
     "named_norm",
+    "optimizer_step_direction",
     "preconditioned_gradient_direction",
     "sgd_direction",
     "update_direction",
@@ -275,3 +276,21 @@ def named_dot(a: NamedTensors, b: NamedTensors) -> float:
 def named_norm(a: NamedTensors) -> float:
     """Euclidean norm over all named tensors, float64 accumulation."""
     return math.sqrt(named_dot(a, a))
+
+
+def optimizer_step_direction(direction: str, params: NamedTensors, grads: NamedTensors, optimizer, *,
+                             max_grad_norm: float | None) -> tuple[dict[str, Tensor], dict]:
+    """v per unit lr from g and a loaded optimizer's saved state and groups, with a description of it
+    (direction, ‖v‖, ‖g‖, clipping, the saved hyperparameters and step) for results.json."""
+    names = list(params)
+    hyper = hyper_by_name(optimizer, names)
+    state = adam_state_by_name(optimizer, names)
+    v = update_direction(direction, params, grads, state, hyper, max_grad_norm=max_grad_norm)
+    grad_norm, coef = clip_coefficient(grads, max_grad_norm)
+    first = hyper[names[0]]
+    info = {"direction": direction, "norm": named_norm(v), "grad_norm": grad_norm, "clipped": bool(coef < 1.0),
+            "max_grad_norm": max_grad_norm,
+            "hyperparameters": {"lr": first.lr, "betas": [first.beta1, first.beta2], "eps": first.eps,
+                                "weight_decay": first.weight_decay, "amsgrad": first.amsgrad,
+                                "step": int(state[names[0]]["step"])}}
+    return v, info

@@ -1,2 +1,2 @@
-"""Earlier import paths (re-exports of `entropy_experiments.policy` and `entropy_experiments.compat`) and the
-one-at-a-time reference sampler."""
+"""Earlier import path of the seed-era SequenceProcessor API (`utils/sequence_processor.py`, a re-export of
+`entropy_experiments.compat.sequence_processor`)."""

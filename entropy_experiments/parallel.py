@@ -22,8 +22,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import signal
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,15 +30,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .data.batch import concat_batches  # noqa: F401  (re-exported: moved to data/batch.py)
 from .errors import ProbeError
 
 log = logging.getLogger("entropy_experiments.distributed")
 T = TypeVar("T")
-
-# Test-only fault injection: "PHASE[:RANK[:MODE]]" makes rank RANK (default 1) die (MODE kill, the
-# default: SIGKILL itself), exit (os._exit(3)) or hang (sleep) when it reaches `DistContext.checkpoint(PHASE)`.
-FAULT_ENV = "ENTROPY_PROBE_TEST_FAULT"
 
 
 class DistributedError(ProbeError):
@@ -91,6 +84,20 @@ class DistContext:
         """This rank's prompts: whole chunks of `chunk` consecutive prompts, split contiguously."""
         chunks = [list(range(i, min(i + chunk, n_prompts))) for i in range(0, n_prompts, max(1, chunk))]
         return [p for c in self.chunk_slice(chunks) for p in c]
+
+    def scoring_prompts(self, num_prompts: int, G: int, tf_batch_size: int) -> list[int]:
+        """This rank's prompts for no-grad scoring: whole teacher-forcing chunks of `tf_batch_size` sequences."""
+        return self.prompt_slice(num_prompts, max(1, int(tf_batch_size) // G))
+
+    def row_gatherer(self, rows_mine: Sequence[int], n_rows: int) -> Callable[[Sequence[float], str], np.ndarray]:
+        """gather(values of this rank's rows, what) → float64 [n_rows] in global order, on every rank."""
+        def gather(values_mine: Sequence[float], what: str) -> np.ndarray:
+            if not self.enabled:
+                return np.asarray(values_mine, dtype=np.float64)
+            full = np.zeros(n_rows, dtype=np.float64)
+            full[list(rows_mine)] = values_mine
+            return self.sum_rows(full, what)
+        return gather
 
     # ------------------------------------------------------------------ collectives
     def _collective(self, what: str, fn: Callable[[], T]) -> T:
@@ -146,6 +153,31 @@ class DistContext:
             offset += ref.numel()
         return out
 
+    def all_reduce_tree(self, tree: dict[str, Any], what: str) -> dict[str, Any]:
+        """Σ over ranks of every tensor and float in a nested dict / list, in ONE flat float64 all-reduce
+        (structure and dtypes kept; floats come back as floats)."""
+        if not self.enabled:
+            return tree
+        flat: dict[str, Tensor] = {}
+
+        def put(key: str, node: Any) -> None:
+            if isinstance(node, (dict, list)):
+                for k, v in (node.items() if isinstance(node, dict) else enumerate(node)):
+                    put(f"{key}/{k}", v)
+            else:
+                flat[key] = node if isinstance(node, Tensor) else torch.tensor([float(node)], dtype=torch.float64)
+
+        def get(key: str, node: Any) -> Any:
+            if isinstance(node, dict):
+                return {k: get(f"{key}/{k}", v) for k, v in node.items()}
+            if isinstance(node, list):
+                return [get(f"{key}/{i}", v) for i, v in enumerate(node)]
+            return summed[key] if isinstance(node, Tensor) else float(summed[key][0])
+
+        put("", tree)
+        summed = self.all_reduce_named(flat, what)
+        return get("", tree)
+
     def all_reduce_scalars(self, values: Sequence[float], what: str) -> list[float]:
         if not self.enabled:
             return [float(v) for v in values]
@@ -187,25 +219,6 @@ class DistContext:
         return self.comm_device if self.backend == "nccl" else None
 
     # ------------------------------------------------------------------ life cycle
-    def checkpoint(self, phase: str) -> None:
-        """Phase boundary: a no-op, except for the test-only fault injection (`FAULT_ENV`)."""
-        spec = os.environ.get(FAULT_ENV)
-        if not spec:
-            return
-        parts = spec.split(":")
-        target_rank = int(parts[1]) if len(parts) > 1 and parts[1] else 1
-        mode = parts[2] if len(parts) > 2 else "kill"
-        if parts[0] != phase or self.rank != target_rank:
-            return
-        log.warning("test fault injection: rank %d %s at phase %s", self.rank, mode, phase)
-        if mode == "hang":
-            while True:
-                time.sleep(1)
-        elif mode == "exit":
-            os._exit(3)
-        else:
-            os.kill(os.getpid(), signal.SIGKILL)
-
     def shutdown(self) -> None:
         if self.owns_group:
             import torch.distributed as dist

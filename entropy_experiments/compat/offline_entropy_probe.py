@@ -1,0 +1,129 @@
+"""OfflineEntropyProbe (the seeds' API) — a thin façade over `entropy_experiments.probe`.
+
+It keeps the seeds' entry points (`run_mixed_probe`, `load`, `_sample_EU_via_sequence_processor`,
+`_pack_E_from_sequences`, `_pack_U_from_sequences`) and the attributes the seeds and tests read
+(`model`, `tokenizer`, `optimizer`, `_sequence_processor`, `update_vector`, `index_plan`, `warnings`,
+`checkpoint_info`), each filled from the typed results of probe.py's phases. New code calls
+`probe.run(config)` (or `entropy-probe run`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from .. import probe
+from ..config import ProbeConfig, config_from_dict, load_config
+from ..data.batch import pack_batch
+from ..estimators.objective_gradient import Trainable
+from .sequence_processor import SequenceProcessor
+
+log = logging.getLogger("entropy_experiments.probe")
+
+
+class OfflineEntropyProbe:
+    """Loads the checkpoint, samples E and U, and runs the probe phases (probe.py)."""
+
+    def __init__(self, config: ProbeConfig | dict, logger: logging.Logger | None = None, *,
+                 dist=None):
+        self.config = config if isinstance(config, ProbeConfig) else config_from_dict(config)
+        self.logger = logger or log
+        self.dist = dist  # parallel.DistContext; None: from the environment (torchrun) at the first run
+        self.notes = probe.WarningLog(self.logger)
+        self.model = None  # the seeds may set model, tokenizer and optimizer themselves instead of load()
+        self.tokenizer = None
+        self.optimizer = None
+        self._sequence_processor = None
+        self.checkpoint_info: dict | None = None  # layout, files, base model, lr source (load())
+        self.index_plan = None  # the IndexPlan of the last fresh sampling
+        self.sampling_warnings: list[str] = []  # reward warnings of a resumed run's sampling (saved with its batches)
+        self.chunk_store = None  # report.run_dir.GenerationChunkStore: generation chunks saved as they complete
+        self.update_vector = None  # v of the last run, keyed by parameter name
+
+    @classmethod
+    def from_config_file(cls, path: str | Path, overrides: list[str] | None = None) -> OfflineEntropyProbe:
+        return cls(load_config(path, overrides))
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.notes.messages
+
+    def _warn(self, message: str) -> None:
+        self.notes.warn(message)
+
+    def _ensure_dist(self):
+        if self.dist is None:
+            self.dist = probe.process_context(self.config)
+        return self.dist
+
+    def _ensure_sequence_processor(self) -> SequenceProcessor:
+        if self._sequence_processor is None:
+            self._sequence_processor = SequenceProcessor(self.model, self.tokenizer, logger=self.logger,
+                                                         config=probe.sequence_processor_settings(self.config))
+            self._sequence_processor.chunk_store = self.chunk_store
+        return self._sequence_processor
+
+    def _policy(self) -> probe.Policy | None:
+        """The loaded (or seed-assigned) model, optimizer and SequenceProcessor; None before either."""
+        if self.model is None:
+            return None
+        return probe.Policy(self._ensure_sequence_processor(), Trainable.of(self.model), self.optimizer,
+                            self.tokenizer, self.checkpoint_info)
+
+    def _adopt(self, policy: probe.Policy) -> None:
+        self.model, self.tokenizer, self.optimizer = policy.trainable.model, policy.tokenizer, policy.optimizer
+        self._sequence_processor, self.checkpoint_info = policy.sp, policy.checkpoint_info
+
+    # ------------------------------------------------------------------ phases
+    def load(self, checkpoint_path: str | None = None) -> None:
+        """Load model, tokenizer, optimizer and SequenceProcessor (`probe.load_phase`); a `checkpoint_path`
+        given here replaces the config's, and its layout decides every file."""
+        self._use_checkpoint(checkpoint_path)
+        self._adopt(probe.load_phase(self.config, self._ensure_dist(), self.notes, self.logger))
+
+    def _use_checkpoint(self, checkpoint_path: str | None) -> None:
+        if checkpoint_path is not None:
+            ck = self.config.checkpoint.model_copy(update={"checkpoint_path": checkpoint_path, "adapter_path": None,
+                                                           "optimizer_path": None})
+            self.config = self.config.model_copy(update={"checkpoint": ck})
+
+    def _examples(self) -> list:
+        return probe.prompt_examples(self.config)
+
+    def _pack_E_from_sequences(self, seqs) -> dict:
+        return pack_batch(seqs, None, with_advantages=False)
+
+    def _pack_U_from_sequences(self, seqs, rewards: list[list[float]]) -> dict:
+        return pack_batch(seqs, rewards, with_advantages=True)
+
+    def _sample_EU_via_sequence_processor(self, *, B_E: int, B_U: int, G_U: int) -> tuple[dict, dict]:
+        """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G."""
+        bc = self.config.batch_config.model_copy(update={"B_E": B_E, "B_U": B_U, "G": G_U})
+        config = self.config.model_copy(update={"batch_config": bc})
+        E, U, self.index_plan = probe.sample_phase(config, self._ensure_sequence_processor(), self._ensure_dist(),
+                                                   self.logger)
+        return E, U
+
+    def run_mixed_probe(self, checkpoint_path: str | None = None, *, batches: tuple[dict, dict] | None = None,
+                        on_batches=None) -> dict[str, Any]:
+        """Run every phase (`probe.run`); returns the results dict (ARCHITECTURE.md "results.json").
+
+        `batches` = (E, U) reuses saved batches (resume); `on_batches(E, U)` is called right after
+        sampling so that the caller can save them before the long phases start.
+        """
+        if self.model is None:
+            self._use_checkpoint(checkpoint_path)  # probe.run loads it (and times the load)
+        outcome = self.run(batches=batches, on_batches=on_batches)
+        return outcome.results
+
+    def run(self, *, batches: tuple[dict, dict] | None = None, on_batches=None) -> probe.ProbeOutcome:
+        """`probe.run` with this object's config, loaded policy (loading it if needed) and warnings."""
+        outcome = probe.run(self.config, dist=self._ensure_dist(), policy=self._policy(), batches=batches,
+                            on_batches=on_batches, chunk_store=self.chunk_store, notes=self.notes,
+                            sampling_warnings=self.sampling_warnings, logger=self.logger)
+        self._adopt(outcome.policy)
+        self.update_vector = outcome.update_vector
+        if outcome.plan is not None:
+            self.index_plan = outcome.plan
+        return outcome

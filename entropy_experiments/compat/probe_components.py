@@ -1,0 +1,93 @@
+"""ProbeComponents (the seeds' API) — a thin façade over the probe's phases in one process.
+
+`ProbeComponents(model, config, sequence_processor=sp)` keeps the seeds' methods (`accumulate_sum_Y`,
+`accumulate_sum_X`, `compute_delta_h1_from_batches`) and a few the tests use, each delegating to the
+phase functions of probe.py and the estimators they call; it owns no maths of its own. New code calls
+`entropy_experiments.probe` directly.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch import Tensor
+
+from .. import probe
+from ..checkpoint.learning_rate import resolve_learning_rate
+from ..config import ProbeConfig, config_from_dict
+from ..estimators.entropy_gradient import coefficients, pieces_method
+from ..estimators.objective_gradient import Trainable, UGradients, chunked, split_into_groups
+from ..estimators.sequence_scores import SequenceScores
+from ..estimators.surrogate import SurrogateCoefficients
+from ..probe import DeltaH1Result, Policy
+
+__all__ = ["DeltaH1Result", "EScores", "ProbeComponents", "UGradients", "chunked", "split_into_groups"]
+
+NamedTensors = dict[str, Tensor]
+EScores = SequenceScores  # the seeds' name for the E scores
+
+
+class ProbeComponents:
+    """One-process δH₁ pieces on packed E / U batches (see the module docstring)."""
+
+    def __init__(self, model, config: ProbeConfig | dict, logger: logging.Logger | None = None, *,
+                 sequence_processor, optimizer=None):
+        self.model = model
+        self.config = config if isinstance(config, ProbeConfig) else config_from_dict(config)
+        self.logger = logger or logging.getLogger("entropy_experiments.probe")
+        self.sp = sequence_processor
+        self.trainable = Trainable.of(model)
+        self.param_names = list(self.trainable.names)
+        self.params = list(self.trainable.params)
+        self.objective = self.config.objective_options()
+        self.optimizer = optimizer
+
+    def _policy(self, optimizer=None) -> Policy:
+        return Policy(self.sp, self.trainable, optimizer if optimizer is not None else self.optimizer)
+
+    # ------------------------------------------------------------------ U side
+    def accumulate_sum_Y(self, U_batch: dict, groups: list[list[int]] | None = None) -> UGradients:
+        """∇L_U of the trainer's objective per group of prompts (default: one group)."""
+        groups = groups or [list(range(U_batch["num_prompts"]))]
+        return probe.update_gradients(self.config, self._policy(), U_batch, groups)
+
+    def learning_rate(self, optimizer) -> float:
+        """The configured learning_rate, else the optimizer's saved lr (`checkpoint.resolve_learning_rate`)."""
+        return resolve_learning_rate(self.config.learning_rate, optimizer.param_groups).value
+
+    def update_direction(self, grads: NamedTensors, optimizer) -> tuple[NamedTensors, dict]:
+        """v per unit lr from g and the optimizer's saved state (MATH.md §4) + a description of it."""
+        return probe.direction(self.config, self._policy(optimizer), grads)
+
+    # ------------------------------------------------------------------ E side
+    def score_E(self, E_batch: dict, v_named: NamedTensors | None = None) -> SequenceScores:
+        """ℓ_ik and H_ik on E (no graph); with `v_named`, also their exact derivatives along v (forward mode)."""
+        return probe.score_E(self.config, self._policy(), E_batch, v_named)
+
+    def coefficients(self, scores: SequenceScores) -> SurrogateCoefficients:
+        return coefficients(scores, probe.entropy_options(self.config))
+
+    def accumulate_sum_X(self, E_batch: dict, coefs: SurrogateCoefficients) -> NamedTensors:
+        """X̂ = ∇L_X by a microbatched backward of the surrogate (MATH.md §3), fp32 buffers."""
+        return probe.surrogate_gradient_phase(self.config, self._policy(), E_batch, coefs)
+
+    def accumulate_X_one_pass(self, E_batch: dict, v_named: NamedTensors | None):
+        """(X̂, scores, coefficients, pieces or None) from ONE forward per microbatch (baseline none)."""
+        return probe.one_pass_phase(self.config, self._policy(), E_batch, v_named)
+
+    def pieces_method(self, want_pieces: bool) -> str:
+        return pieces_method(self.trainable, probe.entropy_options(self.config), want_pieces)
+
+    # ------------------------------------------------------------------ the seeds' entry point
+    def compute_delta_h1_from_batches(self, E_batch: dict, U_batch: dict, optimizer, *,
+                                      u_groups: list[list[int]] | None = None,
+                                      per_sequence_pieces: bool = False) -> DeltaH1Result:
+        """δH₁ = lr · X̂·v from packed batches and the loaded optimizer (`probe.delta_h1_phase`)."""
+        return probe.delta_h1_phase(self.config, self._policy(optimizer), E_batch, U_batch, u_groups=u_groups,
+                                    per_sequence_pieces=per_sequence_pieces)
+
+    def pieces(self, result: DeltaH1Result) -> tuple[Tensor, Tensor]:
+        """(a [N], r [N]) per-sequence directional pieces; Σ gives X̂·v = (Σa − Ĥ Σr)/D."""
+        if result.pieces is None:
+            raise ValueError("per-sequence pieces need compute_delta_h1_from_batches(per_sequence_pieces=True)")
+        return result.pieces

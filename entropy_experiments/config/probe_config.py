@@ -1,0 +1,105 @@
+"""`ProbeConfig`: the whole probe configuration, its cross-section checks, dumps and hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import yaml
+from pydantic import Field, model_validator
+
+from entropy_experiments.errors import ConfigError
+
+from .sections import (
+    BatchSection,
+    CheckpointSection,
+    DistributedSection,
+    EstimatorSection,
+    GenerationSection,
+    ImportanceSection,
+    ObjectiveSection,
+    OutputSection,
+    PrecisionSection,
+    ProbeReworkSection,
+    RewardSection,
+    VarianceSection,
+    _Section,
+)
+
+
+class ProbeConfig(_Section):
+    """The whole probe configuration (see entropy_experiments/configs/default.yaml for every key)."""
+
+    seed: int = Field(42, ge=0)
+    learning_rate: float | None = Field(None, gt=0)  # None: the optimizer's saved param_groups lr
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    batch_config: BatchSection = Field(default_factory=BatchSection)
+    generation: GenerationSection = Field(default_factory=GenerationSection)
+    precision: PrecisionSection = Field(default_factory=PrecisionSection)
+    probe_rework: ProbeReworkSection = Field(default_factory=ProbeReworkSection)
+    estimator: EstimatorSection = Field(default_factory=EstimatorSection)
+    objective: ObjectiveSection = Field(default_factory=ObjectiveSection)
+    importance: ImportanceSection = Field(default_factory=ImportanceSection)
+    variance: VarianceSection = Field(default_factory=VarianceSection)
+    reward: RewardSection = Field(default_factory=RewardSection)
+    distributed: DistributedSection = Field(default_factory=DistributedSection)
+    output: OutputSection = Field(default_factory=OutputSection)
+
+    @model_validator(mode="after")
+    def _check_cross_section(self) -> ProbeConfig:
+        # The U-side jackknife leaves out one group of prompts at a time: it needs >= 1 prompt per group.
+        groups = self.variance.u_groups
+        if groups is not None and groups > self.batch_config.B_U:
+            raise ValueError(
+                f"variance.u_groups: must be <= batch_config.B_U ({self.batch_config.B_U}), got {groups}"
+            )
+        try:  # an unknown loss type or a micro-batch count that cannot split U fails here, before any work
+            options = self.objective_options()
+            n_u = self.batch_config.B_U * self.batch_config.G
+            if n_u % options.micro_batches:
+                raise ConfigError(f"objective.micro_batches: must divide the {n_u} U sequences "
+                                  f"(batch_config.B_U·G), got {options.micro_batches}")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def objective_options(self):
+        """The resolved `objectives.ObjectiveOptions` (explicit keys > trainer preset > defaults)."""
+        from ..estimators.objectives import resolve
+
+        return resolve(self.objective.explicit(), default_completion_length=self.generation.max_new_tokens)
+
+    def objective_warnings(self, layout: str) -> list[str]:
+        """Warnings where the objective may not be the trainer's, for a checkpoint of `layout` (results.json)."""
+        objective, ck, warnings = self.objective, self.checkpoint, []
+        if layout == "trainer" and objective.trainer is None and objective.loss_type is None:
+            warnings.append(f"OBJECTIVE NOT SET: {ck.checkpoint_path} was written by a Hugging Face Trainer (TRL?) but "
+                            "neither objective.trainer nor objective.loss_type is set, so v is the step of the seeds' "
+                            "Dr-GRPO loss (dr_grpo_per_prompt), not your trainer's; set objective.trainer: trl "
+                            "(or verl / openrlhf) — see README 'Probing a TRL / verl / OpenRLHF run'")
+        options, max_new = self.objective_options(), self.generation.max_new_tokens
+        if options.loss_type == "dr_grpo" and options.max_completion_length != max_new:
+            warnings.append(f"objective.max_completion_length is {options.max_completion_length} (dr_grpo's constant "
+                            f"normaliser) but generation.max_new_tokens is {max_new}: set both to your trainer's "
+                            "max_completion_length, or the gradient scale and the sampled lengths are not the trainer's")
+        return warnings
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict of the resolved config (YAML / JSON safe)."""
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        """Resolved config as YAML; `load_config` on it gives an equal config."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+    def config_hash(self) -> str:
+        """First 16 hex chars of sha256 over the canonical JSON of the config, `output` and `distributed`
+        excluded (neither changes a number: a run can be resumed on any number of ranks or backend)."""
+        payload = json.dumps(
+            self.model_dump(mode="json", exclude={"output", "distributed"}),
+            sort_keys=True,
+            separators=(",", ":"),
+            allow_nan=False,
+        )
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]

@@ -1,0 +1,286 @@
+"""The pydantic section models of the probe configuration (`checkpoint`, `batch_config`, ...).
+
+Every section forbids unknown keys and validates strictly (no silent "64" -> 64 or true -> 1
+coercions; an int is accepted where a float is expected). `ProbeConfig` (probe_config.py) holds one
+of each.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Spellings accepted for dtypes. Model-loading dtypes use the short names; precision profiles use
+# torch attribute names (`getattr(torch, cfg.precision.tf_nograd.dtype)` must work).
+_SHORT_DTYPE = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "fp32": "fp32",
+    "bf16": "bf16",
+    "fp16": "fp16",
+}
+_TORCH_DTYPE = {short: torch_name for torch_name, short in _SHORT_DTYPE.items() if torch_name != short}
+_DEVICE_MAP_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def _normalise_dtype(value: Any, table: dict[str, str]) -> Any:
+    """Map a dtype spelling through `table`; anything else is left for the type check to reject."""
+    if isinstance(value, str) and value.strip().lower() in table:
+        return table[value.strip().lower()]
+    return value
+
+
+class _Section(BaseModel):
+    """Base of every section: unknown keys are errors, no lax coercions, no inf/nan, defaults checked."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True, allow_inf_nan=False)
+
+
+class CheckpointSection(_Section):
+    """Where the adapter, optimizer state and base model come from, and how to load them."""
+
+    # The layout under checkpoint_path (own, Trainer checkpoint-N/, adapter dir with optimizer.pt in its
+    # parent) is recognised at load time by checkpoint_layout.resolve_checkpoint; explicit paths win.
+    checkpoint_path: str | None = None
+    adapter_path: str | None = None
+    optimizer_path: str | None = None
+    # None: the adapter's adapter_config.json base_model_name_or_path (no checkpoint: the embedded model)
+    base_model: str | None = Field(None, min_length=1)
+    use_qlora: bool = False
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"  # load dtype; runtime parameters are fp32 anyway
+    device_map: str = "auto"
+    trust_remote_code: bool = False
+    allow_fresh_optimizer: bool = False  # a missing optimizer.pt is an error unless this is true
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _short_dtype(cls, value: Any) -> Any:
+        return _normalise_dtype(value, _SHORT_DTYPE)
+
+    @field_validator("device_map")
+    @classmethod
+    def _check_device_map(cls, value: str) -> str:
+        if not _DEVICE_MAP_RE.fullmatch(value):
+            raise ValueError(f"expected auto, cpu, cuda or cuda:N, got {value!r}")
+        return value
+
+
+class BatchSection(_Section):
+    """Data set and batch sizes: E (B_E sequences for the entropy) and U (B_U prompts x G for v)."""
+
+    dataset_name: str = Field("gsm_symbolic_r1_template", min_length=1)
+    split: str = Field("train", min_length=1)
+    dataset_path: str | None = None
+    pool_size: int = Field(500, ge=1)  # examples drawn by generated (reasoning-gym) data sets
+    B_E: int = Field(64, ge=1)
+    B_U: int = Field(8, ge=1)
+    G: int = Field(4, ge=2)  # U needs a group of responses to form advantages
+    E_sampling_mode: Literal["replacement", "distinct"] = "replacement"
+    max_prompts_pool: int | None = Field(None, ge=1)
+
+
+class GenerationSection(_Section):
+    """Sampling policy (temperature, nucleus) and generation / teacher-forcing batch sizes."""
+
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = 1.0
+    max_new_tokens: int = Field(128, ge=1)
+    gen_batch_size: int = Field(8, ge=1)  # sequences per generate() call
+    tf_batch_size: int = Field(8, ge=1)  # sequences per teacher-forcing forward
+    rb_requires_grad: bool = True
+    stop_strings: list[str] = Field(default_factory=lambda: ["</answer>"])
+    max_prompt_tokens: int | None = Field(None, ge=1)  # None: the model's context limit
+    prompt_overflow: Literal["error", "truncate"] = "error"
+
+    @field_validator("top_p")
+    @classmethod
+    def _check_top_p(cls, value: float) -> float:
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"must be in (0, 1], got {value!r}")
+        return value
+
+    @field_validator("stop_strings")
+    @classmethod
+    def _check_stop_strings(cls, value: list[str]) -> list[str]:
+        if any(s == "" for s in value):
+            raise ValueError(f"stop strings must be non-empty, got {value!r}")
+        return value
+
+
+class _AutocastProfile(_Section):
+    """Autocast settings of one forward path (seed 004's precision profiles)."""
+
+    autocast: bool = False
+    dtype: str = "float32"  # torch dtype name used when autocast is on
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _torch_dtype(cls, value: Any) -> Any:
+        value = _normalise_dtype(value, _TORCH_DTYPE)
+        if isinstance(value, str) and value not in _TORCH_DTYPE.values():
+            raise ValueError(f"expected float32, bfloat16 or float16, got {value!r}")
+        return value
+
+
+class FuncOverrideProfile(_AutocastProfile):
+    """Forward through `functional_call` with overridden parameters θ + η·v."""
+
+    cast_params: bool = True  # cast the effective parameters to `dtype` before the forward
+
+
+class TeacherForcingProfile(_AutocastProfile):
+    """Teacher-forced scoring forward (no-grad or with-grad)."""
+
+    cast_logits_fp32: bool = True  # upcast logits before the softmax maths
+
+
+class PrecisionSection(_Section):
+    """Numerics: fp32 runtime, fp64 entropy maths, TF32 and matmul precision, token chunking."""
+
+    runtime_dtype: Literal["fp32"] = "fp32"
+    entropy_fp64: bool = True
+    allow_tf32: bool = False
+    matmul_precision: Literal["highest", "high", "medium"] = "highest"
+    token_chunk_size: int = Field(256, ge=1)  # tokens per chunk in vocab-sized maths (memory bound)
+    func_override: FuncOverrideProfile = Field(default_factory=FuncOverrideProfile)
+    tf_nograd: TeacherForcingProfile = Field(default_factory=TeacherForcingProfile)
+    tf_withgrad: TeacherForcingProfile = Field(default_factory=TeacherForcingProfile)
+
+    @field_validator("runtime_dtype", mode="before")
+    @classmethod
+    def _short_dtype(cls, value: Any) -> Any:
+        return _normalise_dtype(value, _SHORT_DTYPE)
+
+
+class ProbeReworkSection(_Section):
+    """Sampling backend toggle: SequenceProcessor (default) or the plain reference sampler."""
+
+    use_sequence_processor_sampling: bool = True
+
+
+class EstimatorSection(_Section):
+    """How δH₁ is estimated (MATH.md §2-4)."""
+
+    normalize: Literal["per_token", "per_sequence"] = "per_token"
+    x_mode: Literal["causal", "full_return"] = "causal"
+    baseline: Literal["none", "loo_position"] = "none"
+    update_direction: Literal["adamw_step", "preconditioned_gradient", "sgd"] = "adamw_step"
+    microbatch_size: int = Field(4, ge=1)  # sequences per backward microbatch
+
+
+class ObjectiveSection(_Section):
+    """The objective of the trainer that made the checkpoint (MATH.md §4, TRAINERS.md); U's gradient is
+    its gradient. Unset keys (null) take the `trainer` preset's value, else the seeds' Dr-GRPO defaults;
+    `ProbeConfig.objective_options()` gives the resolved values."""
+
+    trainer: Literal["trl", "verl", "openrlhf"] | None = None
+    loss_type: str | None = None  # dr_grpo_per_prompt (default) | grpo | bnpo | dapo | dr_grpo | luspo | verl names
+    scale_rewards: Literal["none", "group", "batch"] | None = None
+    advantage_eps: float | None = Field(None, ge=0)
+    max_completion_length: int | None = Field(None, ge=1)
+    micro_batches: int | None = Field(None, ge=1)
+    kl_coef: float | None = Field(None, ge=0)
+    kl_estimator: Literal["k3", "low_var_kl"] | None = None
+    entropy_coef: float | None = None
+    entropy_aggregation: Literal["loss", "token_mean"] | None = None
+    max_grad_norm: float | None = Field(None, gt=0)
+    # What a single first on-policy step cannot represent: accepted only at their neutral values.
+    num_iterations: int = 1
+    vllm_importance_sampling_correction: bool = False
+    off_policy_mask_threshold: float | None = None
+    top_entropy_quantile: float = 1.0
+
+    @field_validator("num_iterations")
+    @classmethod
+    def _one_iteration(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("the probe represents the first, on-policy optimizer step after generation (ratio 1, "
+                             f"no clipping); later PPO epochs on the same rollouts are off-policy, got {value}")
+        return value
+
+    @field_validator("vllm_importance_sampling_correction")
+    @classmethod
+    def _no_vllm_correction(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("the π_old/π_vLLM correction of a vLLM-sampled run is not representable (the probe "
+                             "samples with the policy itself), got true")
+        return value
+
+    @field_validator("off_policy_mask_threshold")
+    @classmethod
+    def _no_off_policy_mask(cls, value: float | None) -> float | None:
+        if value is not None:
+            raise ValueError(f"off-policy sequence masks need old log-probs the probe does not have, got {value!r}")
+        return value
+
+    @field_validator("top_entropy_quantile")
+    @classmethod
+    def _no_entropy_mask(cls, value: float) -> float:
+        if value != 1.0:
+            raise ValueError(f"high-entropy token masks are not represented, must be 1.0, got {value!r}")
+        return value
+
+    def explicit(self) -> dict[str, Any]:
+        """The keys that feed the objective (None = unset), for `objectives.resolve`."""
+        return self.model_dump(exclude={"num_iterations", "vllm_importance_sampling_correction",
+                                        "off_policy_mask_threshold", "top_entropy_quantile"})
+
+
+class ImportanceSection(_Section):
+    """Ground-truth ΔH(η) by self-normalised importance sampling (MATH.md §5)."""
+
+    enabled: bool = True
+    mode: Literal["param_override", "real_step"] = "param_override"
+    eta_list: list[float] = Field(default_factory=lambda: [1e-6, 3e-6, 1e-5], min_length=1)
+    symmetric: bool = True  # also evaluate -η for symmetric slopes
+
+    @field_validator("eta_list")
+    @classmethod
+    def _check_etas(cls, value: list[float]) -> list[float]:
+        for eta in value:
+            if eta == 0.0:
+                raise ValueError(f"η must be non-zero, got {eta!r}")
+        return value
+
+
+class VarianceSection(_Section):
+    """Jackknife standard errors (MATH.md §6)."""
+
+    enabled: bool = True
+    u_groups: int | None = Field(None, ge=2)  # None: min(B_U, 8)
+    # How the per-sequence pieces D_v(...) are obtained: auto = backward_hooks when possible, else jvp.
+    directional: Literal["auto", "backward_hooks", "jvp"] = "auto"
+
+
+class RewardSection(_Section):
+    """Reward for U: a registered name or "package.module:function"."""
+
+    name: str = Field("tag_pref", min_length=1)
+
+
+class DistributedSection(_Section):
+    """Multi-rank settings (used only when launched by torchrun with several ranks, see
+    entropy_experiments/parallel.py; not part of config_hash). backend auto: nccl on CUDA, gloo on CPU;
+    timeout_s: how long a collective waits for a rank that died or hangs before every other rank exits
+    with one error line."""
+
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    timeout_s: float = Field(600, gt=0)
+
+
+class OutputSection(_Section):
+    """Run directory and artefacts; not part of config_hash."""
+
+    run_dir: str | None = None  # None: runs/<timestamp>
+    save_batches: bool = True
+    plot: bool = True
+
+
+def _section_type(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    """The model class of section `name` of `model`, or None when `name` is not a section."""
+    field = model.model_fields.get(name)
+    sub = field.annotation if field is not None else None
+    return sub if isinstance(sub, type) and issubclass(sub, BaseModel) else None

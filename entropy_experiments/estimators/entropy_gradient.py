@@ -1,0 +1,190 @@
+"""X̂ = ∇L_X: the gradient of the entropy surrogate on the evaluation batch E (MATH.md §3).
+
+Two ways, both microbatched over whole prompts, each returning float64 sums over the microbatches it is
+given (a caller may split the microbatches over workers and add the sums, parallel.py):
+
+- `surrogate_gradient_sum`: the backward of L_X with coefficients computed beforehand from every
+  sequence's entropies (needed by the loo_position baseline; E is scored first, `sequence_scores`).
+- `one_pass_sums` (baseline none): L_X = (L_α − Ĥ·L_β)/D, where L_α = Σ[H_ik + α_ik ℓ_ik] and
+  L_β = Σ β_ik ℓ_ik need only each sequence's own entropies, so each microbatch's forward feeds two
+  backward passes (∇L_α, ∇L_β) and Ĥ, D are applied at the end (`finish_one_pass`). With the row
+  directions of v (`row_directional`), the per-sequence pieces a_i = D_v L_α,i and r_i = D_v L_β,i of
+  the error bars come out of the same backward passes.
+The model stays in eval() (no dropout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..data.batch import batch_to_sequences, subset_batch
+from ..errors import ConfigError
+from ..row_directional import RowDirectionalDerivatives, linear_directions
+from .objective_gradient import NamedTensors, Trainable, chunked, prompts_per_microbatch
+from .sequence_scores import SequenceScores
+from .surrogate import (
+    SurrogateCoefficients,
+    entropy_estimate,
+    sequence_coefficients,
+    surrogate_coefficients,
+    surrogate_loss,
+    weighted_logq_sum,
+)
+
+E_BACKWARD = "teacher forcing with grad (E backward)"
+
+
+@dataclass(frozen=True)
+class EntropyOptions:
+    """The `estimator` and `variance` settings the E side reads."""
+
+    normalize: str = "per_token"        # per_token | per_sequence
+    x_mode: str = "causal"              # causal | full
+    baseline: str = "none"              # none | loo_position
+    microbatch_size: int = 8            # sequences per backward microbatch (whole prompts)
+    directional: str = "auto"           # auto | backward_hooks | jvp (how the pieces a, r are taken)
+
+
+@dataclass
+class OnePassSums:
+    """What `one_pass_sums` adds up: X_α, X_β (float64), the pieces a, r [N] (zero outside the
+    microbatches run), {sequence: (ℓ, H)} of the sequences run, and the shift s it used."""
+
+    X_alpha: NamedTensors
+    X_beta: NamedTensors
+    a: Tensor
+    r: Tensor
+    rows: dict[int, tuple[Tensor, Tensor]]
+    shift: float | None
+
+
+def e_microbatches(num_prompts: int, G: int, microbatch_size: int) -> list[list[int]]:
+    """The backward microbatches (whole prompts) a single process runs, in order."""
+    return chunked(list(range(num_prompts)), prompts_per_microbatch(microbatch_size, G))
+
+
+def coefficients(scores: SequenceScores, options: EntropyOptions) -> SurrogateCoefficients:
+    return surrogate_coefficients(scores.token_entropies, normalize=options.normalize, x_mode=options.x_mode,
+                                  baseline=options.baseline)
+
+
+def entropy_of(token_entropies: list[Tensor], normalize: str) -> float:
+    """Ĥ of a list of per-sequence entropy tensors under `normalize` (no graph)."""
+    h = torch.stack([t.detach().double().sum() for t in token_entropies])
+    lengths = torch.tensor([len(t) for t in token_entropies], dtype=torch.float64)
+    return entropy_estimate(h, lengths, normalize)
+
+
+def pieces_method(trainable: Trainable, options: EntropyOptions, want_pieces: bool) -> str:
+    """How the E side runs: "one_pass" (no pieces), "two_pass" (loo baseline, no pieces), "backward_hooks" or
+    "jvp" (with the pieces a, r)."""
+    if options.baseline != "none":
+        return "jvp" if want_pieces else "two_pass"
+    if not want_pieces:
+        return "one_pass"
+    if options.directional == "jvp":
+        return "jvp"
+    hooks_ok = linear_directions(trainable.model, dict(zip(trainable.names, trainable.params))) is not None
+    # HF marks checkpointed stacks with `module.gradient_checkpointing = True`; a recomputed forward
+    # would register the row hooks twice.
+    hooks_ok = hooks_ok and not any(getattr(m, "gradient_checkpointing", False) is True
+                                    for m in trainable.model.modules())
+    if options.directional == "backward_hooks" and not hooks_ok:
+        raise ConfigError("variance.directional=backward_hooks needs every trainable parameter to be an "
+                          "nn.Linear weight or bias and gradient checkpointing off; use auto or jvp")
+    return "backward_hooks" if hooks_ok else "jvp"
+
+
+def surrogate_gradient_sum(sp, trainable: Trainable, E_batch: dict, microbatches: list[list[int]],
+                           coefs: SurrogateCoefficients, progress=iter) -> NamedTensors:
+    """Σ over the given microbatches of ∇L_X (float64), with the coefficients of the whole E."""
+    trainable.model.eval()
+    G = E_batch["num_responses_per_prompt"]
+    X = trainable.zeros(torch.float64)
+    for idx in progress(microbatches):
+        sub = subset_batch(E_batch, idx)
+        lp = sp.teacher_force_logprobs(batch_to_sequences(sub), with_grad=True, compute_rb=True, phase=E_BACKWARD)
+        seq_ids = [b * G + g for b in idx for g in range(G)]
+        loss = surrogate_loss(_flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch),
+                              [coefs.coefficient(n) for n in seq_ids], coefs.D)
+        trainable.add_grad(X, loss, f"E backward, prompts {idx}")
+    return X
+
+
+def one_pass_sums(sp, trainable: Trainable, E_batch: dict, microbatches: list[list[int]], options: EntropyOptions,
+                  v_named: NamedTensors | None, agree_on_shift: Callable[[float | None], float | None] = lambda s: s,
+                  progress=iter) -> OnePassSums:
+    """Σ over the given microbatches of ∇L_α' and ∇L_β (float64), with the pieces when `v_named` is given.
+
+    α_ik and Ĥ·β_ik nearly cancel (entropy-to-go vs Ĥ × tokens-to-go), so ∇L_α and Ĥ∇L_β would be two
+    large fp32 gradients whose difference is X̂. Backpropagating α − s·β with s = the first microbatch's
+    Ĥ keeps the buffers small; X̂ = (X_α' − (Ĥ − s)·X_β)/D is the same algebra (`finish_one_pass`).
+    `agree_on_shift(s)` is called once with this caller's candidate s (None when it runs no microbatch)
+    and returns the s to use — the identity in one process; a split run makes every worker use the same.
+    """
+    if options.baseline != "none":
+        raise ValueError("accumulate_X_one_pass needs estimator.baseline none")
+    trainable.model.eval()
+    N = E_batch["num_prompts"] * E_batch["num_responses_per_prompt"]
+    directions = linear_directions(trainable.model, v_named) if v_named is not None else None
+    if v_named is not None and directions is None:
+        raise ValueError("backward-hook pieces need every trainable parameter to be an nn.Linear weight/bias")
+    sums = OnePassSums(trainable.zeros(torch.float64), trainable.zeros(torch.float64),
+                       torch.zeros(N, dtype=torch.float64), torch.zeros(N, dtype=torch.float64), {}, None)
+    shift_agreed = False
+    with RowDirectionalDerivatives(directions or {}) as rows:
+        for idx in progress(microbatches):
+            forward = _microbatch_forward(sp, E_batch, idx, options)
+            if not shift_agreed:
+                sums.shift, shift_agreed = agree_on_shift(entropy_of(forward[2], options.normalize)), True
+            _microbatch_backward(trainable, rows, sums, idx, *forward)
+    if not shift_agreed:  # no microbatch here: still take part in agreeing on s
+        sums.shift = agree_on_shift(None)
+    return sums
+
+
+def _microbatch_forward(sp, E_batch: dict, idx: list[int], options: EntropyOptions) -> tuple:
+    """(sequence ids, ℓ with graph, H with graph, (α, β) per sequence) of one microbatch: ONE forward, so
+    that batch row j is sequence seq_ids[j] (the row hooks count rows per forward)."""
+    G = E_batch["num_responses_per_prompt"]
+    seq_ids = [b * G + g for b in idx for g in range(G)]
+    lp = sp.teacher_force_logprobs(batch_to_sequences(subset_batch(E_batch, idx)), with_grad=True, compute_rb=True,
+                                   tf_batch_size=len(seq_ids), phase=E_BACKWARD)
+    l_mb, h_mb = _flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch)
+    coefs = [sequence_coefficients(h, normalize=options.normalize, x_mode=options.x_mode) for h in h_mb]
+    return seq_ids, l_mb, h_mb, coefs
+
+
+def _microbatch_backward(trainable: Trainable, rows: RowDirectionalDerivatives, sums: OnePassSums, idx: list[int],
+                         seq_ids: list[int], l_mb: list[Tensor], h_mb: list[Tensor], coefs: list) -> None:
+    """Backward of L_α' (and of L_β unless β ≡ 0: causal + per_sequence) into `sums`, with the pieces."""
+    loss_alpha = surrogate_loss(l_mb, h_mb, [al - sums.shift * be for al, be in coefs], 1.0)
+    has_beta = any(bool(be.any()) for _, be in coefs)
+    rows.reset(len(seq_ids))
+    trainable.add_grad(sums.X_alpha, loss_alpha, f"E backward, prompts {idx}", retain_graph=has_beta)
+    sums.a[seq_ids] = rows.values
+    if has_beta:
+        loss_beta = weighted_logq_sum(l_mb, [be for _, be in coefs])
+        rows.reset(len(seq_ids))
+        trainable.add_grad(sums.X_beta, loss_beta, f"E backward (β), prompts {idx}")
+        sums.r[seq_ids] = rows.values
+    for j, n in enumerate(seq_ids):
+        sums.rows[n] = (l_mb[j].detach().double().cpu(), h_mb[j].detach().double().cpu())
+
+
+def finish_one_pass(sums: OnePassSums, scores: SequenceScores, options: EntropyOptions, with_pieces: bool
+                    ) -> tuple[NamedTensors, SurrogateCoefficients, tuple[Tensor, Tensor] | None]:
+    """(X̂ fp32, the coefficients, the pieces (a, r) or None) from the summed `sums` and the scores of all E."""
+    coefs = coefficients(scores, options)
+    shift = sums.shift or 0.0
+    residual = coefs.H_hat - shift
+    X = {n: ((sums.X_alpha[n].double() - residual * sums.X_beta[n].double()) / coefs.D).float() for n in sums.X_alpha}
+    return X, coefs, ((sums.a + shift * sums.r, sums.r) if with_pieces else None)
+
+
+def _flatten(nested: list[list]) -> list:
+    return [x for row in nested for x in row]

@@ -1,0 +1,90 @@
+"""The teacher-forced quantities of a batch of sequences, one entry per sequence (MATH.md §1, §5, §6).
+
+`SequenceScores` is the one type for them: ℓ_ik = log q(y_k | y_<k) and H_ik (Rao–Blackwell entropy
+of the sampling policy at step k) as float64 [T_i] tensors, optionally their exact derivatives along
+v, and the independent unit (E prompt) each sequence belongs to, for the jackknife. Sequences are in
+(prompt, response) order: sequence n = b·G + g.
+
+`score_sequences` fills it through the SequenceProcessor — no graph, at θ, at a parameter override
+θ + η·v, or with forward-mode derivatives along v; `log_weights` turns two scorings of the same
+sequences into importance log-weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..data.batch import batch_to_sequences
+
+E_SCORING = "teacher forcing (E scoring)"
+ETA_SCORING = "teacher forcing at θ + η·v (ΔH(η) scoring)"
+
+
+@dataclass
+class SequenceScores:
+    """ℓ_ik and H_ik per sequence (float64 [T_i]); d_logq / d_entropy: their derivatives along v per unit
+    lr, or None; unit_of_sequence: the E prompt each sequence belongs to."""
+
+    token_logqs: list[Tensor]
+    token_entropies: list[Tensor]
+    unit_of_sequence: list[int]
+    d_logq: list[Tensor] | None = None
+    d_entropy: list[Tensor] | None = None
+
+    @property
+    def lengths(self) -> Tensor:
+        """T_i, float64 [N]."""
+        return torch.tensor([len(x) for x in self.token_logqs], dtype=torch.float64)
+
+    @property
+    def seq_entropies(self) -> Tensor:
+        """h_i = Σ_k H_ik, float64 [N]."""
+        return torch.stack([h.sum() for h in self.token_entropies])
+
+    def rows(self, indices: list[int]) -> dict[int, tuple]:
+        """{global index: (ℓ, H, dℓ, dH)} for sequence j of this object at global index indices[j]."""
+        fields = (self.token_logqs, self.token_entropies, self.d_logq, self.d_entropy)
+        return {n: tuple(None if f is None else f[j] for f in fields) for j, n in enumerate(indices)}
+
+    @classmethod
+    def from_rows(cls, rows: list[tuple], unit_of_sequence: list[int]) -> SequenceScores:
+        """Inverse of `rows`, from rows already in global order."""
+        cols = list(zip(*rows))
+        with_d = bool(rows) and rows[0][2] is not None
+        return cls(token_logqs=list(cols[0]), token_entropies=list(cols[1]), unit_of_sequence=unit_of_sequence,
+                   d_logq=list(cols[2]) if with_d else None, d_entropy=list(cols[3]) if with_d else None)
+
+
+def units_of(num_prompts: int, G: int) -> list[int]:
+    """The unit (prompt) of each of the num_prompts·G sequences."""
+    return [b for b in range(num_prompts) for _ in range(G)]
+
+
+def score_sequences(sp, batch: dict, *, v_named: Mapping[str, Tensor] | None = None,
+                    params_override: Mapping[str, Tensor] | None = None) -> SequenceScores:
+    """No-grad teacher forcing of a packed batch: at θ, at `params_override`, or (with `v_named`) with the
+    exact derivatives along v by forward-mode AD."""
+    units = units_of(batch["num_prompts"], batch["num_responses_per_prompt"])
+    seqs = batch_to_sequences(batch)
+    if v_named is not None:
+        rows = [r for row in sp.teacher_force_directional(seqs, v_named) for r in row]
+        return SequenceScores(token_logqs=[r["logq"].double() for r in rows],
+                              token_entropies=[r["rb_entropy"].double() for r in rows],
+                              d_logq=[r["d_logq"].double() for r in rows],
+                              d_entropy=[r["d_rb_entropy"].double() for r in rows], unit_of_sequence=units)
+    lp = sp.teacher_force_logprobs(seqs, with_grad=False, compute_rb=True, params_override=params_override,
+                                   phase=E_SCORING if params_override is None else ETA_SCORING)
+    return SequenceScores(token_logqs=[torch.as_tensor(t).double() for row in lp.token_logqs for t in row],
+                          token_entropies=[torch.as_tensor(h).double() for row in lp.rb_entropies for h in row],
+                          unit_of_sequence=units)
+
+
+def log_weights(new: SequenceScores, old: SequenceScores) -> np.ndarray:
+    """log w_i = Σ_k (ℓ'_ik − ℓ_ik), summed in float64 from per-token differences; −inf when a realised
+    token left the new nucleus."""
+    return np.array([float((n.double() - o.double()).sum()) for n, o in zip(new.token_logqs, old.token_logqs)])

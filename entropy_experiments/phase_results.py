@@ -1,0 +1,68 @@
+"""The typed results the probe's phases hand each other (probe.py), and the warnings they collect."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from .estimators.objective_gradient import Trainable, UGradients
+from .estimators.sequence_scores import SequenceScores
+from .estimators.surrogate import SurrogateCoefficients
+
+log = logging.getLogger("entropy_experiments.probe")
+NamedTensors = dict[str, Tensor]
+
+
+class WarningLog:
+    """Warnings that change how a result must be read: logged loudly, kept (once each) for results.json."""
+
+    def __init__(self, logger: logging.Logger = log, messages: list[str] | None = None):
+        self.logger = logger
+        self.messages = messages if messages is not None else []
+
+    def warn(self, message: str) -> None:
+        self.logger.warning(message)
+        if message not in self.messages:
+            self.messages.append(message)
+
+
+@dataclass
+class Policy:
+    """What the phases share once loaded: the scorer/generator, the trainable parameters, the optimizer."""
+
+    sp: Any                                   # the SequenceProcessor (generation + teacher forcing)
+    trainable: Trainable
+    optimizer: Any
+    tokenizer: Any = None
+    checkpoint_info: dict | None = None       # layout, files, base model, lr source (results.json)
+
+
+@dataclass
+class DeltaH1Result:
+    """Phases 1–3 (update + entropy): δH₁ = lr·X̂·v and everything the error bars and the report need."""
+
+    delta_h1: float
+    bars_dot: float
+    learning_rate: float
+    Xbar: NamedTensors
+    Ybar: NamedTensors                      # v, the update direction per unit lr
+    coefficients: SurrogateCoefficients
+    scores: SequenceScores
+    u_gradients: UGradients
+    update_info: dict
+    timings: dict = field(default_factory=dict)
+    pieces: tuple[Tensor, Tensor] | None = None   # (a [N], r [N]) when the E pass produced them
+    pieces_method: str | None = None               # "backward_hooks" | "jvp" | None (not computed)
+
+
+@dataclass
+class ErrorBars:
+    """SE_E, SE_U, SE_total (NaN where unavailable), the pieces check, and the pieces a, r [N] (or None)."""
+
+    se: dict[str, float]
+    consistency: dict
+    a: Tensor | None = None
+    r: Tensor | None = None

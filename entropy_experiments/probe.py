@@ -1,0 +1,398 @@
+"""The probe, phase by phase (ARCHITECTURE.md phases 0–5): `run(config, dist=...) -> ProbeOutcome`.
+
+    load      checkpoint → the policy, its AdamW state and the lr of δH₁            (checkpoint/load.py)
+    sample    index plan → E and U generated, rewarded and packed                   (data/plan.py, sampling.py)
+    update    g = ∇L_U of the trainer objective → v, the AdamW step per unit lr      (estimators/objective_gradient.py)
+    entropy   X̂ = ∇L_X on E, the scores and (for the error bars) the pieces a, r    (estimators/entropy_gradient.py)
+    bars      SE_E, SE_U, SE_total                                                   (estimators/jackknife.py)
+    truth     ΔH(η) by SNIS on the same E                                            (estimators/delta_h.py)
+    report    the results dict and the per-sequence rows                             (report/results_dict.py)
+
+Only this module, run.py (the run directory) and parallel.py know about ranks. Under torchrun every phase runs
+data-parallel: rank 0 draws the index plan and broadcasts it, each rank samples, teacher-forces and
+back-propagates its contiguous share of the work items a single process would run (so that every
+microbatch is computed exactly as in one process), the float64 sums are all-reduced and per-sequence
+values gathered in global order; every statistic is then computed on the whole batch on every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from torch import Tensor
+
+from .checkpoint.learning_rate import resolve_learning_rate
+from .checkpoint.load import load_for_probe, locate_checkpoint
+from .compat.sequence_processor import SequenceProcessor
+from .config import ProbeConfig
+from .data.batch import concat_batches, subset_batch, validate_batch, zero_advantage_prompts
+from .data.datasets import load_examples
+from .data.plan import IndexPlan, draw_index_plan
+from .data.rewards import clear_reward_warnings
+from .errors import ProbeError
+from .estimators import jackknife
+from .estimators.delta_h import eta_grid, measure_delta_h
+from .estimators.entropy_gradient import (
+    EntropyOptions,
+    coefficients,
+    e_microbatches,
+    finish_one_pass,
+    one_pass_sums,
+    pieces_method,
+    surrogate_gradient_sum,
+)
+from .estimators.objective_gradient import (
+    Trainable,
+    UGradients,
+    objective_gradient_sums,
+    prompts_per_microbatch,
+    split_into_groups,
+    u_gradients,
+    u_terms,
+    u_work_items,
+)
+from .estimators.sequence_scores import SequenceScores, score_sequences, units_of
+from .estimators.snis import linearity_fit
+from .estimators.surrogate import SurrogateCoefficients, directional_pieces
+from .estimators.update_direction import named_dot, optimizer_step_direction
+from .parallel import SINGLE, DistContext, init_from_env, rank_seed
+from .phase_results import DeltaH1Result, ErrorBars, Policy, WarningLog
+from .policy.progress import progress as progress_bar
+from .report.results_dict import ProbeOutcome, RunFacts, assemble_results
+from .sampling import sample_batch
+from .test_hooks import inject_fault_for_tests
+
+log = logging.getLogger("entropy_experiments.probe")
+NamedTensors = dict[str, Tensor]
+
+
+def progress(desc: str):
+    """A progress bar over the work items of a loop (tqdm, shown only on a terminal)."""
+    return lambda items: progress_bar(items, desc)
+
+
+# ---------------------------------------------------------------------- options handed to the compute
+def entropy_options(config: ProbeConfig) -> EntropyOptions:
+    est = config.estimator
+    return EntropyOptions(normalize=est.normalize, x_mode=est.x_mode, baseline=est.baseline,
+                          microbatch_size=est.microbatch_size, directional=config.variance.directional)
+
+
+def process_context(config: ProbeConfig) -> DistContext:
+    """This process's place in a torchrun job (SINGLE semantics when not launched by torchrun)."""
+    return init_from_env(config.distributed)
+
+
+def sequence_processor_settings(config: ProbeConfig) -> dict:
+    """The sections the SequenceProcessor reads (generation, precision, reward, batch_config)."""
+    d = config.to_dict()
+    return {k: d[k] for k in ("generation", "precision", "reward", "batch_config") if k in d}
+
+
+# ---------------------------------------------------------------------- phase: load
+def load_phase(config: ProbeConfig, dist: DistContext, notes: WarningLog, logger: logging.Logger = log) -> Policy:
+    """The checkpoint of `config.checkpoint` loaded: policy model (one GPU per rank under nccl), AdamW, lr."""
+    ck = config.checkpoint
+    files, base = locate_checkpoint(ck, logger)
+    if base.warning is not None:
+        notes.warn(base.warning)
+    for message in config.objective_warnings(files.layout):
+        notes.warn(message)
+    device_map = f"cuda:{dist.local_rank}" if dist.backend == "nccl" else None
+    loaded = load_for_probe(ck, files, base, config.learning_rate, device_map=device_map, logger=logger)
+    for message in loaded.warnings:
+        notes.warn(message)
+    sp = SequenceProcessor(loaded.model, loaded.tokenizer, config=sequence_processor_settings(config), logger=logger)
+    return Policy(sp, Trainable.of(loaded.model), loaded.optimizer, loaded.tokenizer, loaded.info)
+
+
+# ---------------------------------------------------------------------- phases 1–3: update and entropy
+def update_gradients(config: ProbeConfig, policy: Policy, U: dict, groups: list[list[int]],
+                     dist: DistContext = SINGLE) -> UGradients:
+    """g per group of U prompts: this rank's share of the microbatches, summed over ranks."""
+    options = config.objective_options()
+    terms = u_terms(U, options)
+    per_mb = prompts_per_microbatch(config.estimator.microbatch_size, U["num_responses_per_prompt"])
+    items = dist.chunk_slice(u_work_items(terms, groups, options, per_mb))
+    sums, loss = objective_gradient_sums(policy.sp, policy.trainable, U, items, terms, options, len(groups),
+                                         progress=progress("U backward (trainer objective gradient)"))
+    if dist.enabled:  # one flat all-reduce of the K group buffers (+ the loss)
+        summed = dist.all_reduce_tree({"groups": sums, "loss": loss}, "U gradient all-reduce")
+        sums, loss = summed["groups"], summed["loss"]
+    return u_gradients(sums, loss, U, groups, options)
+
+
+def update_phase(config: ProbeConfig, policy: Policy, U: dict, groups: list[list[int]] | None,
+                 dist: DistContext = SINGLE) -> tuple[UGradients, NamedTensors, dict]:
+    """g (per group; one group by default) → v, the AdamW step per unit lr, and its description."""
+    grads = update_gradients(config, policy, U, groups or [list(range(U["num_prompts"]))], dist)
+    v, info = direction(config, policy, grads.total)
+    info["u_loss"] = grads.loss
+    return grads, v, info
+
+
+def direction(config: ProbeConfig, policy: Policy, grads: NamedTensors) -> tuple[NamedTensors, dict]:
+    """v per unit lr from g and the loaded AdamW state (MATH.md §4), with its description for results.json."""
+    t = policy.trainable
+    options = config.objective_options()
+    v, info = optimizer_step_direction(config.estimator.update_direction,
+                                       {n: p.detach() for n, p in zip(t.names, t.params)}, grads, policy.optimizer,
+                                       max_grad_norm=options.max_grad_norm)
+    info = {**{k: info[k] for k in ("direction", "norm", "grad_norm", "clipped", "max_grad_norm")},
+            "objective": options.to_dict(), "hyperparameters": info["hyperparameters"]}
+    return v, info
+
+
+def score_E(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors | None,
+            dist: DistContext = SINGLE) -> SequenceScores:
+    """ℓ, H (and with v their derivatives along v) of every E sequence; each rank scores whole tf chunks."""
+    if not dist.enabled:
+        return score_sequences(policy.sp, E, v_named=v)
+    G = E["num_responses_per_prompt"]
+    mine = dist.scoring_prompts(E["num_prompts"], G, config.generation.tf_batch_size)
+    local = score_sequences(policy.sp, subset_batch(E, mine), v_named=v) if mine else None
+    rows = {} if local is None else local.rows([b * G + g for b in mine for g in range(G)])
+    units = units_of(E["num_prompts"], G)
+    return SequenceScores.from_rows(dist.gather_rows(rows, len(units), "E scores gather"), units)
+
+
+def one_pass_phase(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors | None,
+                   dist: DistContext = SINGLE) -> tuple[NamedTensors, SequenceScores, SurrogateCoefficients, Any]:
+    """X̂, the E scores, the coefficients and (with v) the pieces from ONE forward per microbatch (baseline none)."""
+    options = entropy_options(config)
+    G, N = E["num_responses_per_prompt"], E["num_prompts"] * E["num_responses_per_prompt"]
+    sums = one_pass_sums(policy.sp, policy.trainable, E,
+                         dist.chunk_slice(e_microbatches(E["num_prompts"], G, options.microbatch_size)), options, v,
+                         agree_on_shift=lambda s: dist.broadcast_float(s, "E shift broadcast"),
+                         progress=progress("E backward (entropy surrogate)"))
+    if dist.enabled:  # one flat all-reduce: X_α, X_β and the per-sequence a, r (zero off this rank)
+        summed = dist.all_reduce_tree({"alpha": sums.X_alpha, "beta": sums.X_beta, "a": sums.a, "r": sums.r},
+                                      "X̂ all-reduce")
+        sums.X_alpha, sums.X_beta, sums.a, sums.r = summed["alpha"], summed["beta"], summed["a"], summed["r"]
+    gathered = dist.gather_rows(sums.rows, N, "E scores gather")
+    scores = SequenceScores(token_logqs=[row[0] for row in gathered], token_entropies=[row[1] for row in gathered],
+                            unit_of_sequence=units_of(E["num_prompts"], G))
+    X, coefs, pieces = finish_one_pass(sums, scores, options, with_pieces=v is not None)
+    return X, scores, coefs, pieces
+
+
+def surrogate_gradient_phase(config: ProbeConfig, policy: Policy, E: dict, coefs: SurrogateCoefficients,
+                             dist: DistContext = SINGLE) -> NamedTensors:
+    """X̂ = ∇L_X with the coefficients of the whole E (this rank's microbatches, summed over ranks), fp32."""
+    options = entropy_options(config)
+    microbatches = e_microbatches(E["num_prompts"], E["num_responses_per_prompt"], options.microbatch_size)
+    X = surrogate_gradient_sum(policy.sp, policy.trainable, E, dist.chunk_slice(microbatches), coefs,
+                               progress=progress("E backward (entropy surrogate)"))
+    X = dist.all_reduce_named(X, "X̂ all-reduce")
+    return {n: t.float() for n, t in X.items()}
+
+
+def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_groups=None,
+                   per_sequence_pieces: bool = False, dist: DistContext = SINGLE) -> DeltaH1Result:
+    """δH₁ = lr · X̂·v. U goes first: v is needed by the E pass when the pieces are wanted."""
+    timings, t0 = {}, time.perf_counter()
+    u_grads, v, info = update_phase(config, policy, U, u_groups, dist)
+    timings["U_gradient_and_direction"] = time.perf_counter() - t0
+    method = pieces_method(policy.trainable, entropy_options(config), per_sequence_pieces)
+    pieces = None
+    if method in ("one_pass", "backward_hooks"):
+        t0 = time.perf_counter()
+        X, scores, coefs, pieces = one_pass_phase(config, policy, E, v if method == "backward_hooks" else None, dist)
+        timings["E_backward"] = time.perf_counter() - t0
+    else:
+        t0 = time.perf_counter()
+        scores = score_E(config, policy, E, v if method == "jvp" else None, dist)
+        coefs = coefficients(scores, entropy_options(config))
+        timings["E_scoring"], t0 = time.perf_counter() - t0, time.perf_counter()
+        X = surrogate_gradient_phase(config, policy, E, coefs, dist)
+        timings["E_backward"] = time.perf_counter() - t0
+        if method == "jvp":
+            pieces = directional_pieces(scores.d_logq, scores.d_entropy, coefs)
+    lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
+    bars_dot = named_dot(X, v)
+    return DeltaH1Result(delta_h1=lr * bars_dot, bars_dot=bars_dot, learning_rate=lr, Xbar=X, Ybar=v,
+                         coefficients=coefs, scores=scores, u_gradients=u_grads, update_info=info,
+                         timings=timings, pieces=pieces,
+                         pieces_method=method if method in ("backward_hooks", "jvp") else None)
+
+
+# ---------------------------------------------------------------------- error bars and truth
+def error_bars_phase(config: ProbeConfig, policy: Policy, res: DeltaH1Result, u_groups: list[list[int]],
+                     notes: WarningLog) -> ErrorBars:
+    """SE_E (jackknife over E prompts of the pieces), SE_U (over U groups, v rebuilt without each), SE_total."""
+    nan = float("nan")
+    if not config.variance.enabled:
+        return ErrorBars({"E": nan, "U": nan, "total": nan}, {})
+    a, r = res.pieces
+    s = res.scores
+    from_pieces, se_E = jackknife.se_E(a, r, s.seq_entropies, s.lengths, s.unit_of_sequence,
+                                       normalize=config.estimator.normalize, learning_rate=res.learning_rate)
+    rel = abs(from_pieces - res.delta_h1) / max(abs(res.delta_h1), 1e-300)
+    if rel > 1e-3:
+        notes.warn(f"per-sequence pieces disagree with the backward X̂·v by {rel:.2e} "
+                   "relative; error bars may be unreliable")
+    se_U = nan
+    if len(u_groups) >= 2:
+        loo = jackknife.leave_one_group_out_directions(lambda g: direction(config, policy, g)[0], res.u_gradients)
+        se_U, _ = jackknife.se_U(res.Xbar, loo, learning_rate=res.learning_rate)
+    else:
+        notes.warn("SE_U unavailable: U has a single prompt (need ≥ 2 groups)")
+    se_total = jackknife.se_total(se_E, se_U) if math.isfinite(se_U) else se_E
+    consistency = {"deltaH1_from_pieces": from_pieces, "relative_difference": rel, "pieces_method": res.pieces_method}
+    return ErrorBars({"E": se_E, "U": se_U, "total": se_total}, consistency, a, r)
+
+
+def truth_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, dist: DistContext = SINGLE) -> dict:
+    """ΔH(η) by SNIS on the same E for every η; each rank scores whole tf chunks, values gathered in order."""
+    imp = config.importance
+    if not imp.enabled:
+        return {"true": [], "linearity": linearity_fit([], []), "per_sequence": {}}  # NaN slopes
+    G, B = E["num_responses_per_prompt"], E["num_prompts"]
+    mine = dist.scoring_prompts(B, G, config.generation.tf_batch_size) if dist.enabled else list(range(B))
+    local_E = E if not dist.enabled else (subset_batch(E, mine) if mine else None)
+    t = policy.trainable
+    return measure_delta_h(policy.sp, local_E, res.Ybar, eta_grid(imp.eta_list, imp.symmetric),
+                           normalize=config.estimator.normalize, units=units_of(B, G), mode=imp.mode,
+                           optimizer=policy.optimizer, named_params=list(zip(t.names, t.params)),
+                           grads=res.u_gradients.total, max_grad_norm=config.objective_options().max_grad_norm,
+                           gather=dist.row_gatherer([b * G + g for b in mine for g in range(G)], B * G))
+
+
+# ---------------------------------------------------------------------- phase 0: sampling
+def prompt_examples(config: ProbeConfig) -> list:
+    """The prompt pool of `batch_config` (dataset registry)."""
+    bc = config.batch_config
+    return load_examples(bc.dataset_name, bc.split, dataset_path=bc.dataset_path, pool_size=bc.pool_size)
+
+
+def draw_plan(config: ProbeConfig, n_examples: int, dist: DistContext) -> IndexPlan:
+    """The index plan, drawn on rank 0 and broadcast (or rank 0's error raised on every rank)."""
+    bc = config.batch_config
+    plan = error = None
+    if dist.is_main:
+        try:
+            plan = draw_index_plan(n_examples, B_E=bc.B_E, B_U=bc.B_U, G=bc.G, E_sampling_mode=bc.E_sampling_mode,
+                                   seed=config.seed, max_prompts_pool=bc.max_prompts_pool)
+        except ProbeError as exc:
+            error = exc
+    plan, message = dist.broadcast_object((plan, str(error) if error else None), "index plan broadcast")
+    if error is not None:
+        raise error
+    if message is not None:
+        raise ProbeError(message)
+    return plan
+
+
+def sample_sharded(sp, examples: list, prompt_indices: list[int], G: int, *, seed: int, with_rewards: bool,
+                   reference: bool, dist: DistContext, what: str) -> dict:
+    """`sample_batch` over the ranks: each rank generates its contiguous slice of the prompts with its own
+    generator (`rank_seed`; rank 0 keeps `seed`); the slices are all-gathered in plan order."""
+    if not dist.enabled:
+        return sample_batch(sp, examples, prompt_indices, G, seed=seed, with_rewards=with_rewards, reference=reference)
+    mine = dist.prompt_slice(len(prompt_indices))
+    local = (sample_batch(sp, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
+                          with_rewards=with_rewards, reference=reference) if mine else None)
+    return concat_batches(dist.all_gather_object(local, f"gather sampled {what}"), sp.pad_token_id)
+
+
+def sample_phase(config: ProbeConfig, sp, dist: DistContext = SINGLE,
+                 logger: logging.Logger = log) -> tuple[dict, dict, IndexPlan]:
+    """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G."""
+    bc, seed = config.batch_config, config.seed
+    examples = prompt_examples(config)
+    plan = draw_plan(config, len(examples), dist)
+    reference = not config.probe_rework.use_sequence_processor_sampling
+    desc = plan.describe()
+    logger.info("Phase 0: sampling E = %d sequences (%d unique prompts, largest repeat %d, G=%d) and "
+                "U = %d prompts × G=%d%s", desc["E_sequences"], desc["unique_E_prompts"], desc["largest_E_repeat"],
+                plan.E_responses_per_prompt, bc.B_U, bc.G, " [reference sampler]" if reference else "")
+    if dist.enabled:
+        logger.info("Phase 0: rank %d of %d samples %d E and %d U prompts", dist.rank, dist.world_size,
+                    len(dist.prompt_slice(len(plan.E_prompt_indices))),
+                    len(dist.prompt_slice(len(plan.U_prompt_indices))))
+    E = sample_sharded(sp, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
+                       with_rewards=False, reference=reference, dist=dist, what="E")
+    U = sample_sharded(sp, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, with_rewards=True,
+                       reference=reference, dist=dist, what="U")
+    return E, U, plan
+
+
+def saved_batches(batches: tuple[dict, dict], logger: logging.Logger = log) -> tuple[dict, dict]:
+    """Saved (E, U) batches, validated."""
+    E, U = batches
+    validate_batch(E, "E_batch")
+    validate_batch(U, "U_batch")
+    logger.info("Phase 0: reusing saved batches (E %d×%d, U %d×%d)", E["num_prompts"], E["num_responses_per_prompt"],
+                U["num_prompts"], U["num_responses_per_prompt"])
+    return E, U
+
+
+def warn_zero_advantages(U: dict, notes: WarningLog, logger: logging.Logger = log) -> int:
+    n_zero = zero_advantage_prompts(U)
+    logger.info("U: %d of %d prompts have all-zero advantages (they add nothing to v)", n_zero, U["num_prompts"])
+    if n_zero == U["num_prompts"]:
+        notes.warn("every U prompt has all-zero advantages: the update direction is pure weight decay / "
+                   "momentum (check rewards and gold answers)")
+    return n_zero
+
+
+# ---------------------------------------------------------------------- the whole probe
+def estimate_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, notes: WarningLog,
+                   dist: DistContext = SINGLE, logger: logging.Logger = log) -> tuple[DeltaH1Result, ErrorBars, dict]:
+    """Phases 1–3: δH₁ with its error bars, and their timings."""
+    B_U = U["num_prompts"]
+    K = config.variance.u_groups or min(B_U, 8)
+    u_groups = split_into_groups(B_U, min(K, B_U)) if config.variance.enabled else None
+    t0 = time.perf_counter()
+    res = delta_h1_phase(config, policy, E, U, u_groups=u_groups, per_sequence_pieces=config.variance.enabled,
+                         dist=dist)
+    timing = {f"phase1_3_{k}": v for k, v in res.timings.items()}
+    inject_fault_for_tests("delta_h1", dist.rank)
+    t1 = time.perf_counter()
+    bars = error_bars_phase(config, policy, res, u_groups or [], notes)
+    if config.variance.enabled:
+        timing["phase3_variance"] = time.perf_counter() - t1
+    timing["phase1_3_total"] = time.perf_counter() - t0
+    logger.info("δH₁ = %+.4e ± %.2e (SE_E %.2e, SE_U %.2e) at lr = %.3g", res.delta_h1, bars.se["total"],
+                bars.se["E"], bars.se["U"], res.learning_rate)
+    return res, bars, timing
+
+
+def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | None = None,
+        batches: tuple[dict, dict] | None = None, on_batches=None, chunk_store=None,
+        notes: WarningLog | None = None, sampling_warnings: list[str] = (),
+        logger: logging.Logger = log) -> ProbeOutcome:
+    """Every phase in order. `batches` = (E, U) reuses saved batches (resume); `on_batches(E, U)` is called
+    right after sampling so that the caller can save them before the long phases start; `chunk_store`
+    keeps generation chunks as they complete (report/run_dir.GenerationChunkStore)."""
+    notes = notes or WarningLog(logger)
+    timing, t_start = {}, time.perf_counter()
+    clear_reward_warnings()  # warnings of an earlier run in this process are not this run's
+    if policy is None:
+        policy = load_phase(config, dist, notes, logger)
+        timing["load"] = time.perf_counter() - t_start
+    if chunk_store is not None:
+        policy.sp.chunk_store = chunk_store
+    t0 = time.perf_counter()
+    E, U, plan = sample_phase(config, policy.sp, dist, logger) if batches is None else (*saved_batches(batches), None)
+    timing["phase0_sampling"] = time.perf_counter() - t0
+    inject_fault_for_tests("sampled", dist.rank)
+    if on_batches is not None:
+        on_batches(E, U)
+    n_zero = warn_zero_advantages(U, notes, logger)
+    res, bars, estimate_timing = estimate_phase(config, policy, E, U, notes, dist, logger)
+    timing.update(estimate_timing)
+    t0 = time.perf_counter()
+    truth = truth_phase(config, policy, E, res, dist)
+    if config.importance.enabled:
+        timing["phase4_importance"] = time.perf_counter() - t0
+    timing["total"] = time.perf_counter() - t_start
+    facts = RunFacts(model=policy.trainable.model, checkpoint_info=policy.checkpoint_info, world_size=dist.world_size,
+                     backend=dist.backend, warnings=list(notes.messages), sampling_warnings=list(sampling_warnings),
+                     zero_advantage_prompts=n_zero, plan=plan)
+    outcome = assemble_results(config, E, U, res, bars, truth, timing, facts)
+    outcome.policy = policy
+    return outcome

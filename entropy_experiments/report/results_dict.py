@@ -1,0 +1,94 @@
+"""The results dict of one probe run (ARCHITECTURE.md "results.json") and its per-sequence rows.
+
+`assemble_results` only arranges values the phases computed (probe.py); it computes no statistic.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..data.batch import count_tokens
+from ..data.rewards import reward_warnings
+
+
+@dataclass
+class RunFacts:
+    """What the report needs besides the estimates: the model (environment), provenance, warnings."""
+
+    model: nn.Module
+    checkpoint_info: dict | None
+    world_size: int
+    backend: str | None
+    warnings: list[str]
+    sampling_warnings: list[str] = field(default_factory=list)
+    zero_advantage_prompts: int = 0
+    plan: Any = None                      # the IndexPlan of a fresh sampling (None when batches were reused)
+
+
+@dataclass
+class ProbeOutcome:
+    """One run: the results dict (results.json), one row per E sequence (per_sequence.jsonl), v by name."""
+
+    results: dict[str, Any]
+    per_sequence_rows: list[dict]
+    update_vector: dict[str, torch.Tensor]
+    plan: Any = None                      # the IndexPlan of a fresh sampling
+    policy: Any = None                    # probe.Policy: the loaded model, optimizer and SequenceProcessor
+
+
+def assemble_results(config, E: dict, U: dict, res, bars, truth: dict, timing: dict, facts: RunFacts) -> ProbeOutcome:
+    """The results dict from the phases' typed results (`probe.DeltaH1Result`, `probe.ErrorBars`, truth)."""
+    scores = res.scores
+    lengths, seq_h = scores.lengths, scores.seq_entropies
+    results = {
+        "deltaH1": res.delta_h1, "bars_dot": res.bars_dot, "learning_rate": res.learning_rate,
+        "normalize": config.estimator.normalize, "se": bars.se,
+        "H_orig": {"per_token": float(seq_h.sum() / lengths.sum()), "per_sequence": float(seq_h.mean())},
+        "true": truth["true"], "linearity": truth["linearity"],
+        "counts": {"B_E": E["num_prompts"] * E["num_responses_per_prompt"],
+                   "unique_E_prompts": len(set(E["prompt_ids"])), "B_U": U["num_prompts"],
+                   "G": U["num_responses_per_prompt"], "E_tokens": count_tokens(E), "U_tokens": count_tokens(U),
+                   "zero_advantage_prompts": facts.zero_advantage_prompts,
+                   "u_groups": len(res.u_gradients.groups) if config.variance.enabled else 0},
+        "update": res.update_info, "consistency": bars.consistency, "timing": timing,
+        "environment": {**environment_info(facts.model, config.precision.entropy_fp64, config.seed),
+                        "distributed": {"world_size": facts.world_size, "backend": facts.backend}},
+        "config_hash": config.config_hash(),
+        "checkpoint": facts.checkpoint_info,  # layout, files and their sources, base model, lr source
+        "warnings": facts.warnings + list(dict.fromkeys(facts.sampling_warnings + list(reward_warnings()))),
+    }
+    rows = per_sequence_rows(E, scores, bars.a, bars.r, truth["per_sequence"])
+    return ProbeOutcome(results, rows, res.Ybar, facts.plan)
+
+
+def per_sequence_rows(E: dict, scores, a, r, per_eta: dict) -> list[dict]:
+    """One row per E sequence: its prompt, T, h, Σℓ, the pieces a, r and log w at every η (when computed)."""
+    G = E["num_responses_per_prompt"]
+    rows = []
+    for n, (logq, ent) in enumerate(zip(scores.token_logqs, scores.token_entropies)):
+        b = n // G
+        row = {"index": n, "prompt_index": b, "prompt_id": E["prompt_ids"][b], "T": len(logq),
+               "h": float(ent.sum()), "logq_sum": float(logq.sum())}
+        if a is not None:
+            row.update({"a": float(a[n]), "r": float(r[n])})
+        if per_eta:
+            row["logw"] = {f"{eta:g}": d["logw"][n] for eta, d in per_eta.items()}
+        rows.append(row)
+    return rows
+
+
+def environment_info(model: nn.Module, entropy_fp64: bool, seed: int) -> dict:
+    """Versions, device, dtypes, seed and threads of this run."""
+    import peft
+    import transformers
+
+    param = next(model.parameters())
+    return {"versions": {"python": platform.python_version(), "torch": torch.__version__,
+                         "transformers": transformers.__version__, "peft": peft.__version__},
+            "device": str(param.device), "dtypes": {"parameters": str(param.dtype), "entropy_fp64": entropy_fp64},
+            "seeds": {"seed": seed}, "threads": torch.get_num_threads()}

@@ -1,0 +1,159 @@
+"""A probe run with its run directory: `run_probe(config, out=..., resume=...)` (what `entropy-probe run` calls).
+
+The run directory (report/run_dir.py) is prepared before anything is computed; E and U are saved as
+soon as they are sampled (and generation chunks as they complete), so that a killed run resumes
+without sampling again; results.json, per_sequence.jsonl and v are written at the end, atomically.
+Launched by torchrun with several ranks, every rank computes and only rank 0 writes: rank 0 prepares
+the run directory and broadcasts the saved batches of a resumed run (or its error).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from . import probe
+from .config import ProbeConfig, config_from_dict
+from .data.rewards import reward_warnings
+from .errors import ProbeError
+from .parallel import DistContext, init_from_env
+from .report.plot import plot_delta_h
+from .report.results_schema import validate_results_schema
+from .report.run_dir import GenerationChunkStore, RunDirectory
+from .report.summary import print_summary
+from .test_hooks import hold_for_kill_test
+
+log = logging.getLogger("entropy_experiments.probe")
+
+DRYRUN_OVERRIDES = {"batch_config": {"B_E": 4, "B_U": 2, "G": 2}, "generation": {"max_new_tokens": 16}}
+
+
+def dryrun_config(config: ProbeConfig) -> ProbeConfig:
+    """The same config at minimal sizes (B_E=4, B_U=2, G=2, max_new_tokens=16): a one-minute check."""
+    d = config.to_dict()
+    for section, values in DRYRUN_OVERRIDES.items():
+        d[section].update(values)
+    return config_from_dict(d)
+
+
+def run_probe(config: ProbeConfig, *, out: str | None = None, resume: str | None = None, overwrite: bool = False,
+              dryrun: bool = False, logger: logging.Logger | None = None) -> dict:
+    """Run the probe and write its run directory (unless dryrun). Returns the results dict."""
+    logger = logger or log
+    dist = init_from_env(config.distributed)
+    try:
+        if dryrun:
+            results = probe.run(dryrun_config(config), dist=dist, logger=logger).results
+            if dist.is_main:
+                print_summary(results)
+            logger.info("dry run: nothing written")
+            return results
+        if not dist.is_main:
+            return run_worker(config, dist, logger)
+        return run_main(config, dist, out=out, resume=resume, overwrite=overwrite, logger=logger)
+    finally:
+        dist.shutdown()
+
+
+def run_worker(config: ProbeConfig, dist: DistContext, logger: logging.Logger) -> dict:
+    """A rank > 0: receive rank 0's saved batches (resume) and compute; write nothing."""
+    package_logger = logging.getLogger("entropy_experiments")
+    if package_logger.getEffectiveLevel() > logging.DEBUG:  # rank 0 tells the story; the others only warn
+        package_logger.setLevel(logging.WARNING)
+    status, payload = dist.broadcast_object(None, "run directory broadcast")
+    if status == "error":
+        raise ProbeError(payload)
+    return probe.run(config, dist=dist, batches=payload, logger=logger).results
+
+
+def open_run_directory(config: ProbeConfig, dist: DistContext, *, out: str | None, resume: str | None,
+                       overwrite: bool) -> RunDirectory:
+    """The run directory, created (or reopened to resume); an error is shared with the other ranks."""
+    run_path = Path(resume or out or config.output.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    try:
+        return RunDirectory.prepare(run_path, config.to_yaml(), config.config_hash(), overwrite=overwrite,
+                                    resume=resume is not None)
+    except ProbeError as exc:
+        dist.broadcast_object(("error", str(exc)), "run directory broadcast")
+        raise
+
+
+def resumed_batches(run_dir: RunDirectory, dist: DistContext, resume: str | None,
+                    logger: logging.Logger) -> tuple[dict, dict] | None:
+    """The E and U batches a resumed run saved (None: sample them), shared with the other ranks."""
+    batches = None
+    if resume is not None:
+        try:
+            E, U = run_dir.load_batch("E"), run_dir.load_batch("U")
+        except ProbeError as exc:
+            dist.broadcast_object(("error", str(exc)), "run directory broadcast")
+            raise
+        if E is not None and U is not None:
+            batches = (E, U)
+            logger.info("resuming %s from its saved E and U batches", run_dir.path)
+        elif run_dir.has_partial_chunks():
+            logger.info("resuming %s: reusing the generation chunks it saved", run_dir.path)
+    if dist.enabled:
+        dist.broadcast_object(("ok", batches), "run directory broadcast")
+    return batches
+
+
+def run_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume: str | None, overwrite: bool,
+             logger: logging.Logger) -> dict:
+    """Rank 0 (or the only process): prepare the run directory, run the probe, write every file."""
+    run_dir = open_run_directory(config, dist, out=out, resume=resume, overwrite=overwrite)
+    handler = run_dir.attach_log_handler(logging.getLogger("entropy_experiments"))
+    try:
+        run_dir.mark_status("running")
+        batches = resumed_batches(run_dir, dist, resume, logger)
+        outcome = probe_into(run_dir, config, dist, batches, logger)
+        write_outcome(run_dir, config, outcome)
+        run_dir.mark_status("complete")
+        print_summary(outcome.results)
+        logger.info("run directory: %s", run_dir.path)
+        return outcome.results
+    except BaseException as exc:
+        run_dir.mark_status("failed")
+        if isinstance(exc, KeyboardInterrupt):
+            logger.error("%s: run marked failed; finish it with: entropy-probe run --resume %s",
+                         exc or "interrupted", run_dir.path)
+        elif isinstance(exc, ProbeError) and (hint := run_dir.resume_hint()):  # e.g. a reward that raised
+            logger.info(hint)
+        raise
+    finally:
+        logging.getLogger("entropy_experiments").removeHandler(handler)
+        handler.close()
+
+
+def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, batches: tuple[dict, dict] | None,
+               logger: logging.Logger) -> probe.ProbeOutcome:
+    """`probe.run`, saving E and U (and the generation chunks) into the run directory as they are made."""
+    chunks = GenerationChunkStore(run_dir)
+
+    def save_batches(E: dict, U: dict) -> None:
+        if config.output.save_batches and batches is None:
+            run_dir.save_batch("E", E)
+            run_dir.save_batch("U", U)
+            run_dir.save_partial("sampling_warnings", list(reward_warnings()))
+            chunks.clear()
+            hold_for_kill_test("batches_saved")
+
+    sampling_warnings = list(run_dir.load_partial("sampling_warnings") or []) if batches is not None else []
+    return probe.run(config, dist=dist, batches=batches, on_batches=save_batches,
+                     chunk_store=chunks if config.output.save_batches else None,
+                     sampling_warnings=sampling_warnings, logger=logger)
+
+
+def write_outcome(run_dir: RunDirectory, config: ProbeConfig, outcome: probe.ProbeOutcome) -> None:
+    """results.json (schema-checked), per_sequence.jsonl, v and the plot."""
+    results = outcome.results
+    validate_results_schema(results)
+    run_dir.save_update_vector(outcome.update_vector, {"learning_rate": repr(results["learning_rate"]),
+                                                       "direction": results["update"]["direction"],
+                                                       "units": "parameter change per unit learning rate"})
+    run_dir.write_per_sequence(outcome.per_sequence_rows)
+    run_dir.write_results(results)
+    hold_for_kill_test("results_written")
+    if config.output.plot:
+        plot_delta_h(results, run_dir.path / "delta_h_vs_eta.png")
