@@ -1,4 +1,7 @@
-"""The typed results the probe's phases hand each other (probe.py), and the warnings they collect."""
+"""The typed results the probe's phases hand each other (probe.py), and the warnings they collect.
+
+(ErrorBars lives with its maths in estimators/error_bars.py.)
+"""
 
 from __future__ import annotations
 
@@ -56,13 +59,3 @@ class DeltaH1Result:
     timings: dict = field(default_factory=dict)
     pieces: tuple[Tensor, Tensor] | None = None   # (a [N], r [N]) when the E pass produced them
     pieces_method: str | None = None               # "backward_hooks" | "jvp" | None (not computed)
-
-
-@dataclass
-class ErrorBars:
-    """SE_E, SE_U, SE_total (NaN where unavailable), the pieces check, and the pieces a, r [N] (or None)."""
-
-    se: dict[str, float]
-    consistency: dict
-    a: Tensor | None = None
-    r: Tensor | None = None

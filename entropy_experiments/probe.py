@@ -18,7 +18,6 @@ values gathered in global order; every statistic is then computed on the whole b
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any
 
@@ -33,7 +32,6 @@ from .data.datasets import load_examples
 from .data.plan import IndexPlan, draw_index_plan
 from .data.rewards import clear_reward_warnings
 from .errors import ProbeError
-from .estimators import jackknife
 from .estimators.delta_h import eta_grid, measure_delta_h
 from .estimators.entropy_gradient import (
     EntropyOptions,
@@ -44,6 +42,7 @@ from .estimators.entropy_gradient import (
     pieces_method,
     surrogate_gradient_sum,
 )
+from .estimators.error_bars import ErrorBars, error_bars, paired_residuals
 from .estimators.objective_gradient import (
     Trainable,
     UGradients,
@@ -59,7 +58,7 @@ from .estimators.snis import linearity_fit
 from .estimators.surrogate import SurrogateCoefficients, directional_pieces
 from .estimators.update_direction import named_dot, optimizer_step_direction
 from .parallel import SINGLE, DistContext, init_from_env, rank_seed
-from .phase_results import DeltaH1Result, ErrorBars, Policy, WarningLog
+from .phase_results import DeltaH1Result, Policy, WarningLog
 from .policy.progress import progress as progress_bar
 from .report.results_dict import ProbeOutcome, RunFacts, assemble_results
 from .sampling import sample_batch
@@ -222,27 +221,11 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
 # ---------------------------------------------------------------------- error bars and truth
 def error_bars_phase(config: ProbeConfig, policy: Policy, res: DeltaH1Result, u_groups: list[list[int]],
                      notes: WarningLog) -> ErrorBars:
-    """SE_E (jackknife over E prompts of the pieces), SE_U (over U groups, v rebuilt without each), SE_total."""
-    nan = float("nan")
+    """SE_E, SE_U (v rebuilt without each U group through the loaded AdamW state) and SE_total."""
     if not config.variance.enabled:
-        return ErrorBars({"E": nan, "U": nan, "total": nan}, {})
-    a, r = res.pieces
-    s = res.scores
-    from_pieces, se_E = jackknife.se_E(a, r, s.seq_entropies, s.lengths, s.unit_of_sequence,
-                                       normalize=config.estimator.normalize, learning_rate=res.learning_rate)
-    rel = abs(from_pieces - res.delta_h1) / max(abs(res.delta_h1), 1e-300)
-    if rel > 1e-3:
-        notes.warn(f"per-sequence pieces disagree with the backward X̂·v by {rel:.2e} "
-                   "relative; error bars may be unreliable")
-    se_U = nan
-    if len(u_groups) >= 2:
-        loo = jackknife.leave_one_group_out_directions(lambda g: direction(config, policy, g)[0], res.u_gradients)
-        se_U, _ = jackknife.se_U(res.Xbar, loo, learning_rate=res.learning_rate)
-    else:
-        notes.warn("SE_U unavailable: U has a single prompt (need ≥ 2 groups)")
-    se_total = jackknife.se_total(se_E, se_U) if math.isfinite(se_U) else se_E
-    consistency = {"deltaH1_from_pieces": from_pieces, "relative_difference": rel, "pieces_method": res.pieces_method}
-    return ErrorBars({"E": se_E, "U": se_U, "total": se_total}, consistency, a, r)
+        return ErrorBars.unavailable()
+    return error_bars(res, u_groups, normalize=config.estimator.normalize,
+                      direction_of=lambda g: direction(config, policy, g)[0], warn=notes.warn)
 
 
 def truth_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, dist: DistContext = SINGLE) -> dict:
@@ -387,12 +370,16 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     timing.update(estimate_timing)
     t0 = time.perf_counter()
     truth = truth_phase(config, policy, E, res, dist)
+    residuals = paired_residuals(truth, res, bars, normalize=config.estimator.normalize)
     if config.importance.enabled:
         timing["phase4_importance"] = time.perf_counter() - t0
     timing["total"] = time.perf_counter() - t_start
-    facts = RunFacts(model=policy.trainable.model, checkpoint_info=policy.checkpoint_info, world_size=dist.world_size,
+    facts = RunFacts(normalize=config.estimator.normalize, config_hash=config.config_hash(), seed=config.seed,
+                     entropy_fp64=config.precision.entropy_fp64,
+                     u_groups=len(res.u_gradients.groups) if config.variance.enabled else 0,
+                     model=policy.trainable.model, checkpoint_info=policy.checkpoint_info, world_size=dist.world_size,
                      backend=dist.backend, warnings=list(notes.messages), sampling_warnings=list(sampling_warnings),
                      zero_advantage_prompts=n_zero, plan=plan)
-    outcome = assemble_results(config, E, U, res, bars, truth, timing, facts)
+    outcome = assemble_results(E, U, res, bars, truth, residuals, timing, facts)
     outcome.policy = policy
     return outcome

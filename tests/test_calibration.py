@@ -23,6 +23,8 @@ import pytest
 from entropy_experiments.data.datasets import load_examples
 from entropy_experiments.estimators import jackknife as cv
 from entropy_experiments.estimators import update_direction as adam
+from entropy_experiments.estimators.delta_h import measure_delta_h
+from entropy_experiments.estimators.paired import paired_residual
 from entropy_experiments.probe_components import ProbeComponents, split_into_groups
 from entropy_experiments.sampling import sample_batch
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
@@ -30,6 +32,7 @@ from tests.probe_helpers import make_probe, write_prompts
 
 SEEDS = 32            # independent batches per side (relative SE of a std over 32 draws: ~13%)
 BAND = 1.3
+ETA = 0.02            # the paired-residual check's step: ESS/N stays > 0.8 on the toy model
 B_E, B_U, G, K = 150, 8, 4, 8
 # Every prompt of 1-3 words over the toy vocabulary: 39 prompts, so U's B_U distinct prompts are a
 # small part of the pool and the prompt-to-prompt variance the U jackknife measures is really sampled.
@@ -65,28 +68,51 @@ def _U(probe, examples, seed: int) -> dict:
 def _ratio(values: list[float], ses: list[float], side: str) -> float:
     spread, reported = float(np.std(values, ddof=1)), float(np.mean(ses))
     ratio = spread / reported
-    print(f"\ncalibration {side}: std(δH₁) over {len(values)} batches = {spread:.4e}, "
-          f"mean SE_{side} = {reported:.4e}, ratio = {ratio:.3f}")
+    print(f"\ncalibration {side}: std over {len(values)} batches = {spread:.4e}, "
+          f"mean SE = {reported:.4e}, ratio = {ratio:.3f}")
     return ratio
 
 
-@pytest.mark.slow
-def test_se_E_matches_the_spread_over_E_batches(setup):
+@pytest.fixture(scope="module")
+def e_side_runs(setup):
+    """U (hence v) and θ fixed; per E seed: δH₁, SE_E, and the paired residual ρ(η) ± SE at ETA."""
     probe, comps, examples = setup
     optimizer = probe.optimizer
     lr = comps.learning_rate(optimizer)
     v, _ = comps.update_direction(comps.accumulate_sum_Y(_U(probe, examples, 999)).total, optimizer)
-    values, ses = [], []
+    normalize = probe.config.estimator.normalize
+    runs = []
     for seed in range(SEEDS):
         E = _E(probe, examples, 1000 + seed)
         X, scores, _, (a, r) = comps.accumulate_X_one_pass(E, v)
         _, se_e = cv.se_E(a, r, scores.seq_entropies, scores.lengths, scores.unit_of_sequence,
-                          normalize=probe.config.estimator.normalize, learning_rate=lr)
-        values.append(lr * adam.named_dot(X, v))
-        ses.append(se_e)
+                          normalize=normalize, learning_rate=lr)
+        truth = measure_delta_h(probe._sequence_processor, E, v, [ETA], normalize=normalize)
+        per = truth["per_sequence"][ETA]
+        rho = paired_residual(per["logw"], per["h_new"], truth["base"]["h"], truth["base"]["T"], a.numpy(),
+                              r.numpy(), ETA, normalize=normalize, units=scores.unit_of_sequence)
+        runs.append({"delta_h1": lr * adam.named_dot(X, v), "se_E": se_e, "rho": rho.value, "rho_se": rho.se,
+                     "ess_frac": truth["true"][0]["ess_frac"]})
+    return runs
+
+
+@pytest.mark.slow
+def test_se_E_matches_the_spread_over_E_batches(e_side_runs):
+    values, ses = [run["delta_h1"] for run in e_side_runs], [run["se_E"] for run in e_side_runs]
     assert np.all(np.isfinite(ses)) and min(ses) > 0
     ratio = _ratio(values, ses, "E")
     assert 1 / BAND <= ratio <= BAND, f"E-side spread / mean SE_E = {ratio:.3f}"
+
+
+@pytest.mark.slow
+def test_paired_residual_se_matches_the_spread_over_E_batches(e_side_runs):
+    # ρ(η) = ΔH(η) − η·D_v H on the same E: the spread of ρ over independent E batches against its mean
+    # paired jackknife SE (issue: within a factor 1.5).
+    values, ses = [run["rho"] for run in e_side_runs], [run["rho_se"] for run in e_side_runs]
+    assert min(run["ess_frac"] for run in e_side_runs) > 0.8, "η too large for a clean SNIS check"
+    assert np.all(np.isfinite(ses)) and min(ses) > 0
+    ratio = _ratio(values, ses, "residual")
+    assert 1 / 1.5 <= ratio <= 1.5, f"residual spread / mean paired SE = {ratio:.3f}"
 
 
 @pytest.mark.slow

@@ -82,7 +82,8 @@ def measure_delta_h(sp, E_batch: dict | None, v_named: NamedTensors, etas: list[
                     units: list[int] | None = None, mode: str = "param_override", optimizer=None, named_params=None,
                     grads=None, max_grad_norm: float | None = None, base: SequenceScores | None = None,
                     gather: Callable[[list[float], str], np.ndarray] = gather_locally) -> dict:
-    """ΔH(η) with diagnostics for every η; returns {"H_orig", "true": [...], "per_sequence", "linearity"}.
+    """ΔH(η) with diagnostics for every η; returns {"H_orig", "true": [...], "per_sequence", "base", "linearity"}
+    ("base": the per-sequence h and T at θ of all E, float64 [N], for the paired residuals).
 
     `base` (scores at θ) is recomputed through the same no-grad path unless given, so that η → 0
     gives log w → 0 exactly. real_step needs `optimizer`, `named_params` (trainable, in optimizer
@@ -112,5 +113,5 @@ def measure_delta_h(sp, E_batch: dict | None, v_named: NamedTensors, etas: list[
         per_seq[eta] = {"logw": logw.tolist(), "h_new": h_new.tolist()}
         log.info("η=%+.3g  ΔH=%+.4e ± %.2e  ESS/N=%.3f  k̂=%.2f", eta, est.value, est.se,
                  diag["ess_frac"], diag["psis_khat"])
-    return {"H_orig": H_orig, "true": rows, "per_sequence": per_seq,
+    return {"H_orig": H_orig, "true": rows, "per_sequence": per_seq, "base": {"h": h, "T": T},
             "linearity": stats.linearity_fit([r["eta"] for r in rows], [r["deltaH_true"] for r in rows])}

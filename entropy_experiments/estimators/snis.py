@@ -38,7 +38,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
-def _weights(logw: Any) -> np.ndarray:
+def weights_from_log(logw: Any) -> np.ndarray:
     """Unnormalised w_i = exp(log w_i − max finite log w) ∈ [0, 1], shape [N].
 
     Subtracting the max keeps exp() in range; every statistic here is a ratio, so it cancels.
@@ -62,14 +62,14 @@ def snis_entropy(logw: Any, h_new: Any, T: Any, *, normalize: Normalize) -> floa
     NaN when every weight is zero.
     """
     check_normalize(normalize)
-    w, hn, t = _weights(logw), as_float64(h_new), as_float64(T)
+    w, hn, t = weights_from_log(logw), as_float64(h_new), as_float64(T)
     denom = np.dot(w, t) if normalize == "per_token" else w.sum()
     return float(np.dot(w, hn) / denom) if denom > 0 else float("nan")
 
 
 def ess(logw: Any) -> float:
     """Effective sample size (Σw)²/Σw² ∈ [1, N]; 0 when every weight is zero."""
-    w = _weights(logw)
+    w = weights_from_log(logw)
     sq = float(np.dot(w, w))
     return float(w.sum() ** 2 / sq) if sq > 0 else 0.0
 
@@ -170,7 +170,7 @@ def snis_delta_h(
     are recomputed in each replicate. Value NaN when every weight is zero.
     """
     check_normalize(normalize)
-    w, hn, hh, t = _weights(logw), as_float64(h_new), as_float64(h), as_float64(T)
+    w, hn, hh, t = weights_from_log(logw), as_float64(h_new), as_float64(h), as_float64(T)
     d = t if normalize == "per_token" else np.ones_like(t)
     return jackknife_estimate(sum_by_unit([w * hn, w * d, hh, d], units), _snis_delta_stat)
 

@@ -18,8 +18,13 @@ from ..data.rewards import reward_warnings
 
 @dataclass
 class RunFacts:
-    """What the report needs besides the estimates: the model (environment), provenance, warnings."""
+    """What the report needs besides the estimates: settings, the model (environment), provenance, warnings."""
 
+    normalize: str
+    config_hash: str
+    seed: int
+    entropy_fp64: bool
+    u_groups: int                         # U groups of the SE_U jackknife (0: error bars off)
     model: nn.Module
     checkpoint_info: dict | None
     world_size: int
@@ -41,24 +46,27 @@ class ProbeOutcome:
     policy: Any = None                    # probe.Policy: the loaded model, optimizer and SequenceProcessor
 
 
-def assemble_results(config, E: dict, U: dict, res, bars, truth: dict, timing: dict, facts: RunFacts) -> ProbeOutcome:
-    """The results dict from the phases' typed results (`probe.DeltaH1Result`, `probe.ErrorBars`, truth)."""
+def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[dict], timing: dict,
+                     facts: RunFacts) -> ProbeOutcome:
+    """The results dict from the phases' typed results (`probe.DeltaH1Result`, `probe.ErrorBars`, truth and
+    its paired residuals, one per η)."""
     scores = res.scores
     lengths, seq_h = scores.lengths, scores.seq_entropies
     results = {
         "deltaH1": res.delta_h1, "bars_dot": res.bars_dot, "learning_rate": res.learning_rate,
-        "normalize": config.estimator.normalize, "se": bars.se,
+        "normalize": facts.normalize, "se": bars.se,
         "H_orig": {"per_token": float(seq_h.sum() / lengths.sum()), "per_sequence": float(seq_h.mean())},
-        "true": truth["true"], "linearity": truth["linearity"],
+        "true": [{**row, "residual": resid} for row, resid in zip(truth["true"], residuals)],
+        "linearity": truth["linearity"],
         "counts": {"B_E": E["num_prompts"] * E["num_responses_per_prompt"],
                    "unique_E_prompts": len(set(E["prompt_ids"])), "B_U": U["num_prompts"],
                    "G": U["num_responses_per_prompt"], "E_tokens": count_tokens(E), "U_tokens": count_tokens(U),
                    "zero_advantage_prompts": facts.zero_advantage_prompts,
-                   "u_groups": len(res.u_gradients.groups) if config.variance.enabled else 0},
+                   "u_groups": facts.u_groups},
         "update": res.update_info, "consistency": bars.consistency, "timing": timing,
-        "environment": {**environment_info(facts.model, config.precision.entropy_fp64, config.seed),
+        "environment": {**environment_info(facts.model, facts.entropy_fp64, facts.seed),
                         "distributed": {"world_size": facts.world_size, "backend": facts.backend}},
-        "config_hash": config.config_hash(),
+        "config_hash": facts.config_hash,
         "checkpoint": facts.checkpoint_info,  # layout, files and their sources, base model, lr source
         "warnings": facts.warnings + list(dict.fromkeys(facts.sampling_warnings + list(reward_warnings()))),
     }

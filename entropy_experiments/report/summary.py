@@ -42,6 +42,8 @@ def run_label(results: dict[str, Any]) -> str | None:
     return None
 
 
+RESIDUAL_NOTE = ("ΔH − δH₁(η): measured minus first-order prediction on the same E, with its paired SE; "
+                 "first order holds at η where |z| < 2")
 IMPORTANCE_OFF_NOTE = "ΔH(η) not measured (importance.enabled: false)"
 
 
@@ -64,6 +66,8 @@ def render_summary(results: dict[str, Any]) -> str:
         console.print(_eta_table(entries, unit, bars_dot))
         if note := _khat_note(entries):
             console.print(note, markup=False, highlight=False)
+        if any(entry.get("residual") for entry in entries):
+            console.print(RESIDUAL_NOTE, markup=False, highlight=False)
         console.print()
         console.print(_fit_table(results.get("linearity") or {}, bars_dot))
     else:
@@ -112,11 +116,12 @@ def _head_table(results: dict[str, Any], unit: str) -> Any:
 
 
 def _eta_table(entries: list[dict[str, Any]], unit: str, bars_dot: Any) -> Any:
-    """One row per measured η: ΔH ± SE, ESS/N, k̂ (✗ above its threshold), ΔH/δH₁(η), zero weights."""
+    """One row per measured η: ΔH ± SE, ESS/N, k̂ (✗ above its threshold), ΔH/δH₁(η), the paired residual
+    ΔH − δH₁(η) ± SE with its z and whether first order holds there (|z| < 2), zero weights."""
     from rich.table import Table
 
     etas = Table(title="Measured ΔH(η) by SNIS on E", title_justify="left")
-    for col in ("η", f"ΔH ± SE ({unit})", "ESS/N", "k̂", "ΔH/δH₁(η)", "zero-w"):
+    for col in ("η", f"ΔH ± SE ({unit})", "ESS/N", "k̂", "ΔH/δH₁(η)", "ΔH − δH₁(η) ± paired SE", "z", "zero-w"):
         etas.add_column(col, justify="right")
     for entry in entries:
         eta = entry.get("eta")
@@ -128,8 +133,19 @@ def _eta_table(entries: list[dict[str, Any]], unit: str, bars_dot: Any) -> Any:
                      format_number(entry.get("ess_frac"), ".3f"),
                      format_number(khat, ".2f") + flag,
                      format_number(_ratio(entry.get("deltaH_true"), predicted), ".3f"),
+                     *_residual_cells(entry.get("residual")),
                      str(entry.get("zero_weight_count", "n/a")))
     return etas
+
+
+def _residual_cells(residual: dict[str, Any] | None) -> tuple[str, str]:
+    """('ρ ± SE', 'z, first order holds / fails') of a paired residual; 'n/a' for results without one."""
+    if not residual:
+        return "n/a", "n/a"
+    z = residual.get("z")
+    verdict = "" if not is_finite_number(z) else (" holds" if abs(z) < 2 else " FAILS")
+    return (f"{format_number(residual.get('value'), '+.2g')} ± {format_number(residual.get('se'), '.2g')}",
+            format_number(z, "+.2f") + verdict)
 
 
 def _fit_table(lin: dict[str, Any], bars_dot: Any) -> Any:

@@ -1,0 +1,73 @@
+"""The error bars of one probe run (MATH.md §6) from the typed results of its phases.
+
+- `error_bars`: SE_E (delete-one jackknife over E units of the per-sequence pieces a, r), SE_U
+  (jackknife over U groups of lr·X̂·v₍₋k₎, v rebuilt without group k) and SE_total = √(SE_E² + SE_U²);
+- `paired_residuals`: per η, ρ(η) = ΔH(η) − η·D_v H with its paired SE and z (paired.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from . import jackknife
+from .jackknife import Estimate
+from .paired import paired_residual, residual_entry
+
+NAN = float("nan")
+
+
+@dataclass
+class ErrorBars:
+    """SE_E, SE_U, SE_total (NaN where unavailable), the pieces check, and the pieces a, r [N] (or None)."""
+
+    se: dict[str, float]
+    consistency: dict
+    a: Tensor | None = None
+    r: Tensor | None = None
+
+    @classmethod
+    def unavailable(cls) -> ErrorBars:
+        return cls({"E": NAN, "U": NAN, "total": NAN}, {})
+
+
+def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: Callable[[dict], dict],
+               warn: Callable[[str], None]) -> ErrorBars:
+    """From `res` (probe.DeltaH1Result with pieces): SE_E, SE_U over `u_groups`, SE_total; `direction_of`
+    maps a U gradient to its AdamW direction; `warn` records what makes the bars unreliable or missing."""
+    a, r = res.pieces
+    s = res.scores
+    from_pieces, se_E = jackknife.se_E(a, r, s.seq_entropies, s.lengths, s.unit_of_sequence,
+                                       normalize=normalize, learning_rate=res.learning_rate)
+    rel = abs(from_pieces - res.delta_h1) / max(abs(res.delta_h1), 1e-300)
+    if rel > 1e-3:
+        warn(f"per-sequence pieces disagree with the backward X̂·v by {rel:.2e} "
+             "relative; error bars may be unreliable")
+    se_U = NAN
+    if len(u_groups) >= 2:
+        loo = jackknife.leave_one_group_out_directions(direction_of, res.u_gradients)
+        se_U, _ = jackknife.se_U(res.Xbar, loo, learning_rate=res.learning_rate)
+    else:
+        warn("SE_U unavailable: U has a single prompt (need ≥ 2 groups)")
+    se_total = jackknife.se_total(se_E, se_U) if math.isfinite(se_U) else se_E
+    consistency = {"deltaH1_from_pieces": from_pieces, "relative_difference": rel, "pieces_method": res.pieces_method}
+    return ErrorBars({"E": se_E, "U": se_U, "total": se_total}, consistency, a, r)
+
+
+def paired_residuals(truth: dict, res, bars: ErrorBars, *, normalize: str) -> list[dict]:
+    """Per η of `truth` (delta_h.measure_delta_h): {value, se, z} of ρ(η) = ΔH(η) − η·D_v H over the same E
+    units. D_v H comes from the pieces a, r; without them (variance off) from X̂·v, with SE NaN."""
+    out = []
+    for row in truth["true"]:
+        eta = row["eta"]
+        if bars.a is None:
+            out.append(residual_entry(Estimate(row["deltaH_true"] - eta * res.bars_dot, NAN)))
+            continue
+        per = truth["per_sequence"][eta]
+        out.append(residual_entry(paired_residual(
+            per["logw"], per["h_new"], truth["base"]["h"], truth["base"]["T"], bars.a.numpy(), bars.r.numpy(), eta,
+            normalize=normalize, units=res.scores.unit_of_sequence)))
+    return out
