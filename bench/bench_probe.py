@@ -62,7 +62,7 @@ def training_step_seconds(probe, E: dict, U: dict) -> float:
     optimizer = copy.deepcopy(probe.optimizer)
     params_of_copy = [p for group in optimizer.param_groups for p in group["params"]]
     t0 = time.perf_counter()
-    total = components._zeros()
+    total = components.trainable.zeros()
     for batch in (U, E_as_training):
         grads = components.accumulate_sum_Y(batch).total
         for name in total:

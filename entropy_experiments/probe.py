@@ -4,15 +4,13 @@
     sample    index plan → E and U generated, rewarded and packed                   (data/plan.py, sampling.py)
     update    g = ∇L_U of the trainer objective → v, the AdamW step per unit lr      (estimators/objective_gradient.py)
     entropy   X̂ = ∇L_X on E, the scores and (for the error bars) the pieces a, r    (estimators/entropy_gradient.py)
-    bars      SE_E, SE_U, SE_total                                                   (estimators/jackknife.py)
-    truth     ΔH(η) by SNIS on the same E                                            (estimators/delta_h.py)
+    bars      SE_E, SE_U, SE_total; paired residuals ΔH(η) − η·X̂·v                (estimators/error_bars.py)
+    truth     ΔH(η) by SNIS on the same E; d2 = D²_v H        (estimators/delta_h.py, second_order.py)
     report    the results dict and the per-sequence rows                             (report/results_dict.py)
 
-Only this module, run.py (the run directory) and parallel.py know about ranks. Under torchrun every phase runs
-data-parallel: rank 0 draws the index plan and broadcasts it, each rank samples, teacher-forces and
-back-propagates its contiguous share of the work items a single process would run (so that every
-microbatch is computed exactly as in one process), the float64 sums are all-reduced and per-sequence
-values gathered in global order; every statistic is then computed on the whole batch on every rank.
+Only this module, run.py and parallel.py know about ranks. Under torchrun rank 0 draws the index plan;
+each rank runs its contiguous share of the work items a single process would run (so every microbatch
+is computed as in one process); float64 sums are all-reduced, per-sequence values gathered in order.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ from .data.rewards import clear_reward_warnings
 from .errors import ProbeError
 from .estimators.delta_h import eta_grid, measure_delta_h
 from .estimators.entropy_gradient import (
-    EntropyOptions,
     coefficients,
     e_microbatches,
     finish_one_pass,
@@ -53,7 +50,14 @@ from .estimators.objective_gradient import (
     u_terms,
     u_work_items,
 )
-from .estimators.sequence_scores import SequenceScores, score_sequences, units_of
+from .estimators.second_order import second_derivative, second_order_report
+from .estimators.sequence_scores import (
+    SECOND_ORDER_KEYS,
+    SequenceScores,
+    score_sequences,
+    second_order_sums,
+    units_of,
+)
 from .estimators.snis import linearity_fit
 from .estimators.surrogate import SurrogateCoefficients, directional_pieces
 from .estimators.update_direction import named_dot, optimizer_step_direction
@@ -73,22 +77,9 @@ def progress(desc: str):
     return lambda items: progress_bar(items, desc)
 
 
-# ---------------------------------------------------------------------- options handed to the compute
-def entropy_options(config: ProbeConfig) -> EntropyOptions:
-    est = config.estimator
-    return EntropyOptions(normalize=est.normalize, x_mode=est.x_mode, baseline=est.baseline,
-                          microbatch_size=est.microbatch_size, directional=config.variance.directional)
-
-
 def process_context(config: ProbeConfig) -> DistContext:
     """This process's place in a torchrun job (SINGLE semantics when not launched by torchrun)."""
     return init_from_env(config.distributed)
-
-
-def sequence_processor_settings(config: ProbeConfig) -> dict:
-    """The sections the SequenceProcessor reads (generation, precision, reward, batch_config)."""
-    d = config.to_dict()
-    return {k: d[k] for k in ("generation", "precision", "reward", "batch_config") if k in d}
 
 
 # ---------------------------------------------------------------------- phase: load
@@ -104,7 +95,7 @@ def load_phase(config: ProbeConfig, dist: DistContext, notes: WarningLog, logger
     loaded = load_for_probe(ck, files, base, config.learning_rate, device_map=device_map, logger=logger)
     for message in loaded.warnings:
         notes.warn(message)
-    sp = SequenceProcessor(loaded.model, loaded.tokenizer, config=sequence_processor_settings(config), logger=logger)
+    sp = SequenceProcessor(loaded.model, loaded.tokenizer, config=config.sequence_processor_settings(), logger=logger)
     return Policy(sp, Trainable.of(loaded.model), loaded.optimizer, loaded.tokenizer, loaded.info)
 
 
@@ -145,23 +136,31 @@ def direction(config: ProbeConfig, policy: Policy, grads: NamedTensors) -> tuple
     return v, info
 
 
+def scoring_share(config: ProbeConfig, E: dict, dist: DistContext) -> tuple[dict | None, list[int]]:
+    """This rank's share of E for a no-grad pass (whole tf chunks): its sub-batch (None: none) and sequence indices."""
+    G, B = E["num_responses_per_prompt"], E["num_prompts"]
+    if not dist.enabled:
+        return E, list(range(B * G))
+    mine = dist.scoring_prompts(B, G, config.generation.tf_batch_size)
+    return (subset_batch(E, mine) if mine else None), [b * G + g for b in mine for g in range(G)]
+
+
 def score_E(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors | None,
             dist: DistContext = SINGLE) -> SequenceScores:
-    """ℓ, H (and with v their derivatives along v) of every E sequence; each rank scores whole tf chunks."""
+    """ℓ, H (and with v their derivatives along v) of every E sequence; each rank scores its share."""
+    local_E, rows_mine = scoring_share(config, E, dist)
+    local = score_sequences(policy.sp, local_E, v_named=v) if local_E is not None else None
     if not dist.enabled:
-        return score_sequences(policy.sp, E, v_named=v)
-    G = E["num_responses_per_prompt"]
-    mine = dist.scoring_prompts(E["num_prompts"], G, config.generation.tf_batch_size)
-    local = score_sequences(policy.sp, subset_batch(E, mine), v_named=v) if mine else None
-    rows = {} if local is None else local.rows([b * G + g for b in mine for g in range(G)])
-    units = units_of(E["num_prompts"], G)
+        return local
+    units = units_of(E["num_prompts"], E["num_responses_per_prompt"])
+    rows = {} if local is None else local.rows(rows_mine)
     return SequenceScores.from_rows(dist.gather_rows(rows, len(units), "E scores gather"), units)
 
 
 def one_pass_phase(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors | None,
                    dist: DistContext = SINGLE) -> tuple[NamedTensors, SequenceScores, SurrogateCoefficients, Any]:
     """X̂, the E scores, the coefficients and (with v) the pieces from ONE forward per microbatch (baseline none)."""
-    options = entropy_options(config)
+    options = config.entropy_options()
     G, N = E["num_responses_per_prompt"], E["num_prompts"] * E["num_responses_per_prompt"]
     sums = one_pass_sums(policy.sp, policy.trainable, E,
                          dist.chunk_slice(e_microbatches(E["num_prompts"], G, options.microbatch_size)), options, v,
@@ -181,7 +180,7 @@ def one_pass_phase(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors
 def surrogate_gradient_phase(config: ProbeConfig, policy: Policy, E: dict, coefs: SurrogateCoefficients,
                              dist: DistContext = SINGLE) -> NamedTensors:
     """X̂ = ∇L_X with the coefficients of the whole E (this rank's microbatches, summed over ranks), fp32."""
-    options = entropy_options(config)
+    options = config.entropy_options()
     microbatches = e_microbatches(E["num_prompts"], E["num_responses_per_prompt"], options.microbatch_size)
     X = surrogate_gradient_sum(policy.sp, policy.trainable, E, dist.chunk_slice(microbatches), coefs,
                                progress=progress("E backward (entropy surrogate)"))
@@ -195,7 +194,7 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
     timings, t0 = {}, time.perf_counter()
     u_grads, v, info = update_phase(config, policy, U, u_groups, dist)
     timings["U_gradient_and_direction"] = time.perf_counter() - t0
-    method = pieces_method(policy.trainable, entropy_options(config), per_sequence_pieces)
+    method = pieces_method(policy.trainable, config.entropy_options(), per_sequence_pieces)
     pieces = None
     if method in ("one_pass", "backward_hooks"):
         t0 = time.perf_counter()
@@ -204,7 +203,7 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
     else:
         t0 = time.perf_counter()
         scores = score_E(config, policy, E, v if method == "jvp" else None, dist)
-        coefs = coefficients(scores, entropy_options(config))
+        coefs = coefficients(scores, config.entropy_options())
         timings["E_scoring"], t0 = time.perf_counter() - t0, time.perf_counter()
         X = surrogate_gradient_phase(config, policy, E, coefs, dist)
         timings["E_backward"] = time.perf_counter() - t0
@@ -234,14 +233,29 @@ def truth_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result
     if not imp.enabled:
         return {"true": [], "linearity": linearity_fit([], []), "per_sequence": {}}  # NaN slopes
     G, B = E["num_responses_per_prompt"], E["num_prompts"]
-    mine = dist.scoring_prompts(B, G, config.generation.tf_batch_size) if dist.enabled else list(range(B))
-    local_E = E if not dist.enabled else (subset_batch(E, mine) if mine else None)
+    local_E, rows_mine = scoring_share(config, E, dist)
     t = policy.trainable
     return measure_delta_h(policy.sp, local_E, res.Ybar, eta_grid(imp.eta_list, imp.symmetric),
                            normalize=config.estimator.normalize, units=units_of(B, G), mode=imp.mode,
                            optimizer=policy.optimizer, named_params=list(zip(t.names, t.params)),
                            grads=res.u_gradients.total, max_grad_norm=config.objective_options().max_grad_norm,
-                           gather=dist.row_gatherer([b * G + g for b in mine for g in range(G)], B * G))
+                           gather=dist.row_gatherer(rows_mine, B * G))
+
+
+def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result,
+                       dist: DistContext = SINGLE) -> dict | None:
+    """d2 = D²_v H of the SNIS estimate on E with its SE, η* and the prediction per η (None: off); sharded like ΔH."""
+    if not config.second_order.enabled:
+        return None
+    G, B = E["num_responses_per_prompt"], E["num_prompts"]
+    local_E, rows_mine = scoring_share(config, E, dist)
+    sums = second_order_sums(policy.sp, local_E, res.Ybar) if local_E is not None else None
+    gather = dist.row_gatherer(rows_mine, B * G)
+    cols = {k: gather(sums[k] if sums else [], f"second-order sums gather ({k})") for k in SECOND_ORDER_KEYS}
+    d2 = second_derivative(cols["s"], cols["s2"], cols["dh"], cols["d2h"], cols["h"], cols["T"],
+                           normalize=config.estimator.normalize, units=units_of(B, G))
+    etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
+    return second_order_report(d2, res.bars_dot, etas, "forward-over-forward jvp")
 
 
 # ---------------------------------------------------------------------- phase 0: sampling
@@ -371,6 +385,7 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     t0 = time.perf_counter()
     truth = truth_phase(config, policy, E, res, dist)
     residuals = paired_residuals(truth, res, bars, normalize=config.estimator.normalize)
+    second_order = second_order_phase(config, policy, E, res, dist)
     if config.importance.enabled:
         timing["phase4_importance"] = time.perf_counter() - t0
     timing["total"] = time.perf_counter() - t_start
@@ -380,6 +395,6 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
                      model=policy.trainable.model, checkpoint_info=policy.checkpoint_info, world_size=dist.world_size,
                      backend=dist.backend, warnings=list(notes.messages), sampling_warnings=list(sampling_warnings),
                      zero_advantage_prompts=n_zero, plan=plan)
-    outcome = assemble_results(E, U, res, bars, truth, residuals, timing, facts)
+    outcome = assemble_results(E, U, res, bars, truth, residuals, second_order, timing, facts)
     outcome.policy = policy
     return outcome

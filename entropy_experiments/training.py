@@ -23,7 +23,7 @@ from .config import ProbeConfig
 from .data.datasets import load_examples
 from .data.plan import draw_index_plan
 from .estimators.objective_gradient import Trainable
-from .probe import Policy, sequence_processor_settings, update_gradients
+from .probe import Policy, update_gradients
 from .sampling import sample_batch
 
 log = logging.getLogger("entropy_experiments.training")
@@ -44,7 +44,7 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
                               device_map=ck.device_map, seed=config.seed)
     model.eval()  # dropout is 0 anyway; the probe's passes also run in eval()
     tokenizer = load_tokenizer(base_model, trust_remote_code=ck.trust_remote_code)
-    sp = SequenceProcessor(model, tokenizer, config=sequence_processor_settings(config), logger=logger)
+    sp = SequenceProcessor(model, tokenizer, config=config.sequence_processor_settings(), logger=logger)
     policy = Policy(sp, Trainable.of(model), optimizer=None)
     named = trainable_named_parameters(model)
     params = [p for _, p in named]

@@ -225,6 +225,34 @@ def test_exact_on_enumerable_model(toy_dir, toy_prompts_file, normalize, tau, x_
     assert abs(row["deltaH_true"] - exact_change) < 4 * row["se"], (row["deltaH_true"], exact_change, row["se"])
 
 
+@pytest.mark.parametrize("normalize", ["per_token", "per_sequence"])
+def test_second_order_on_enumerable_model(toy_dir, toy_prompts_file, normalize):
+    """d2 = D²_v H from forward-over-forward mode on E against the exact second difference of H(θ + εv)."""
+    max_new = 3
+    probe = make_probe(toy_dir, toy_prompts_file, {
+        "seed": 5, "batch_config": {"B_E": 3000, "B_U": 8, "G": 4},
+        "generation": {"max_new_tokens": max_new, "gen_batch_size": 1024, "tf_batch_size": 1024},
+        "estimator": {"normalize": normalize, "microbatch_size": 1024},
+        "importance": {"eta_list": [2e-2], "symmetric": False}, "second_order": {"enabled": True}})
+    results, _, _ = _run(probe)
+    model64 = copy.deepcopy(probe.model).double()
+    params = {n: p.detach() for n, p in model64.named_parameters()}
+
+    def H(s):
+        return _exact_entropy(model64, _shifted(params, probe.update_vector, s), probe.tokenizer, TOY_PROMPTS, 1.0,
+                              normalize, max_new)
+
+    eps = 1e-2
+    exact_d2 = (H(eps) - 2 * H(0.0) + H(-eps)) / eps ** 2
+    so = results["second_order"]
+    print(f"\nd2 {so['d2']:.4g} ± {so['se']:.2g}, exact {exact_d2:.4g}")
+    assert abs(so["d2"] - exact_d2) < 4 * so["se"], (so, exact_d2)
+    assert so["se"] < 0.5 * abs(exact_d2), "the test must be sharp enough to mean something"
+    row = results["true"][0]
+    assert row["second_order_prediction"] == pytest.approx(
+        row["eta"] * results["bars_dot"] + 0.5 * row["eta"] ** 2 * so["d2"])
+
+
 def test_error_bars_are_calibrated(toy_dir, toy_prompts_file):
     """Over 20 seeds (fresh E and U each time) the spread of δH₁ matches the reported SE_total within 1.5×."""
     values, ses = [], []

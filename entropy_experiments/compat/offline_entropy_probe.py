@@ -60,7 +60,7 @@ class OfflineEntropyProbe:
     def _ensure_sequence_processor(self) -> SequenceProcessor:
         if self._sequence_processor is None:
             self._sequence_processor = SequenceProcessor(self.model, self.tokenizer, logger=self.logger,
-                                                         config=probe.sequence_processor_settings(self.config))
+                                                         config=self.config.sequence_processor_settings())
             self._sequence_processor.chunk_store = self.chunk_store
         return self._sequence_processor
 

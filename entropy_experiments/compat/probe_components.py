@@ -65,7 +65,7 @@ class ProbeComponents:
         return probe.score_E(self.config, self._policy(), E_batch, v_named)
 
     def coefficients(self, scores: SequenceScores) -> SurrogateCoefficients:
-        return coefficients(scores, probe.entropy_options(self.config))
+        return coefficients(scores, self.config.entropy_options())
 
     def accumulate_sum_X(self, E_batch: dict, coefs: SurrogateCoefficients) -> NamedTensors:
         """X̂ = ∇L_X by a microbatched backward of the surrogate (MATH.md §3), fp32 buffers."""
@@ -76,7 +76,7 @@ class ProbeComponents:
         return probe.one_pass_phase(self.config, self._policy(), E_batch, v_named)
 
     def pieces_method(self, want_pieces: bool) -> str:
-        return pieces_method(self.trainable, probe.entropy_options(self.config), want_pieces)
+        return pieces_method(self.trainable, self.config.entropy_options(), want_pieces)
 
     # ------------------------------------------------------------------ the seeds' entry point
     def compute_delta_h1_from_batches(self, E_batch: dict, U_batch: dict, optimizer, *,

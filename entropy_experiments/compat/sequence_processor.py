@@ -336,9 +336,9 @@ class SequenceProcessor:
                            can_split=not (with_grad and tf_batch_size is not None), logits_fn=self._forward_logits)
 
     def teacher_force_directional(self, sequences: BatchedSequences, v_named: Mapping[str, Tensor], *,
-                                  tf_batch_size: int | None = None, phase: str = JVP_PHASE
+                                  tf_batch_size: int | None = None, phase: str = JVP_PHASE, order: int = 1
                                   ) -> list[list[dict[str, Tensor]]]:
-        """Per [b][g]: `logq`, `rb_entropy`, `d_logq`, `d_rb_entropy` (float64 [T], CPU) by forward-mode
-        AD along v (`policy.score.jvp`, MATH.md §6)."""
+        """Per [b][g]: `logq`, `rb_entropy`, `d_logq`, `d_rb_entropy` (with order 2 also `d2_logq`,
+        `d2_rb_entropy`; float64 [T], CPU) by forward-mode AD along v (`policy.score.jvp`, MATH.md §6)."""
         return score.jvp(self.policy, sequences, v_named, tf_batch_size=tf_batch_size, phase=phase,
-                         logits_fn=self._forward_logits)
+                         logits_fn=self._forward_logits, order=order)

@@ -29,6 +29,7 @@ from .sections import (
     PrecisionSection,
     ProbeReworkSection,
     RewardSection,
+    SecondOrderSection,
     TeacherForcingProfile,
     VarianceSection,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "ProbeConfig",
     "ProbeReworkSection",
     "RewardSection",
+    "SecondOrderSection",
     "TeacherForcingProfile",
     "VarianceSection",
     "config_from_dict",

@@ -23,6 +23,7 @@ from .sections import (
     PrecisionSection,
     ProbeReworkSection,
     RewardSection,
+    SecondOrderSection,
     VarianceSection,
     _Section,
 )
@@ -42,6 +43,7 @@ class ProbeConfig(_Section):
     objective: ObjectiveSection = Field(default_factory=ObjectiveSection)
     importance: ImportanceSection = Field(default_factory=ImportanceSection)
     variance: VarianceSection = Field(default_factory=VarianceSection)
+    second_order: SecondOrderSection = Field(default_factory=SecondOrderSection)
     reward: RewardSection = Field(default_factory=RewardSection)
     distributed: DistributedSection = Field(default_factory=DistributedSection)
     output: OutputSection = Field(default_factory=OutputSection)
@@ -69,6 +71,19 @@ class ProbeConfig(_Section):
         from ..estimators.objectives import resolve
 
         return resolve(self.objective.explicit(), default_completion_length=self.generation.max_new_tokens)
+
+    def entropy_options(self):
+        """The E side's `entropy_gradient.EntropyOptions` (estimator.* and variance.directional)."""
+        from ..estimators.entropy_gradient import EntropyOptions
+
+        est = self.estimator
+        return EntropyOptions(normalize=est.normalize, x_mode=est.x_mode, baseline=est.baseline,
+                              microbatch_size=est.microbatch_size, directional=self.variance.directional)
+
+    def sequence_processor_settings(self) -> dict[str, Any]:
+        """The sections the SequenceProcessor reads (generation, precision, reward, batch_config)."""
+        d = self.to_dict()
+        return {k: d[k] for k in ("generation", "precision", "reward", "batch_config")}
 
     def objective_warnings(self, layout: str) -> list[str]:
         """Warnings where the objective may not be the trainer's, for a checkpoint of `layout` (results.json)."""

@@ -255,6 +255,12 @@ class VarianceSection(_Section):
     directional: Literal["auto", "backward_hooks", "jvp"] = "auto"
 
 
+class SecondOrderSection(_Section):
+    """The second-order coefficient d2 = D²_v H by forward-over-forward mode on E (README "What it computes")."""
+
+    enabled: bool = True
+
+
 class RewardSection(_Section):
     """Reward for U: a registered name or "package.module:function"."""
 

@@ -88,3 +88,18 @@ def log_weights(new: SequenceScores, old: SequenceScores) -> np.ndarray:
     """log w_i = Σ_k (ℓ'_ik − ℓ_ik), summed in float64 from per-token differences; −inf when a realised
     token left the new nucleus."""
     return np.array([float((n.double() - o.double()).sum()) for n, o in zip(new.token_logqs, old.token_logqs)])
+
+
+SECOND_ORDER_KEYS = ("s", "s2", "dh", "d2h", "h", "T")
+
+
+def second_order_sums(sp, batch: dict, v_named: Mapping[str, Tensor]) -> dict[str, list[float]]:
+    """Per sequence (float64): s = Σ_k D_v ℓ, s2 = Σ_k D²_v ℓ, dh = Σ_k D_v H, d2h = Σ_k D²_v H, h = Σ_k H, T,
+    by forward-over-forward mode along v (estimators/second_order.py)."""
+    rows = [r for row in sp.teacher_force_directional(batch_to_sequences(batch), v_named, order=2,
+                                                      phase="teacher forcing (second-order jvp on E)")
+            for r in row]
+    keys = ("d_logq", "d2_logq", "d_rb_entropy", "d2_rb_entropy", "rb_entropy")
+    out = {name: [float(r[key].double().sum()) for r in rows] for name, key in zip(SECOND_ORDER_KEYS, keys)}
+    out["T"] = [float(len(r["logq"])) for r in rows]
+    return out

@@ -190,15 +190,22 @@ def _primals_and_tangents(base: Mapping[str, Tensor], v_named: Mapping[str, Tens
     return primals, tangents
 
 
+JVP_KEYS = ("logq", "rb_entropy", "d_logq", "d_rb_entropy", "d2_logq", "d2_rb_entropy")
+
+
 def jvp(policy: PolicyModel, sequences: BatchedSequences, v_named: Mapping[str, Tensor], *,
         tf_batch_size: int | None = None, phase: str = "teacher forcing (jvp)",
-        logits_fn: LogitsFn | None = None) -> list[list[dict[str, Tensor]]]:
-    """Per [b][g]: `logq`, `rb_entropy`, `d_logq`, `d_rb_entropy`, each float64 [T] on CPU.
+        logits_fn: LogitsFn | None = None, order: int = 1) -> list[list[dict[str, Tensor]]]:
+    """Per [b][g]: `logq`, `rb_entropy`, `d_logq`, `d_rb_entropy` (and with order 2 `d2_logq`,
+    `d2_rb_entropy`), each float64 [T] on CPU.
 
-    d_x = D_v x = d/dη x(θ + η·v) at η = 0, exact, by forward-mode AD (`torch.func.jvp`) through
-    `functional_call` with the named parameters as primals and v as tangents, under eager
-    attention (MATH.md §6). Token maths in float64. The forward uses precision.func_override.
+    d_x = D_v x = d/dη x(θ + η·v) at η = 0 and d2_x = D²_v x = d²/dη² x(θ + η·v) at η = 0, exact, by
+    forward-mode AD (`torch.func.jvp`; order 2 nests it: forward over forward) through `functional_call`
+    with the named parameters as primals and v as tangents, under eager attention (MATH.md §6). Token
+    maths in float64. The forward uses precision.func_override.
     """
+    if order not in (1, 2):
+        raise ValueError(f"jvp: order must be 1 or 2, got {order!r}")
     logits_fn = logits_fn or (lambda batch, m, prof: forward_logits(policy, batch, m, prof))
     base = live_params_mapping(policy.module)
     primals, tangents = _primals_and_tangents(base, v_named)
@@ -213,19 +220,26 @@ def jvp(policy: PolicyModel, sequences: BatchedSequences, v_named: Mapping[str, 
                                     fp64=True, chunk_size=config.token_chunk_size, rows=batch.rows)
             return st["logq"], st["rb_entropy"]
 
+        def first(p: dict[str, Tensor]) -> tuple:
+            return torch.func.jvp(scores, (p,), (tangents,))
+
         try:
-            return torch.func.jvp(scores, (primals,), (tangents,))
+            if order == 1:
+                (logq, ent), (d_logq, d_ent) = first(primals)
+                return logq, ent, d_logq, d_ent
+            ((logq, ent), (d_logq, d_ent)), (_, (d2_logq, d2_ent)) = torch.func.jvp(first, (primals,), (tangents,))
+            return logq, ent, d_logq, d_ent, d2_logq, d2_ent
         except NonFiniteLogitsError as exc:
             raise located_numerics_error(batch, exc, phase) from None
 
     size = int(tf_batch_size or config.tf_batch_size)
-    with eager_attention(policy.module), torch.no_grad():
+    # Nested forward mode needs grad mode on: under no_grad, silu's forward derivative calls silu_backward,
+    # which has no forward derivative itself (torch 2.13); with grad mode the composite path is taken.
+    with eager_attention(policy.module), torch.set_grad_enabled(order == 2):
         for batch in progress(list(tf_batches(sequences, size, policy.device)), "teacher forcing (jvp)"):
-            for sub, ((logq, ent), (d_logq, d_ent)) in run_with_oom_retry(
-                    sequences, batch, run, phase=phase, can_split=True, state=state, device=policy.device,
-                    logger=policy.logger):
-                parts = [torch.split(t.detach().cpu(), sub.lengths) for t in (logq, ent, d_logq, d_ent)]
+            for sub, values in run_with_oom_retry(sequences, batch, run, phase=phase, can_split=True, state=state,
+                                                  device=policy.device, logger=policy.logger):
+                parts = [torch.split(t.detach().cpu(), sub.lengths) for t in values]
                 for r, (b, g) in enumerate(sub.pairs):
-                    out[b][g] = {"logq": parts[0][r], "rb_entropy": parts[1][r],
-                                 "d_logq": parts[2][r], "d_rb_entropy": parts[3][r]}
+                    out[b][g] = {key: part[r] for key, part in zip(JVP_KEYS, parts)}
     return out  # type: ignore[return-value]

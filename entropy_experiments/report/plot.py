@@ -33,8 +33,9 @@ def _eta_grid(etas: list[float]) -> np.ndarray:
 def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
     """Plot measured ΔH(η) (± SE) against the first-order prediction δH₁(η) = η·X̂·v (± its SE band).
 
-    Left panel: ΔH vs η. Right panel: ΔH/η vs η against the constant X̂·v, which shows where the
-    linear regime ends. The SE of δH₁ at the config lr is se.total, so the band at η is |η|/lr·se.total.
+    Left panel: ΔH vs η. Middle panel: ΔH/η vs η against the constant X̂·v, which shows where the
+    linear regime ends. Third panel (when the rows carry paired residuals): ΔH − η·X̂·v ± its paired SE
+    against ½η²·d2 (when the second-order coefficient was measured). The SE of δH₁ at the config lr is se.total, so the band at η is |η|/lr·se.total.
     x is symlog when the η values span more than a decade. Without ΔH(η) rows (`true` = [],
     importance.enabled: false) only the prediction is drawn, over η ∈ [0, lr], and the title says
     ΔH(η) was not measured. Written atomically as PNG.
@@ -50,9 +51,12 @@ def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
     etas = [e for e, _, _ in points] if measured else ([lr] if is_finite_number(lr) and lr > 0 else [])
     nonzero = [abs(e) for e in etas if e != 0]
 
-    fig = Figure(figsize=(11, 4.5), constrained_layout=True)
+    residuals = [(e["eta"], e["residual"]["value"], e["residual"].get("se")) for e in entries
+                 if isinstance(e.get("residual"), dict) and is_finite_number(e["residual"].get("value"))]
+    fig = Figure(figsize=(16 if residuals else 11, 4.5), constrained_layout=True)
     FigureCanvasAgg(fig)
-    ax, ax_ratio = fig.subplots(1, 2)
+    axes = fig.subplots(1, 3 if residuals else 2)
+    ax, ax_ratio = axes[0], axes[1]
     if nonzero and is_finite_number(bars_dot):
         _draw_prediction(ax, ax_ratio, _eta_grid(etas), bars_dot, results.get("se", {}).get("total"), lr)
     if points:
@@ -61,8 +65,10 @@ def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.text(0.5, 0.5, "no finite ΔH(η)", transform=ax.transAxes, ha="center")
     else:
         ax_ratio.set_xlim(ax.get_xlim())  # nothing on the right fixes its η range: the prediction's
+    if residuals:
+        _draw_residuals(axes[2], residuals, _eta_grid(etas), (results.get("second_order") or {}).get("d2"))
     symlog = min(nonzero) if nonzero and max(nonzero) / min(nonzero) > 10 else None
-    _style_axes((ax, ax_ratio), etas, symlog, UNITS_LONG.get(results.get("normalize", "per_token"), "nats"))
+    _style_axes(tuple(axes), etas, symlog, UNITS_LONG.get(results.get("normalize", "per_token"), "nats"))
     label = run_label(results)
     fig.suptitle("Entropy change of one update step" + (f": {label}" if label else "")
                  + ("" if measured else f" — {IMPORTANCE_OFF_NOTE}"))
@@ -98,7 +104,17 @@ def _draw_measured(ax: Any, ax_ratio: Any, points: list[tuple[float, float, Any]
                       fmt="o", color="C3", capsize=3, label="ΔH/η (SNIS) ± SE")
 
 
-def _style_axes(axes: tuple[Any, Any], etas: list[float], symlog: float | None, unit: str) -> None:
+def _draw_residuals(ax: Any, points: list[tuple[float, float, Any]], grid: np.ndarray, d2: Any) -> None:
+    """ρ(η) = ΔH(η) − η·X̂·v ± its paired SE (same E), against 0 (first order exact) and ½η²·d2 (second order)."""
+    eta, rho, err = (np.array(c, dtype=float) for c in zip(*[(e, r, s if is_finite_number(s) else np.nan)
+                                                              for e, r, s in points]))
+    ax.errorbar(eta, rho, yerr=np.nan_to_num(err), fmt="o", color="C3", capsize=3, label="ΔH − η·X̂·v ± paired SE")
+    if is_finite_number(d2):
+        ax.plot(grid, 0.5 * grid ** 2 * d2, color="C2", label="½η²·d2 (second order)")
+    ax.set_title("residual of first order", fontsize=10)
+
+
+def _style_axes(axes: tuple[Any, ...], etas: list[float], symlog: float | None, unit: str) -> None:
     """Ticks at the given η values (labelled compactly: matplotlib's default labels for η ~ 1e-5 print
     every decimal and overlap), symlog x with that linear threshold when given, zero lines, labels."""
     ticks = sorted({0.0, *etas})
@@ -116,3 +132,5 @@ def _style_axes(axes: tuple[Any, Any], etas: list[float], symlog: float | None, 
             a.legend(fontsize=8)
     axes[0].set_ylabel(f"ΔH ({unit})")
     axes[1].set_ylabel(f"ΔH/η ({unit} per unit lr)")
+    if len(axes) > 2:
+        axes[2].set_ylabel(f"ΔH − η·X̂·v ({unit})")

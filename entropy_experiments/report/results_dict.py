@@ -46,8 +46,8 @@ class ProbeOutcome:
     policy: Any = None                    # probe.Policy: the loaded model, optimizer and SequenceProcessor
 
 
-def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[dict], timing: dict,
-                     facts: RunFacts) -> ProbeOutcome:
+def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[dict], second_order: dict | None,
+                     timing: dict, facts: RunFacts) -> ProbeOutcome:
     """The results dict from the phases' typed results (`probe.DeltaH1Result`, `probe.ErrorBars`, truth and
     its paired residuals, one per η)."""
     scores = res.scores
@@ -56,7 +56,10 @@ def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[d
         "deltaH1": res.delta_h1, "bars_dot": res.bars_dot, "learning_rate": res.learning_rate,
         "normalize": facts.normalize, "se": bars.se,
         "H_orig": {"per_token": float(seq_h.sum() / lengths.sum()), "per_sequence": float(seq_h.mean())},
-        "true": [{**row, "residual": resid} for row, resid in zip(truth["true"], residuals)],
+        "true": [{**row, "residual": resid,
+                  "second_order_prediction": None if second_order is None else second_order["predictions"][f"{row['eta']:g}"]}
+                 for row, resid in zip(truth["true"], residuals)],
+        "second_order": None if second_order is None else {k: v for k, v in second_order.items() if k != "predictions"},
         "linearity": truth["linearity"],
         "counts": {"B_E": E["num_prompts"] * E["num_responses_per_prompt"],
                    "unique_E_prompts": len(set(E["prompt_ids"])), "B_U": U["num_prompts"],

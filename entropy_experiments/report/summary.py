@@ -69,7 +69,7 @@ def render_summary(results: dict[str, Any]) -> str:
         if any(entry.get("residual") for entry in entries):
             console.print(RESIDUAL_NOTE, markup=False, highlight=False)
         console.print()
-        console.print(_fit_table(results.get("linearity") or {}, bars_dot))
+        console.print(_fit_table(results.get("linearity") or {}, bars_dot, results.get("second_order")))
     else:
         console.print(IMPORTANCE_OFF_NOTE, markup=False, highlight=False)
     console.print()
@@ -148,8 +148,8 @@ def _residual_cells(residual: dict[str, Any] | None) -> tuple[str, str]:
             format_number(z, "+.2f") + verdict)
 
 
-def _fit_table(lin: dict[str, Any], bars_dot: Any) -> Any:
-    """The linearity fits of ΔH in η against X̂·v."""
+def _fit_table(lin: dict[str, Any], bars_dot: Any, second_order: dict[str, Any] | None = None) -> Any:
+    """The linearity fits of ΔH in η against X̂·v, and the second-order coefficient with η* when measured."""
     from rich.table import Table
 
     fit = Table(title="Linearity of ΔH in η", show_header=False, box=None, title_justify="left", padding=(0, 2))
@@ -163,6 +163,10 @@ def _fit_table(lin: dict[str, Any], bars_dot: Any) -> Any:
         s = item.get("slope")
         fit.add_row(f"symmetric slope η={format_number(item.get('eta'), '.3g')}",
                     f"{format_number(s, '+.4g')}  (ratio {format_number(_ratio(s, bars_dot), '.3f')})")
+    if second_order:
+        fit.add_row("second order d2 = D²_v H", f"{format_number(second_order.get('d2'), '+.4g')} ± "
+                                                f"{format_number(second_order.get('se'), '.2g')} per unit η²")
+        fit.add_row("η* (½η²d2 = 10 % of η·X̂·v)", format_number(second_order.get("eta_star"), ".3g"))
     return fit
 
 
