@@ -53,27 +53,40 @@ def _demo_probe(args):
 
 
 def training_step_seconds(probe, E: dict, U: dict) -> float:
-    """Wall time of one Dr-GRPO step (forward + backward over E ∪ U, clip, AdamW.step) on a copy of the optimizer."""
-    from entropy_experiments.probe_components import ProbeComponents
+    """Wall time of one Dr-GRPO step on a copy of the optimizer: a microbatched forward + backward over EVERY
+    E ∪ U sequence (U with its Dr-GRPO advantages, E with advantage 1 so that it carries gradient; a trainer
+    back-propagates all-zero-advantage prompts too), clipping and AdamW.step()."""
+    from entropy_experiments.estimators.objective_gradient import (
+        Trainable,
+        chunked,
+        objective_gradient_sums,
+        prompts_per_microbatch,
+        u_terms,
+    )
+    from entropy_experiments.estimators.objectives import SequenceTerms
 
-    components = ProbeComponents(probe.model, probe.config, sequence_processor=probe._ensure_sequence_processor())
-    E_as_training = dict(E, advantages=torch.ones_like(E["advantages"]))
-    saved = [p.detach().clone() for p in components.params]
+    sp, options = probe._ensure_sequence_processor(), probe.config.objective_options()
+    trainable = Trainable.of(probe.model)
+    E_terms = [[SequenceTerms(1.0, 1.0 / float(sum(map(sum, E["gen_lens"]))), 0.0)] * E["num_responses_per_prompt"]
+               for _ in range(E["num_prompts"])]
+    saved = [p.detach().clone() for p in trainable.params]
     optimizer = copy.deepcopy(probe.optimizer)
     params_of_copy = [p for group in optimizer.param_groups for p in group["params"]]
     t0 = time.perf_counter()
-    total = components.trainable.zeros()
-    for batch in (U, E_as_training):
-        grads = components.accumulate_sum_Y(batch).total
+    total = trainable.zeros(torch.float64)
+    for batch, terms in ((U, u_terms(U, options)), (E, E_terms)):
+        per_mb = prompts_per_microbatch(probe.config.estimator.microbatch_size, batch["num_responses_per_prompt"])
+        items = [(0, idx) for idx in chunked(list(range(batch["num_prompts"])), per_mb)]
+        sums, _ = objective_gradient_sums(sp, trainable, batch, items, terms, options, 1)
         for name in total:
-            total[name] += grads[name]
-    for p, name in zip(params_of_copy, components.param_names):
-        p.grad = total[name]
+            total[name] += sums[0][name]
+    for p, name in zip(params_of_copy, trainable.names):
+        p.grad = total[name].float()
     torch.nn.utils.clip_grad_norm_(params_of_copy, 1.0)
     optimizer.step()
     seconds = time.perf_counter() - t0
     with torch.no_grad():
-        for p, s in zip(components.params, saved):
+        for p, s in zip(trainable.params, saved):
             p.copy_(s)
             p.grad = None
     return seconds
@@ -84,6 +97,7 @@ def phases_1_3_seconds(probe, E: dict, U: dict, directional: str = "auto") -> tu
 
     d = probe.config.to_dict()
     d["variance"]["directional"] = directional
+    d["second_order"]["enabled"] = False  # not part of phases 1–3 (and the timed run is phase1_3_total only)
     probe.config = config_from_dict(d)
     results = probe.run_mixed_probe(batches=(E, U))
     return results["timing"]["phase1_3_total"], results

@@ -25,8 +25,7 @@ from .checkpoint.learning_rate import resolve_learning_rate
 from .checkpoint.load import load_for_probe, locate_checkpoint
 from .compat.sequence_processor import SequenceProcessor
 from .config import ProbeConfig
-from .data.batch import concat_batches, subset_batch, validate_batch, zero_advantage_prompts
-from .data.datasets import load_examples
+from .data.batch import concat_batches, subset_batch
 from .data.plan import IndexPlan, draw_index_plan
 from .data.rewards import clear_reward_warnings
 from .errors import ProbeError
@@ -65,7 +64,7 @@ from .parallel import SINGLE, DistContext, init_from_env, rank_seed
 from .phase_results import DeltaH1Result, Policy, WarningLog
 from .policy.progress import progress as progress_bar
 from .report.results_dict import ProbeOutcome, RunFacts, assemble_results
-from .sampling import sample_batch
+from .sampling import prompt_examples, sample_batch, saved_batches, warn_zero_advantages
 from .test_hooks import inject_fault_for_tests
 
 log = logging.getLogger("entropy_experiments.probe")
@@ -259,12 +258,6 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH
 
 
 # ---------------------------------------------------------------------- phase 0: sampling
-def prompt_examples(config: ProbeConfig) -> list:
-    """The prompt pool of `batch_config` (dataset registry)."""
-    bc = config.batch_config
-    return load_examples(bc.dataset_name, bc.split, dataset_path=bc.dataset_path, pool_size=bc.pool_size)
-
-
 def draw_plan(config: ProbeConfig, n_examples: int, dist: DistContext) -> IndexPlan:
     """The index plan, drawn on rank 0 and broadcast (or rank 0's error raised on every rank)."""
     bc = config.batch_config
@@ -299,7 +292,7 @@ def sample_phase(config: ProbeConfig, sp, dist: DistContext = SINGLE,
                  logger: logging.Logger = log) -> tuple[dict, dict, IndexPlan]:
     """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G."""
     bc, seed = config.batch_config, config.seed
-    examples = prompt_examples(config)
+    examples = prompt_examples(config.batch_config)
     plan = draw_plan(config, len(examples), dist)
     reference = not config.probe_rework.use_sequence_processor_sampling
     desc = plan.describe()
@@ -315,25 +308,6 @@ def sample_phase(config: ProbeConfig, sp, dist: DistContext = SINGLE,
     U = sample_sharded(sp, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, with_rewards=True,
                        reference=reference, dist=dist, what="U")
     return E, U, plan
-
-
-def saved_batches(batches: tuple[dict, dict], logger: logging.Logger = log) -> tuple[dict, dict]:
-    """Saved (E, U) batches, validated."""
-    E, U = batches
-    validate_batch(E, "E_batch")
-    validate_batch(U, "U_batch")
-    logger.info("Phase 0: reusing saved batches (E %d×%d, U %d×%d)", E["num_prompts"], E["num_responses_per_prompt"],
-                U["num_prompts"], U["num_responses_per_prompt"])
-    return E, U
-
-
-def warn_zero_advantages(U: dict, notes: WarningLog, logger: logging.Logger = log) -> int:
-    n_zero = zero_advantage_prompts(U)
-    logger.info("U: %d of %d prompts have all-zero advantages (they add nothing to v)", n_zero, U["num_prompts"])
-    if n_zero == U["num_prompts"]:
-        notes.warn("every U prompt has all-zero advantages: the update direction is pure weight decay / "
-                   "momentum (check rewards and gold answers)")
-    return n_zero
 
 
 # ---------------------------------------------------------------------- the whole probe
@@ -358,6 +332,21 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, notes:
     return res, bars, timing
 
 
+def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, bars: ErrorBars,
+                             dist: DistContext = SINGLE) -> tuple[dict, list[dict], dict | None, dict]:
+    """Phase 4 (ΔH(η) and the paired residuals) and the second-order coefficient, with their timings."""
+    timing, t0 = {}, time.perf_counter()
+    truth = truth_phase(config, policy, E, res, dist)
+    residuals = paired_residuals(truth, res, bars, normalize=config.estimator.normalize)
+    if config.importance.enabled:
+        timing["phase4_importance"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    second_order = second_order_phase(config, policy, E, res, dist)
+    if second_order is not None:
+        timing["phase5_second_order"] = time.perf_counter() - t0
+    return truth, residuals, second_order, timing
+
+
 def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | None = None,
         batches: tuple[dict, dict] | None = None, on_batches=None, chunk_store=None,
         notes: WarningLog | None = None, sampling_warnings: list[str] = (),
@@ -379,15 +368,11 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     inject_fault_for_tests("sampled", dist.rank)
     if on_batches is not None:
         on_batches(E, U)
-    n_zero = warn_zero_advantages(U, notes, logger)
+    n_zero = warn_zero_advantages(U, notes.warn, logger)
     res, bars, estimate_timing = estimate_phase(config, policy, E, U, notes, dist, logger)
     timing.update(estimate_timing)
-    t0 = time.perf_counter()
-    truth = truth_phase(config, policy, E, res, dist)
-    residuals = paired_residuals(truth, res, bars, normalize=config.estimator.normalize)
-    second_order = second_order_phase(config, policy, E, res, dist)
-    if config.importance.enabled:
-        timing["phase4_importance"] = time.perf_counter() - t0
+    truth, residuals, second_order, later_timing = beyond_first_order_phase(config, policy, E, res, bars, dist)
+    timing.update(later_timing)
     timing["total"] = time.perf_counter() - t_start
     facts = RunFacts(normalize=config.estimator.normalize, config_hash=config.config_hash(), seed=config.seed,
                      entropy_fp64=config.precision.entropy_fp64,

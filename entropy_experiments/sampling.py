@@ -3,22 +3,24 @@
 The index plan is drawn once from the config seed — E prompts WITH replacement (G = 1) or distinct,
 U prompts distinct — so that a distributed run can draw it on rank 0 and broadcast it (probe.py), and
 a resumed run can check it. Generation itself is the SequenceProcessor's; `sample_batch` turns a list
-of prompt indices into one packed batch.
-IndexPlan / draw_index_plan moved to entropy_experiments.data.plan and are re-exported here.
+of prompt indices into one packed batch; `saved_batches` validates a resumed run's; `prompt_examples`
+loads the prompt pool. IndexPlan / draw_index_plan live in data/plan.py and are re-exported here.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
-from .data.batch import pack_batch
+from .data.batch import pack_batch, validate_batch, zero_advantage_prompts
+from .data.datasets import load_examples
 from .data.plan import IndexPlan, draw_index_plan
 
 log = logging.getLogger("entropy_experiments.sampling")
 
-__all__ = ["IndexPlan", "draw_index_plan", "sample_batch"]
+__all__ = ["IndexPlan", "draw_index_plan", "prompt_examples", "sample_batch", "saved_batches", "warn_zero_advantages"]
 
 
 def sample_batch(sp, examples: list, prompt_indices: list[int], G: int, *, seed: int, with_rewards: bool,
@@ -42,3 +44,28 @@ def sample_batch(sp, examples: list, prompt_indices: list[int], G: int, *, seed:
     seqs.prompt_ids = [int(ex.meta["global_prompt_id"]) for ex in chosen]
     rewards = sp.compute_rewards(prompts, seqs, chosen) if with_rewards else None
     return pack_batch(seqs, rewards, with_advantages=with_rewards)
+
+
+def prompt_examples(bc) -> list:
+    """The prompt pool of the config's `batch_config` section (dataset registry)."""
+    return load_examples(bc.dataset_name, bc.split, dataset_path=bc.dataset_path, pool_size=bc.pool_size)
+
+
+def saved_batches(batches: tuple[dict, dict], logger: logging.Logger = log) -> tuple[dict, dict]:
+    """Saved (E, U) batches, validated."""
+    E, U = batches
+    validate_batch(E, "E_batch")
+    validate_batch(U, "U_batch")
+    logger.info("Phase 0: reusing saved batches (E %d×%d, U %d×%d)", E["num_prompts"], E["num_responses_per_prompt"],
+                U["num_prompts"], U["num_responses_per_prompt"])
+    return E, U
+
+
+def warn_zero_advantages(U: dict, warn: Callable[[str], None], logger: logging.Logger = log) -> int:
+    """Log how many U prompts have all-zero advantages; `warn` when all of them do (v is then no policy step)."""
+    n_zero = zero_advantage_prompts(U)
+    logger.info("U: %d of %d prompts have all-zero advantages (they add nothing to v)", n_zero, U["num_prompts"])
+    if n_zero == U["num_prompts"]:
+        warn("every U prompt has all-zero advantages: the update direction is pure weight decay / "
+             "momentum (check rewards and gold answers)")
+    return n_zero

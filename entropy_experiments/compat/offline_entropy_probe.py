@@ -17,6 +17,7 @@ from .. import probe
 from ..config import ProbeConfig, config_from_dict, load_config
 from ..data.batch import pack_batch
 from ..estimators.objective_gradient import Trainable
+from ..sampling import prompt_examples
 from .sequence_processor import SequenceProcessor
 
 log = logging.getLogger("entropy_experiments.probe")
@@ -29,7 +30,7 @@ class OfflineEntropyProbe:
                  dist=None):
         self.config = config if isinstance(config, ProbeConfig) else config_from_dict(config)
         self.logger = logger or log
-        self.dist = dist  # parallel.DistContext; None: from the environment (torchrun) at the first run
+        self.dist = dist  # this process's place in a torchrun job; None: probe.process_context at the first run
         self.notes = probe.WarningLog(self.logger)
         self.model = None  # the seeds may set model, tokenizer and optimizer themselves instead of load()
         self.tokenizer = None
@@ -89,7 +90,7 @@ class OfflineEntropyProbe:
             self.config = self.config.model_copy(update={"checkpoint": ck})
 
     def _examples(self) -> list:
-        return probe.prompt_examples(self.config)
+        return prompt_examples(self.config.batch_config)
 
     def _pack_E_from_sequences(self, seqs) -> dict:
         return pack_batch(seqs, None, with_advantages=False)
