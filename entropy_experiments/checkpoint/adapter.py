@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from .base_model import load_base_model
+from .base_model import load_base_model, quiet_library_loading
 from .dtype_device import resolve_device, resolve_dtype
 from .layout import adapter_dir_of
 from .messages import first_line
@@ -144,7 +144,8 @@ def _apply_adapter(base: Any, adapter_dir: Path, base_id: str) -> Any:
     from peft import PeftModel
 
     try:
-        return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
+        with quiet_library_loading():
+            return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
     except RuntimeError as exc:
         if "size mismatch" not in str(exc):
             raise  # e.g. out of memory: not a property of the checkpoint
@@ -227,7 +228,8 @@ def create_lora_model(
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         try:
-            model = get_peft_model(base, config)
+            with quiet_library_loading():
+                model = get_peft_model(base, config)
         except ValueError as exc:  # target modules not present in this architecture
             raise CheckpointError(f"LoRA target_modules {list(target_modules)} do not fit base model "
                                   f"{base_id!r}: {first_line(exc)}") from exc
