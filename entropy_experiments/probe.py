@@ -72,7 +72,7 @@ NamedTensors = dict[str, Tensor]
 
 
 def progress(desc: str):
-    """A progress bar over the work items of a loop (tqdm, shown only on a terminal)."""
+    """Progress over the work items of a loop (a bar on a terminal, else log lines: policy/progress.py)."""
     return lambda items: progress_bar(items, desc)
 
 

@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from .checkpoint.adapter import create_lora_model
 from .checkpoint.base_model import load_tokenizer, resolve_base_model_id
@@ -23,6 +22,7 @@ from .config import ProbeConfig
 from .data.datasets import load_examples
 from .data.plan import draw_index_plan
 from .estimators.objective_gradient import Trainable
+from .policy.progress import progress
 from .probe import Policy, update_gradients
 from .sampling import sample_batch
 
@@ -52,7 +52,7 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
     examples = load_examples(bc.dataset_name, bc.split, dataset_path=bc.dataset_path, pool_size=bc.pool_size)
 
     mean_rewards = []
-    for step in tqdm(range(steps), desc="make-checkpoint (Dr-GRPO steps)", disable=None):
+    for step in progress(range(steps), "make-checkpoint (Dr-GRPO steps)"):
         plan = draw_index_plan(len(examples), B_E=1, B_U=bc.B_U, G=bc.G, E_sampling_mode="replacement",
                                seed=config.seed + 1000 * (step + 1))
         U = sample_batch(sp, examples, plan.U_prompt_indices, bc.G, seed=config.seed + 1000 * (step + 1) + 1,
