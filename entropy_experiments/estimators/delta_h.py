@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from . import snis as stats
-from .sequence_scores import SequenceScores, log_weights, score_sequences
+from .sequence_scores import SequenceScores, log_weights, score_sequences, units_of
 
 NamedTensors = dict[str, Tensor]
 log = logging.getLogger("entropy_experiments.importance")
@@ -94,7 +94,7 @@ def measure_delta_h(sp, E_batch: dict | None, v_named: NamedTensors, etas: list[
     the SNIS estimate then runs on the whole E. By default E is whole and `gather` is the identity.
     """
     if units is None:
-        units = [b for b in range(E_batch["num_prompts"]) for _ in range(E_batch["num_responses_per_prompt"])]
+        units = units_of(E_batch["num_prompts"], E_batch["num_responses_per_prompt"])
     local = E_batch is not None
     base = base or (score_sequences(sp, E_batch) if local else None)
     T = gather([len(x) for x in base.token_logqs] if local else [], "E lengths gather")

@@ -235,6 +235,7 @@ def jvp(policy: PolicyModel, sequences: BatchedSequences, v_named: Mapping[str, 
     size = int(tf_batch_size or config.tf_batch_size)
     # Nested forward mode needs grad mode on: under no_grad, silu's forward derivative calls silu_backward,
     # which has no forward derivative itself (torch 2.13); with grad mode the composite path is taken.
+    # The primals are detached views (live_params_mapping), so no autograd graph is recorded.
     with eager_attention(policy.module), torch.set_grad_enabled(order == 2):
         for batch in progress(list(tf_batches(sequences, size, policy.device)), "teacher forcing (jvp)"):
             for sub, values in run_with_oom_retry(sequences, batch, run, phase=phase, can_split=True, state=state,
