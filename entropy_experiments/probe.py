@@ -4,11 +4,12 @@
     sample    index plan → E and U generated, rewarded and packed                   (data/plan.py, sampling.py)
     update    g = ∇L_U of the trainer objective → v, the AdamW step per unit lr      (estimators/objective_gradient.py)
     entropy   X̂ = ∇L_X on E, the scores and (for the error bars) the pieces a, r    (estimators/entropy_gradient.py)
-    bars      SE_E, SE_U, SE_total; paired residuals ΔH(η) − η·X̂·v                (estimators/error_bars.py)
-    truth     ΔH(η) by SNIS on the same E; d2 = D²_v H        (estimators/delta_h.py, second_order.py)
+    bars      SE_E, SE_U, SE_total                                                  (estimators/error_bars.py)
+    beyond    ΔH(η) by SNIS on the same E, paired residuals, d2 = D²_v H, competing predictors
+                                                                                   (beyond_first_order.py)
     report    the results dict and the per-sequence rows                             (report/results_dict.py)
 
-Only this module, run.py and parallel.py know about ranks. Under torchrun rank 0 draws the index plan;
+Only this module, beyond_first_order.py, run.py and parallel.py know about ranks. Under torchrun rank 0 draws the index plan;
 each rank runs its contiguous share of the work items a single process would run (so every microbatch
 is computed as in one process); float64 sums are all-reduced, per-sequence values gathered in order.
 """
@@ -17,19 +18,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from torch import Tensor
 
+from .beyond_first_order import beyond_first_order_phase, scoring_share
 from .checkpoint.learning_rate import resolve_learning_rate
 from .checkpoint.load import load_for_probe, locate_checkpoint
 from .compat.sequence_processor import SequenceProcessor
 from .config import ProbeConfig
-from .data.batch import concat_batches, subset_batch
+from .data.batch import concat_batches
 from .data.plan import IndexPlan, draw_index_plan
 from .data.rewards import clear_reward_warnings
 from .errors import ProbeError
-from .estimators.delta_h import eta_grid, measure_delta_h
 from .estimators.entropy_gradient import (
     coefficients,
     e_microbatches,
@@ -38,7 +38,7 @@ from .estimators.entropy_gradient import (
     pieces_method,
     surrogate_gradient_sum,
 )
-from .estimators.error_bars import ErrorBars, error_bars, paired_residuals
+from .estimators.error_bars import ErrorBars, error_bars
 from .estimators.objective_gradient import (
     Trainable,
     UGradients,
@@ -49,26 +49,20 @@ from .estimators.objective_gradient import (
     u_terms,
     u_work_items,
 )
-from .estimators.second_order import second_derivative, second_order_report
-from .estimators.sequence_scores import (
-    SECOND_ORDER_KEYS,
-    SequenceScores,
-    score_sequences,
-    second_order_sums,
-    units_of,
-)
-from .estimators.snis import linearity_fit
+from .estimators.sequence_scores import SequenceScores, score_sequences, units_of
 from .estimators.surrogate import SurrogateCoefficients, directional_pieces
-from .estimators.update_direction import named_dot, optimizer_step_direction
+from .estimators.update_direction import named_dot
 from .parallel import SINGLE, DistContext, init_from_env, rank_seed
 from .phase_results import DeltaH1Result, Policy, WarningLog
 from .policy.progress import progress as progress_bar
 from .report.results_dict import ProbeOutcome, RunFacts, assemble_results
 from .sampling import prompt_examples, sample_batch, saved_batches, warn_zero_advantages
+from .step_directions import predictor_directions, step_direction
 from .test_hooks import inject_fault_for_tests
 
 log = logging.getLogger("entropy_experiments.probe")
 NamedTensors = dict[str, Tensor]
+MAIN = "v"  # the key of the probe's own direction among the directions the E pass takes pieces along
 
 
 def progress(desc: str):
@@ -118,30 +112,9 @@ def update_phase(config: ProbeConfig, policy: Policy, U: dict, groups: list[list
                  dist: DistContext = SINGLE) -> tuple[UGradients, NamedTensors, dict]:
     """g (per group; one group by default) → v, the AdamW step per unit lr, and its description."""
     grads = update_gradients(config, policy, U, groups or [list(range(U["num_prompts"]))], dist)
-    v, info = direction(config, policy, grads.total)
+    v, info = step_direction(config, policy, grads.total)
     info["u_loss"] = grads.loss
     return grads, v, info
-
-
-def direction(config: ProbeConfig, policy: Policy, grads: NamedTensors) -> tuple[NamedTensors, dict]:
-    """v per unit lr from g and the loaded AdamW state (MATH.md §4), with its description for results.json."""
-    t = policy.trainable
-    options = config.objective_options()
-    v, info = optimizer_step_direction(config.estimator.update_direction,
-                                       {n: p.detach() for n, p in zip(t.names, t.params)}, grads, policy.optimizer,
-                                       max_grad_norm=options.max_grad_norm)
-    info = {**{k: info[k] for k in ("direction", "norm", "grad_norm", "clipped", "max_grad_norm")},
-            "objective": options.to_dict(), "hyperparameters": info["hyperparameters"]}
-    return v, info
-
-
-def scoring_share(config: ProbeConfig, E: dict, dist: DistContext) -> tuple[dict | None, list[int]]:
-    """This rank's share of E for a no-grad pass (whole tf chunks): its sub-batch (None: none) and sequence indices."""
-    G, B = E["num_responses_per_prompt"], E["num_prompts"]
-    if not dist.enabled:
-        return E, list(range(B * G))
-    mine = dist.scoring_prompts(B, G, config.generation.tf_batch_size)
-    return (subset_batch(E, mine) if mine else None), [b * G + g for b in mine for g in range(G)]
 
 
 def score_E(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors | None,
@@ -156,14 +129,15 @@ def score_E(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors | None
     return SequenceScores.from_rows(dist.gather_rows(rows, len(units), "E scores gather"), units)
 
 
-def one_pass_phase(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors | None,
-                   dist: DistContext = SINGLE) -> tuple[NamedTensors, SequenceScores, SurrogateCoefficients, Any]:
-    """X̂, the E scores, the coefficients and (with v) the pieces from ONE forward per microbatch (baseline none)."""
+def one_pass_phase(config: ProbeConfig, policy: Policy, E: dict, directions: dict[str, NamedTensors],
+                   dist: DistContext = SINGLE) -> tuple[NamedTensors, SequenceScores, SurrogateCoefficients, dict]:
+    """X̂, the E scores, the coefficients and the pieces along each of `directions` ({name: v}; empty: none)
+    from ONE forward per microbatch (baseline none)."""
     options = config.entropy_options()
     G, N = E["num_responses_per_prompt"], E["num_prompts"] * E["num_responses_per_prompt"]
     sums = one_pass_sums(policy.sp, policy.trainable, E,
-                         dist.chunk_slice(e_microbatches(E["num_prompts"], G, options.microbatch_size)), options, v,
-                         agree_on_shift=lambda s: dist.broadcast_float(s, "E shift broadcast"),
+                         dist.chunk_slice(e_microbatches(E["num_prompts"], G, options.microbatch_size)), options,
+                         directions, agree_on_shift=lambda s: dist.broadcast_float(s, "E shift broadcast"),
                          progress=progress("E backward (entropy surrogate)"))
     if dist.enabled:  # one flat all-reduce: X_α, X_β and the per-sequence a, r (zero off this rank)
         summed = dist.all_reduce_tree({"alpha": sums.X_alpha, "beta": sums.X_beta, "a": sums.a, "r": sums.r},
@@ -172,8 +146,29 @@ def one_pass_phase(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors
     gathered = dist.gather_rows(sums.rows, N, "E scores gather")
     scores = SequenceScores(token_logqs=[row[0] for row in gathered], token_entropies=[row[1] for row in gathered],
                             unit_of_sequence=units_of(E["num_prompts"], G))
-    X, coefs, pieces = finish_one_pass(sums, scores, options, with_pieces=v is not None)
+    X, coefs, pieces = finish_one_pass(sums, scores, options)
     return X, scores, coefs, pieces
+
+
+def scored_pieces_phase(config: ProbeConfig, policy: Policy, E: dict, directions: dict[str, NamedTensors],
+                        with_pieces: bool, dist: DistContext = SINGLE
+                        ) -> tuple[NamedTensors, SequenceScores, SurrogateCoefficients, dict, dict]:
+    """E scored first (with the jvp along v when the pieces are wanted), X̂ by a second backward pass; the
+    pieces along every other direction by one more jvp scoring pass each. Returns the timings too."""
+    timings, t0 = {}, time.perf_counter()
+    scores = score_E(config, policy, E, directions[MAIN] if with_pieces else None, dist)
+    coefs = coefficients(scores, config.entropy_options())
+    pieces = {}
+    if with_pieces:
+        pieces[MAIN] = directional_pieces(scores.d_logq, scores.d_entropy, coefs)
+        for name, v in directions.items():
+            if name != MAIN:
+                other = score_E(config, policy, E, v, dist)
+                pieces[name] = directional_pieces(other.d_logq, other.d_entropy, coefs)
+    timings["E_scoring"], t0 = time.perf_counter() - t0, time.perf_counter()
+    X = surrogate_gradient_phase(config, policy, E, coefs, dist)
+    timings["E_backward"] = time.perf_counter() - t0
+    return X, scores, coefs, pieces, timings
 
 
 def surrogate_gradient_phase(config: ProbeConfig, policy: Policy, E: dict, coefs: SurrogateCoefficients,
@@ -189,31 +184,31 @@ def surrogate_gradient_phase(config: ProbeConfig, policy: Policy, E: dict, coefs
 
 def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_groups=None,
                    per_sequence_pieces: bool = False, dist: DistContext = SINGLE) -> DeltaH1Result:
-    """δH₁ = lr · X̂·v. U goes first: v is needed by the E pass when the pieces are wanted."""
+    """δH₁ = lr · X̂·v. U goes first: v (and the competing predictors' directions) are needed by the E pass
+    when the pieces are wanted."""
     timings, t0 = {}, time.perf_counter()
     u_grads, v, info = update_phase(config, policy, U, u_groups, dist)
+    extra, unavailable = predictor_directions(config, policy, u_grads.total)
     timings["U_gradient_and_direction"] = time.perf_counter() - t0
     method = pieces_method(policy.trainable, config.entropy_options(), per_sequence_pieces)
-    pieces = None
+    directions = {MAIN: v, **extra}
     if method in ("one_pass", "backward_hooks"):
         t0 = time.perf_counter()
-        X, scores, coefs, pieces = one_pass_phase(config, policy, E, v if method == "backward_hooks" else None, dist)
+        X, scores, coefs, pieces = one_pass_phase(config, policy, E, directions if method == "backward_hooks" else {},
+                                                  dist)
         timings["E_backward"] = time.perf_counter() - t0
     else:
-        t0 = time.perf_counter()
-        scores = score_E(config, policy, E, v if method == "jvp" else None, dist)
-        coefs = coefficients(scores, config.entropy_options())
-        timings["E_scoring"], t0 = time.perf_counter() - t0, time.perf_counter()
-        X = surrogate_gradient_phase(config, policy, E, coefs, dist)
-        timings["E_backward"] = time.perf_counter() - t0
-        if method == "jvp":
-            pieces = directional_pieces(scores.d_logq, scores.d_entropy, coefs)
+        X, scores, coefs, pieces, e_timings = scored_pieces_phase(config, policy, E, directions, method == "jvp",
+                                                                  dist)
+        timings.update(e_timings)
     lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
     bars_dot = named_dot(X, v)
+    main_pieces = pieces.pop(MAIN, None)
     return DeltaH1Result(delta_h1=lr * bars_dot, bars_dot=bars_dot, learning_rate=lr, Xbar=X, Ybar=v,
                          coefficients=coefs, scores=scores, u_gradients=u_grads, update_info=info,
-                         timings=timings, pieces=pieces,
-                         pieces_method=method if method in ("backward_hooks", "jvp") else None)
+                         timings=timings, pieces=main_pieces,
+                         pieces_method=method if method in ("backward_hooks", "jvp") else None,
+                         predictor_directions=extra, predictor_pieces=pieces, predictors_unavailable=unavailable)
 
 
 # ---------------------------------------------------------------------- error bars and truth
@@ -223,38 +218,7 @@ def error_bars_phase(config: ProbeConfig, policy: Policy, res: DeltaH1Result, u_
     if not config.variance.enabled:
         return ErrorBars.unavailable()
     return error_bars(res, u_groups, normalize=config.estimator.normalize,
-                      direction_of=lambda g: direction(config, policy, g)[0], warn=notes.warn)
-
-
-def truth_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, dist: DistContext = SINGLE) -> dict:
-    """ΔH(η) by SNIS on the same E for every η; each rank scores whole tf chunks, values gathered in order."""
-    imp = config.importance
-    if not imp.enabled:
-        return {"true": [], "linearity": linearity_fit([], []), "per_sequence": {}}  # NaN slopes
-    G, B = E["num_responses_per_prompt"], E["num_prompts"]
-    local_E, rows_mine = scoring_share(config, E, dist)
-    t = policy.trainable
-    return measure_delta_h(policy.sp, local_E, res.Ybar, eta_grid(imp.eta_list, imp.symmetric),
-                           normalize=config.estimator.normalize, units=units_of(B, G), mode=imp.mode,
-                           optimizer=policy.optimizer, named_params=list(zip(t.names, t.params)),
-                           grads=res.u_gradients.total, max_grad_norm=config.objective_options().max_grad_norm,
-                           gather=dist.row_gatherer(rows_mine, B * G))
-
-
-def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result,
-                       dist: DistContext = SINGLE) -> dict | None:
-    """d2 = D²_v H of the SNIS estimate on E with its SE, η* and the prediction per η (None: off); sharded like ΔH."""
-    if not config.second_order.enabled:
-        return None
-    G, B = E["num_responses_per_prompt"], E["num_prompts"]
-    local_E, rows_mine = scoring_share(config, E, dist)
-    sums = second_order_sums(policy.sp, local_E, res.Ybar) if local_E is not None else None
-    gather = dist.row_gatherer(rows_mine, B * G)
-    cols = {k: gather(sums[k] if sums else [], f"second-order sums gather ({k})") for k in SECOND_ORDER_KEYS}
-    d2 = second_derivative(cols["s"], cols["s2"], cols["dh"], cols["d2h"], cols["h"], cols["T"],
-                           normalize=config.estimator.normalize, units=units_of(B, G))
-    etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
-    return second_order_report(d2, res.bars_dot, etas, "forward-over-forward jvp")
+                      direction_of=lambda g: step_direction(config, policy, g)[0], warn=notes.warn)
 
 
 # ---------------------------------------------------------------------- phase 0: sampling
@@ -332,21 +296,6 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, notes:
     return res, bars, timing
 
 
-def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, bars: ErrorBars,
-                             dist: DistContext = SINGLE) -> tuple[dict, list[dict], dict | None, dict]:
-    """Phase 4 (ΔH(η) and the paired residuals) and the second-order coefficient, with their timings."""
-    timing, t0 = {}, time.perf_counter()
-    truth = truth_phase(config, policy, E, res, dist)
-    residuals = paired_residuals(truth, res, bars, normalize=config.estimator.normalize)
-    if config.importance.enabled:
-        timing["phase4_importance"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    second_order = second_order_phase(config, policy, E, res, dist)
-    if second_order is not None:
-        timing["phase5_second_order"] = time.perf_counter() - t0
-    return truth, residuals, second_order, timing
-
-
 def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | None = None,
         batches: tuple[dict, dict] | None = None, on_batches=None, chunk_store=None,
         notes: WarningLog | None = None, sampling_warnings: list[str] = (),
@@ -371,7 +320,8 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     n_zero = warn_zero_advantages(U, notes.warn, logger)
     res, bars, estimate_timing = estimate_phase(config, policy, E, U, notes, dist, logger)
     timing.update(estimate_timing)
-    truth, residuals, second_order, later_timing = beyond_first_order_phase(config, policy, E, res, bars, dist)
+    truth, residuals, second_order, predictors, later_timing = beyond_first_order_phase(config, policy, E, res, bars,
+                                                                                         dist)
     timing.update(later_timing)
     timing["total"] = time.perf_counter() - t_start
     facts = RunFacts(normalize=config.estimator.normalize, config_hash=config.config_hash(), seed=config.seed,
@@ -380,6 +330,6 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
                      model=policy.trainable.model, checkpoint_info=policy.checkpoint_info, world_size=dist.world_size,
                      backend=dist.backend, warnings=list(notes.messages), sampling_warnings=list(sampling_warnings),
                      zero_advantage_prompts=n_zero, plan=plan)
-    outcome = assemble_results(E, U, res, bars, truth, residuals, second_order, timing, facts)
+    outcome = assemble_results(E, U, res, bars, truth, residuals, second_order, predictors, timing, facts)
     outcome.policy = policy
     return outcome

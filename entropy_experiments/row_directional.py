@@ -15,7 +15,8 @@ no per-sample gradients. The cost is one small matmul per adapted layer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from typing import Self
 
 import torch
@@ -111,3 +112,12 @@ class RowDirectionalDerivatives:
             self.values += per_row.cpu()
 
         output.register_hook(on_grad)
+
+
+@contextmanager
+def many_row_directionals(directions: Mapping[str, dict[nn.Linear, tuple[Tensor, Tensor | None]]]
+                          ) -> Iterator[dict[str, RowDirectionalDerivatives]]:
+    """Several directions in the same backward passes: {key: RowDirectionalDerivatives} for each key's map
+    (`linear_directions`). Each adds its own hooks, so every direction costs one small matmul per layer."""
+    with ExitStack() as stack:
+        yield {key: stack.enter_context(RowDirectionalDerivatives(d)) for key, d in directions.items()}

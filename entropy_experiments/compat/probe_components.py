@@ -20,6 +20,7 @@ from ..estimators.objective_gradient import Trainable, UGradients, chunked, spli
 from ..estimators.sequence_scores import SequenceScores
 from ..estimators.surrogate import SurrogateCoefficients
 from ..probe import DeltaH1Result, Policy
+from ..step_directions import step_direction
 
 __all__ = ["DeltaH1Result", "EScores", "ProbeComponents", "UGradients", "chunked", "split_into_groups"]
 
@@ -57,7 +58,7 @@ class ProbeComponents:
 
     def update_direction(self, grads: NamedTensors, optimizer) -> tuple[NamedTensors, dict]:
         """v per unit lr from g and the optimizer's saved state (MATH.md §4) + a description of it."""
-        return probe.direction(self.config, self._policy(optimizer), grads)
+        return step_direction(self.config, self._policy(optimizer), grads)
 
     # ------------------------------------------------------------------ E side
     def score_E(self, E_batch: dict, v_named: NamedTensors | None = None) -> SequenceScores:
@@ -72,8 +73,10 @@ class ProbeComponents:
         return probe.surrogate_gradient_phase(self.config, self._policy(), E_batch, coefs)
 
     def accumulate_X_one_pass(self, E_batch: dict, v_named: NamedTensors | None):
-        """(X̂, scores, coefficients, pieces or None) from ONE forward per microbatch (baseline none)."""
-        return probe.one_pass_phase(self.config, self._policy(), E_batch, v_named)
+        """(X̂, scores, coefficients, pieces (a, r) along v or None) from ONE forward per microbatch (baseline none)."""
+        directions = {probe.MAIN: v_named} if v_named is not None else {}
+        X, scores, coefs, pieces = probe.one_pass_phase(self.config, self._policy(), E_batch, directions)
+        return X, scores, coefs, pieces.get(probe.MAIN)
 
     def pieces_method(self, want_pieces: bool) -> str:
         return pieces_method(self.trainable, self.config.entropy_options(), want_pieces)

@@ -21,6 +21,7 @@ from .sections import (
     ObjectiveSection,
     OutputSection,
     PrecisionSection,
+    PredictorsSection,
     ProbeReworkSection,
     RewardSection,
     SecondOrderSection,
@@ -44,6 +45,7 @@ class ProbeConfig(_Section):
     importance: ImportanceSection = Field(default_factory=ImportanceSection)
     variance: VarianceSection = Field(default_factory=VarianceSection)
     second_order: SecondOrderSection = Field(default_factory=SecondOrderSection)
+    predictors: PredictorsSection = Field(default_factory=PredictorsSection)
     reward: RewardSection = Field(default_factory=RewardSection)
     distributed: DistributedSection = Field(default_factory=DistributedSection)
     output: OutputSection = Field(default_factory=OutputSection)

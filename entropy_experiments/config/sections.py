@@ -261,6 +261,12 @@ class SecondOrderSection(_Section):
     enabled: bool = True
 
 
+class PredictorsSection(_Section):
+    """Competing predictors of the same step beside the AdamW step (README "Competing predictors")."""
+
+    enabled: bool = True
+
+
 class RewardSection(_Section):
     """Reward for U: a registered name or "package.module:function"."""
 

@@ -9,7 +9,10 @@ given (a caller may split the microbatches over workers and add the sums, parall
   L_β = Σ β_ik ℓ_ik need only each sequence's own entropies, so each microbatch's forward feeds two
   backward passes (∇L_α, ∇L_β) and Ĥ, D are applied at the end (`finish_one_pass`). With the row
   directions of v (`row_directional`), the per-sequence pieces a_i = D_v L_α,i and r_i = D_v L_β,i of
-  the error bars come out of the same backward passes.
+  the error bars come out of the same backward passes — for several directions at once (the competing
+  predictors' directions ride along with v).
+- `entropy_only_gradient_sum`: ∇Σ_ik H_ik alone (the `direct_only` predictor), with d_i = D_v h_i per
+  sequence from the same backward.
 The model stays in eval() (no dropout).
 """
 
@@ -23,7 +26,7 @@ from torch import Tensor
 
 from ..data.batch import batch_to_sequences, subset_batch
 from ..errors import ConfigError
-from ..row_directional import RowDirectionalDerivatives, linear_directions
+from ..row_directional import RowDirectionalDerivatives, linear_directions, many_row_directionals
 from .objective_gradient import NamedTensors, Trainable, chunked, prompts_per_microbatch
 from .sequence_scores import SequenceScores
 from .surrogate import (
@@ -51,13 +54,13 @@ class EntropyOptions:
 
 @dataclass
 class OnePassSums:
-    """What `one_pass_sums` adds up: X_α, X_β (float64), the pieces a, r [N] (zero outside the
-    microbatches run), {sequence: (ℓ, H)} of the sequences run, and the shift s it used."""
+    """What `one_pass_sums` adds up: X_α, X_β (float64), the pieces a, r [N] per direction name (zero outside
+    the microbatches run), {sequence: (ℓ, H)} of the sequences run, and the shift s it used."""
 
     X_alpha: NamedTensors
     X_beta: NamedTensors
-    a: Tensor
-    r: Tensor
+    a: dict[str, Tensor]
+    r: dict[str, Tensor]
     rows: dict[int, tuple[Tensor, Tensor]]
     shift: float | None
 
@@ -116,9 +119,10 @@ def surrogate_gradient_sum(sp, trainable: Trainable, E_batch: dict, microbatches
 
 
 def one_pass_sums(sp, trainable: Trainable, E_batch: dict, microbatches: list[list[int]], options: EntropyOptions,
-                  v_named: NamedTensors | None, agree_on_shift: Callable[[float | None], float | None] = lambda s: s,
+                  directions: dict[str, NamedTensors], agree_on_shift: Callable[[float | None], float | None] = lambda s: s,
                   progress=iter) -> OnePassSums:
-    """Σ over the given microbatches of ∇L_α' and ∇L_β (float64), with the pieces when `v_named` is given.
+    """Σ over the given microbatches of ∇L_α' and ∇L_β (float64), with the pieces along each of `directions`
+    ({name: v}; empty: no pieces).
 
     α_ik and Ĥ·β_ik nearly cancel (entropy-to-go vs Ĥ × tokens-to-go), so ∇L_α and Ĥ∇L_β would be two
     large fp32 gradients whose difference is X̂. Backpropagating α − s·β with s = the first microbatch's
@@ -130,13 +134,12 @@ def one_pass_sums(sp, trainable: Trainable, E_batch: dict, microbatches: list[li
         raise ValueError("accumulate_X_one_pass needs estimator.baseline none")
     trainable.model.eval()
     N = E_batch["num_prompts"] * E_batch["num_responses_per_prompt"]
-    directions = linear_directions(trainable.model, v_named) if v_named is not None else None
-    if v_named is not None and directions is None:
-        raise ValueError("backward-hook pieces need every trainable parameter to be an nn.Linear weight/bias")
+    row_maps = hook_directions(trainable, directions)
     sums = OnePassSums(trainable.zeros(torch.float64), trainable.zeros(torch.float64),
-                       torch.zeros(N, dtype=torch.float64), torch.zeros(N, dtype=torch.float64), {}, None)
+                       {k: torch.zeros(N, dtype=torch.float64) for k in directions},
+                       {k: torch.zeros(N, dtype=torch.float64) for k in directions}, {}, None)
     shift_agreed = False
-    with RowDirectionalDerivatives(directions or {}) as rows:
+    with many_row_directionals(row_maps) as rows:
         for idx in progress(microbatches):
             forward = _microbatch_forward(sp, E_batch, idx, options)
             if not shift_agreed:
@@ -145,6 +148,35 @@ def one_pass_sums(sp, trainable: Trainable, E_batch: dict, microbatches: list[li
     if not shift_agreed:  # no microbatch here: still take part in agreeing on s
         sums.shift = agree_on_shift(None)
     return sums
+
+
+def hook_directions(trainable: Trainable, directions: dict[str, NamedTensors]) -> dict[str, dict]:
+    """`linear_directions` of each named direction; ValueError when the backward hooks cannot take them."""
+    maps = {k: linear_directions(trainable.model, v) for k, v in directions.items()}
+    if any(m is None for m in maps.values()):
+        raise ValueError("backward-hook pieces need every trainable parameter to be an nn.Linear weight/bias")
+    return maps
+
+
+def entropy_only_gradient_sum(sp, trainable: Trainable, E_batch: dict, microbatches: list[list[int]],
+                              options: EntropyOptions, v_named: NamedTensors | None,
+                              progress=iter) -> tuple[NamedTensors, Tensor]:
+    """(Σ over the given microbatches of ∇Σ_ik H_ik (float64), d [N] with d_i = D_v h_i (zero outside the
+    microbatches run, and everywhere without `v_named`)): the `direct_only` predictor's pieces, one forward
+    and one backward per microbatch; divide by D for the gradient of Ĥ's explicit part."""
+    trainable.model.eval()
+    N = E_batch["num_prompts"] * E_batch["num_responses_per_prompt"]
+    X_H, d = trainable.zeros(torch.float64), torch.zeros(N, dtype=torch.float64)
+    row_maps = hook_directions(trainable, {"v": v_named}) if v_named is not None else {}
+    with many_row_directionals(row_maps) as rows:
+        for idx in progress(microbatches):
+            seq_ids, _, h_mb, _ = _microbatch_forward(sp, E_batch, idx, options)
+            for r in rows.values():
+                r.reset(len(seq_ids))
+            trainable.add_grad(X_H, sum(h.sum() for h in h_mb), f"E backward (Σ H), prompts {idx}")
+            if rows:
+                d[seq_ids] = rows["v"].values
+    return X_H, d
 
 
 def _microbatch_forward(sp, E_batch: dict, idx: list[int], options: EntropyOptions) -> tuple:
@@ -159,31 +191,37 @@ def _microbatch_forward(sp, E_batch: dict, idx: list[int], options: EntropyOptio
     return seq_ids, l_mb, h_mb, coefs
 
 
-def _microbatch_backward(trainable: Trainable, rows: RowDirectionalDerivatives, sums: OnePassSums, idx: list[int],
-                         seq_ids: list[int], l_mb: list[Tensor], h_mb: list[Tensor], coefs: list) -> None:
+def _microbatch_backward(trainable: Trainable, rows: dict[str, RowDirectionalDerivatives], sums: OnePassSums,
+                         idx: list[int], seq_ids: list[int], l_mb: list[Tensor], h_mb: list[Tensor],
+                         coefs: list) -> None:
     """Backward of L_α' (and of L_β unless β ≡ 0: causal + per_sequence) into `sums`, with the pieces."""
     loss_alpha = surrogate_loss(l_mb, h_mb, [al - sums.shift * be for al, be in coefs], 1.0)
     has_beta = any(bool(be.any()) for _, be in coefs)
-    rows.reset(len(seq_ids))
+    for rows_k in rows.values():
+        rows_k.reset(len(seq_ids))
     trainable.add_grad(sums.X_alpha, loss_alpha, f"E backward, prompts {idx}", retain_graph=has_beta)
-    sums.a[seq_ids] = rows.values
+    for k, rows_k in rows.items():
+        sums.a[k][seq_ids] = rows_k.values
     if has_beta:
         loss_beta = weighted_logq_sum(l_mb, [be for _, be in coefs])
-        rows.reset(len(seq_ids))
+        for rows_k in rows.values():
+            rows_k.reset(len(seq_ids))
         trainable.add_grad(sums.X_beta, loss_beta, f"E backward (β), prompts {idx}")
-        sums.r[seq_ids] = rows.values
+        for k, rows_k in rows.items():
+            sums.r[k][seq_ids] = rows_k.values
     for j, n in enumerate(seq_ids):
         sums.rows[n] = (l_mb[j].detach().double().cpu(), h_mb[j].detach().double().cpu())
 
 
-def finish_one_pass(sums: OnePassSums, scores: SequenceScores, options: EntropyOptions, with_pieces: bool
-                    ) -> tuple[NamedTensors, SurrogateCoefficients, tuple[Tensor, Tensor] | None]:
-    """(X̂ fp32, the coefficients, the pieces (a, r) or None) from the summed `sums` and the scores of all E."""
+def finish_one_pass(sums: OnePassSums, scores: SequenceScores, options: EntropyOptions
+                    ) -> tuple[NamedTensors, SurrogateCoefficients, dict[str, tuple[Tensor, Tensor]]]:
+    """(X̂ fp32, the coefficients, the pieces {direction name: (a, r)}) from the summed `sums` and the
+    scores of all E."""
     coefs = coefficients(scores, options)
     shift = sums.shift or 0.0
     residual = coefs.H_hat - shift
     X = {n: ((sums.X_alpha[n].double() - residual * sums.X_beta[n].double()) / coefs.D).float() for n in sums.X_alpha}
-    return X, coefs, ((sums.a + shift * sums.r, sums.r) if with_pieces else None)
+    return X, coefs, {k: (sums.a[k] + shift * sums.r[k], sums.r[k]) for k in sums.a}
 
 
 def _flatten(nested: list[list]) -> list:

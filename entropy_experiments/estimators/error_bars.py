@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor
 
@@ -22,12 +22,14 @@ NAN = float("nan")
 
 @dataclass
 class ErrorBars:
-    """SE_E, SE_U, SE_total (NaN where unavailable), the pieces check, and the pieces a, r [N] (or None)."""
+    """SE_E, SE_U, SE_total (NaN where unavailable), the pieces check, the pieces a, r [N] (or None) and the
+    leave-one-group-out directions v₍₋k₎ of SE_U (empty when unavailable)."""
 
     se: dict[str, float]
     consistency: dict
     a: Tensor | None = None
     r: Tensor | None = None
+    loo_directions: list[dict[str, Tensor]] = field(default_factory=list)
 
     @classmethod
     def unavailable(cls) -> ErrorBars:
@@ -46,7 +48,7 @@ def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: 
     if rel > 1e-3:
         warn(f"per-sequence pieces disagree with the backward X̂·v by {rel:.2e} "
              "relative; error bars may be unreliable")
-    se_U = NAN
+    se_U, loo = NAN, []
     if len(u_groups) >= 2:
         loo = jackknife.leave_one_group_out_directions(direction_of, res.u_gradients)
         se_U, _ = jackknife.se_U(res.Xbar, loo, learning_rate=res.learning_rate)
@@ -54,7 +56,7 @@ def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: 
         warn("SE_U unavailable: U has a single prompt (need ≥ 2 groups)")
     se_total = jackknife.se_total(se_E, se_U) if math.isfinite(se_U) else se_E
     consistency = {"deltaH1_from_pieces": from_pieces, "relative_difference": rel, "pieces_method": res.pieces_method}
-    return ErrorBars({"E": se_E, "U": se_U, "total": se_total}, consistency, a, r)
+    return ErrorBars({"E": se_E, "U": se_U, "total": se_total}, consistency, a, r, loo)
 
 
 def paired_residuals(truth: dict, res, bars: ErrorBars, *, normalize: str) -> list[dict]:

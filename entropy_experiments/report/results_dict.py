@@ -47,9 +47,9 @@ class ProbeOutcome:
 
 
 def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[dict], second_order: dict | None,
-                     timing: dict, facts: RunFacts) -> ProbeOutcome:
+                     predictors: dict | None, timing: dict, facts: RunFacts) -> ProbeOutcome:
     """The results dict from the phases' typed results (`probe.DeltaH1Result`, `probe.ErrorBars`, truth and
-    its paired residuals, one per η)."""
+    its paired residuals, one per η, the second-order report and the competing predictors)."""
     scores = res.scores
     lengths, seq_h = scores.lengths, scores.seq_entropies
     results = {
@@ -61,6 +61,7 @@ def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[d
                  for row, resid in zip(truth["true"], residuals)],
         "second_order": None if second_order is None else {k: v for k, v in second_order.items() if k != "predictions"},
         "linearity": truth["linearity"],
+        "predictors": predictors,
         "counts": {"B_E": E["num_prompts"] * E["num_responses_per_prompt"],
                    "unique_E_prompts": len(set(E["prompt_ids"])), "B_U": U["num_prompts"],
                    "G": U["num_responses_per_prompt"], "E_tokens": count_tokens(E), "U_tokens": count_tokens(U),

@@ -72,6 +72,9 @@ def render_summary(results: dict[str, Any]) -> str:
         console.print(_fit_table(results.get("linearity") or {}, bars_dot, results.get("second_order")))
     else:
         console.print(IMPORTANCE_OFF_NOTE, markup=False, highlight=False)
+    if results.get("predictors"):
+        console.print()
+        console.print(_predictors_table(results["predictors"], entries, unit))
     console.print()
     warnings = results.get("warnings") or []
     if warnings:
@@ -168,6 +171,31 @@ def _fit_table(lin: dict[str, Any], bars_dot: Any, second_order: dict[str, Any] 
                                                 f"{format_number(second_order.get('se'), '.2g')} per unit η²")
         fit.add_row("η* (½η²d2 = 10 % of η·X̂·v)", format_number(second_order.get("eta_star"), ".3g"))
     return fit
+
+
+PREDICTOR_MEANINGS = {
+    "adamw_step": "exact AdamW step (δH₁)",
+    "no_momentum": "g / saved √s, no momentum",
+    "sgd_same_norm": "−g rescaled to ‖v‖",
+    "direct_only": "Σ_k D_v H_k alone",
+}
+
+
+def _predictors_table(predictors: dict[str, dict[str, Any]], entries: list[dict[str, Any]], unit: str) -> Any:
+    """Competing predictors of the same step: prediction ± SE (SE_E, SE_U) and its ratio to the measured ΔH."""
+    from rich.table import Table
+
+    positive = [e["eta"] for e in entries if is_finite_number(e.get("eta")) and e["eta"] > 0]
+    against = f"ΔH(η={min(positive):.3g})·lr/η" if positive else "ΔH (not measured)"
+    table = Table(title=f"Competing predictors of the same step ({unit}; ratio to {against})",
+                  title_justify="left", box=None, padding=(0, 2))
+    for column in ("predictor", "predicted ΔH", "± SE", "SE_E / SE_U", "ratio", "what it assumes"):
+        table.add_column(column, justify="left" if column in ("predictor", "what it assumes") else "right")
+    for name, entry in predictors.items():
+        table.add_row(name, format_number(entry.get("delta_h1"), "+.4g"), format_number(entry.get("se"), ".2g"),
+                      f"{format_number(entry.get('se_E'), '.2g')} / {format_number(entry.get('se_U'), '.2g')}",
+                      format_number(entry.get("ratio_to_measured"), ".3f"), PREDICTOR_MEANINGS.get(name, ""))
+    return table
 
 
 def _khat_note(entries: list[dict[str, Any]]) -> str | None:

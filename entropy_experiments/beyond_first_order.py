@@ -1,0 +1,136 @@
+"""The probe's phases after δH₁ (probe.py runs them): what first order misses and how it compares.
+
+    truth        ΔH(η) by SNIS on the same E, and the paired residuals ΔH(η) − η·X̂·v     (estimators/delta_h.py)
+    second order d2 = D²_v H of the SNIS estimate, η*, the second-order prediction per η  (estimators/second_order.py)
+    predictors   the competing predictors of the same step with their SEs and ratios      (estimators/predictors.py)
+
+Like probe.py this module knows the ranks: no-grad passes score whole tf chunks per rank (`scoring_share`)
+and gather per-sequence values in order; backward passes split the microbatches and all-reduce the sums.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .config import ProbeConfig
+from .data.batch import subset_batch
+from .estimators import jackknife
+from .estimators.delta_h import eta_grid, measure_delta_h
+from .estimators.entropy_gradient import e_microbatches, entropy_only_gradient_sum
+from .estimators.error_bars import ErrorBars, paired_residuals
+from .estimators.predictors import (
+    direct_only_estimate,
+    direction_estimate,
+    estimate_entry,
+    measured_reference,
+    unavailable_entry,
+    with_ratios,
+)
+from .estimators.second_order import second_derivative, second_order_report
+from .estimators.sequence_scores import SECOND_ORDER_KEYS, second_order_sums, units_of
+from .estimators.snis import linearity_fit
+from .parallel import SINGLE, DistContext
+from .phase_results import DeltaH1Result, Policy
+from .policy.progress import progress
+from .step_directions import predictor_direction_fns
+
+
+def scoring_share(config: ProbeConfig, E: dict, dist: DistContext) -> tuple[dict | None, list[int]]:
+    """This rank's share of E for a no-grad pass (whole tf chunks): its sub-batch (None: none) and sequence indices."""
+    G, B = E["num_responses_per_prompt"], E["num_prompts"]
+    if not dist.enabled:
+        return E, list(range(B * G))
+    mine = dist.scoring_prompts(B, G, config.generation.tf_batch_size)
+    return (subset_batch(E, mine) if mine else None), [b * G + g for b in mine for g in range(G)]
+
+
+def truth_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, dist: DistContext = SINGLE) -> dict:
+    """ΔH(η) by SNIS on the same E for every η; each rank scores whole tf chunks, values gathered in order."""
+    imp = config.importance
+    if not imp.enabled:
+        return {"true": [], "linearity": linearity_fit([], []), "per_sequence": {}}  # NaN slopes
+    G, B = E["num_responses_per_prompt"], E["num_prompts"]
+    local_E, rows_mine = scoring_share(config, E, dist)
+    t = policy.trainable
+    return measure_delta_h(policy.sp, local_E, res.Ybar, eta_grid(imp.eta_list, imp.symmetric),
+                           normalize=config.estimator.normalize, units=units_of(B, G), mode=imp.mode,
+                           optimizer=policy.optimizer, named_params=list(zip(t.names, t.params)),
+                           grads=res.u_gradients.total, max_grad_norm=config.objective_options().max_grad_norm,
+                           gather=dist.row_gatherer(rows_mine, B * G))
+
+
+def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result,
+                       dist: DistContext = SINGLE) -> dict | None:
+    """d2 = D²_v H of the SNIS estimate on E with its SE, η* and the prediction per η (None: off); sharded like ΔH."""
+    if not config.second_order.enabled:
+        return None
+    G, B = E["num_responses_per_prompt"], E["num_prompts"]
+    local_E, rows_mine = scoring_share(config, E, dist)
+    sums = second_order_sums(policy.sp, local_E, res.Ybar) if local_E is not None else None
+    gather = dist.row_gatherer(rows_mine, B * G)
+    cols = {k: gather(sums[k] if sums else [], f"second-order sums gather ({k})") for k in SECOND_ORDER_KEYS}
+    d2 = second_derivative(cols["s"], cols["s2"], cols["dh"], cols["d2h"], cols["h"], cols["T"],
+                           normalize=config.estimator.normalize, units=units_of(B, G))
+    etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
+    return second_order_report(d2, res.bars_dot, etas, "forward-over-forward jvp")
+
+
+def direct_only_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, bars: ErrorBars,
+                      dist: DistContext = SINGLE) -> dict:
+    """The `direct_only` predictor: one forward + backward of Σ H over E (this rank's microbatches, summed over
+    ranks) → X_H = ∇ΣH/D, with d_i = D_v h_i from the same backward (hooks) or from the jvp scores."""
+    options = config.entropy_options()
+    hooks = res.pieces_method == "backward_hooks"
+    microbatches = e_microbatches(E["num_prompts"], E["num_responses_per_prompt"], options.microbatch_size)
+    X_H, d = entropy_only_gradient_sum(policy.sp, policy.trainable, E, dist.chunk_slice(microbatches), options,
+                                       res.Ybar if hooks else None,
+                                       progress=lambda items: progress(items, "E backward (Σ H, direct_only)"))
+    if dist.enabled:
+        summed = dist.all_reduce_tree({"X_H": X_H, "d": d}, "direct_only all-reduce")
+        X_H, d = summed["X_H"], summed["d"]
+    if res.pieces_method == "jvp":  # the E scores already carry D_v H_ik
+        d = torch.stack([t.double().sum() for t in res.scores.d_entropy])
+    X_H = {n: (t / res.coefficients.D).float() for n, t in X_H.items()}
+    return direct_only_estimate(X_H, d if res.pieces_method else None, res.scores, res.learning_rate, res.Ybar,
+                                bars.loo_directions, normalize=config.estimator.normalize)
+
+
+def predictors_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, bars: ErrorBars,
+                     truth: dict, dist: DistContext = SINGLE) -> dict | None:
+    """results.json `predictors`: {name: {delta_h1, se, se_E, se_U, from_pieces, ratio_to_measured}} (None: off)."""
+    if not config.predictors.enabled:
+        return None
+    lr, normalize = res.learning_rate, config.estimator.normalize
+    out = {config.estimator.update_direction: estimate_entry(res.delta_h1, bars.se["E"], bars.se["U"],
+                                                             bars.consistency.get("deltaH1_from_pieces"))}
+    fns = predictor_direction_fns(config, policy)
+    for name, v_pred in res.predictor_directions.items():
+        loo = jackknife.leave_one_group_out_directions(fns[name], res.u_gradients) if bars.loo_directions else []
+        out[name] = direction_estimate(res.Xbar, v_pred, res.predictor_pieces.get(name), res.scores, lr, loo,
+                                       normalize=normalize)
+    out["direct_only"] = direct_only_phase(config, policy, E, res, bars, dist)
+    out = with_ratios(out, measured_reference(truth["true"], lr))
+    for name, reason in res.predictors_unavailable.items():
+        out[name] = unavailable_entry(reason)
+    return out
+
+
+def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, bars: ErrorBars,
+                             dist: DistContext = SINGLE) -> tuple[dict, list[dict], dict | None, dict | None, dict]:
+    """ΔH(η) with the paired residuals, the second-order coefficient and the competing predictors, timed."""
+    timing, t0 = {}, time.perf_counter()
+    truth = truth_phase(config, policy, E, res, dist)
+    residuals = paired_residuals(truth, res, bars, normalize=config.estimator.normalize)
+    if config.importance.enabled:
+        timing["phase4_importance"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    second_order = second_order_phase(config, policy, E, res, dist)
+    if second_order is not None:
+        timing["phase5_second_order"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    predictors = predictors_phase(config, policy, E, res, bars, truth, dist)
+    if predictors is not None:
+        timing["phase6_predictors"] = time.perf_counter() - t0
+    return truth, residuals, second_order, predictors, timing

@@ -1,0 +1,110 @@
+"""Competing predictors of the same step (README "Competing predictors"): what simpler analyses predict.
+
+Each predicts the entropy change of one step of the run's lr, from the X̂ and U gradient g the probe has:
+
+    adamw_step     lr·X̂·v     v = the trainer's exact AdamW step per unit lr (the probe's δH₁)
+    no_momentum    lr·X̂·v_P   v_P = −g / (√(s/(1−β₂ᵗ)) + ε): this U's gradient alone through the SAVED second
+                              moments s at the saved step t — no momentum, no weight decay, no clipping (the
+                              seeds' historical Ȳ, update_direction.preconditioned_gradient_direction)
+    sgd_same_norm  lr·X̂·v_S   v_S = −g·‖v‖/‖g‖: the SGD direction scaled to the AdamW step's length
+    direct_only    lr·X_H·v   X_H = ∇_θ(Σ_ik H_ik)/D: only the explicit dependence of the per-token entropies
+                              on θ along the real step — no score-function term (the α·ℓ part of L_X: the
+                              change of WHICH sequences are sampled) and no −Ĥ·R term (what per-token closed
+                              forms such as token-covariance scores capture)
+
+Units: nats per token (per_token) or per sequence (per_sequence), for a step of lr. Error bars as δH₁'s
+(MATH.md §6): SE_E = delete-one jackknife over E units of the pieces along the predictor's own direction
+(direct_only: d_i = D_v h_i), SE_U = jackknife over U groups with the direction rebuilt without each group
+(direct_only: X_H·v₍₋k₎), SE = √(SE_E² + SE_U²). `ratio_to_measured` = prediction / (ΔH(η₊)·lr/η₊), η₊ the
+smallest positive η of the ΔH measurement (the most linear one) — the measured change along v scaled to lr.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from . import jackknife
+from .update_direction import named_dot, named_norm
+
+NamedTensors = dict[str, Tensor]
+StepOf = Callable[[str, NamedTensors], NamedTensors]   # (update_direction kind or "probe", g) ↦ direction
+NAN = float("nan")
+
+
+# ----------------------------------------------------------------------------- the directions
+def no_momentum_direction(grads: NamedTensors, step_of: StepOf) -> NamedTensors:
+    """v_P = −g/(√(s/(1−β₂ᵗ)) + ε) from the saved second moments (no momentum, decay or clipping)."""
+    return step_of("preconditioned_gradient", grads)
+
+
+def sgd_same_norm_direction(grads: NamedTensors, step_of: StepOf) -> NamedTensors:
+    """v_S = −g·‖v‖/‖g‖, v = the probe's own step from the same g (zero when g = 0)."""
+    g_norm = named_norm(grads)
+    scale = named_norm(step_of("probe", grads)) / g_norm if g_norm > 0 else 0.0
+    return {n: -g.detach().float() * scale for n, g in grads.items()}
+
+
+# Predictors that are a direction v' in parameter space (the prediction is lr·X̂·v'); g ↦ v'.
+DIRECTION_PREDICTORS: dict[str, Callable[[NamedTensors, StepOf], NamedTensors]] = {
+    "no_momentum": no_momentum_direction,
+    "sgd_same_norm": sgd_same_norm_direction,
+}
+
+
+# ----------------------------------------------------------------------------- the estimates
+def estimate_entry(value: float, se_E: float, se_U: float, from_pieces: float | None = None) -> dict:
+    """{delta_h1, se, se_E, se_U, from_pieces} of one predictor; se combines the available sides (NaN if none)."""
+    sides = [s for s in (se_E, se_U) if math.isfinite(s)]
+    se = math.sqrt(sum(s * s for s in sides)) if sides else NAN
+    return {"delta_h1": value, "se": se, "se_E": se_E, "se_U": se_U, "from_pieces": from_pieces}
+
+
+def unavailable_entry(reason: str) -> dict:
+    """The entry of a predictor that cannot be formed on this checkpoint: every number None, and why."""
+    return {"delta_h1": None, "se": None, "se_E": None, "se_U": None, "from_pieces": None,
+            "ratio_to_measured": None, "unavailable": reason}
+
+
+def direction_estimate(X: NamedTensors, direction: NamedTensors, pieces: tuple[Tensor, Tensor] | None, scores,
+                       learning_rate: float, loo_directions: list[NamedTensors], *, normalize: str) -> dict:
+    """lr·X̂·v' with SE_E from the pieces (a', r') along v' (None: NaN) and SE_U over the rebuilt v'₍₋k₎."""
+    value = learning_rate * named_dot(X, direction)
+    se_E = from_pieces = NAN
+    if pieces is not None:
+        from_pieces, se_E = jackknife.se_E(pieces[0], pieces[1], scores.seq_entropies, scores.lengths,
+                                           scores.unit_of_sequence, normalize=normalize, learning_rate=learning_rate)
+    se_U = jackknife.se_U(X, loo_directions, learning_rate=learning_rate)[0] if len(loo_directions) >= 2 else NAN
+    return estimate_entry(value, se_E, se_U, from_pieces)
+
+
+def direct_only_estimate(X_H: NamedTensors, d: Tensor | None, scores, learning_rate: float, v: NamedTensors,
+                         loo_directions: list[NamedTensors], *, normalize: str) -> dict:
+    """lr·X_H·v (X_H = ∇Σ H / D) with SE_E from d_i = D_v h_i (None: NaN) and SE_U over X_H·v₍₋k₎."""
+    pieces = None if d is None else (d, torch.zeros_like(d))   # r ≡ 0: the −Ĥ·R term is left out
+    return direction_estimate(X_H, v, pieces, scores, learning_rate, loo_directions, normalize=normalize)
+
+
+def measured_reference(true_rows: list[dict], learning_rate: float) -> dict | None:
+    """The measured change the predictors are compared with: ΔH(η₊)·lr/η₊ and its SE at the smallest
+    positive η of `true_rows` (results.json `true`); None when ΔH was not measured at a positive η."""
+    positive = [row for row in true_rows if row["eta"] > 0]
+    if not positive:
+        return None
+    row = min(positive, key=lambda r: r["eta"])
+    scale = learning_rate / row["eta"]
+    return {"eta": row["eta"], "deltaH_scaled": row["deltaH_true"] * scale, "se": row["se"] * scale}
+
+
+def with_ratios(predictors: dict[str, dict], measured: dict | None) -> dict[str, dict]:
+    """Each predictor's entry with ratio_to_measured = delta_h1 / measured (None without a measurement)."""
+    out = {}
+    for name, entry in predictors.items():
+        ratio = None
+        if measured is not None and measured["deltaH_scaled"] != 0:
+            ratio = entry["delta_h1"] / measured["deltaH_scaled"]
+        out[name] = {**entry, "ratio_to_measured": ratio}
+    return out

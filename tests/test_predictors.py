@@ -1,0 +1,199 @@
+"""The competing predictors (README "Competing predictors") against independent computations.
+
+- no_momentum / sgd_same_norm: their directions written out in the test from the optimizer's saved state and
+  g; with x_mode full_return each prediction lr·X̂·v' equals the η → 0 slope of the SNIS estimate along v'
+  on the same E (the MATH.md §3 identity), measured by re-scoring E at θ ± εv';
+- direct_only: lr·X_H·v against a central difference of Σ_i h_i(θ ± εv) on the SAME sequences, its SE_E
+  against a jackknife written in the test over those finite-difference pieces;
+- the hook pieces along every direction against forward-mode (jvp) pieces, through whole runs;
+- ratio_to_measured against the results' own ΔH rows;
+- on the enumerable model: each prediction against the exact derivative of the exact entropy.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from entropy_experiments.compat.sequence_processor import SequenceProcessor
+from entropy_experiments.estimators import delta_h as isamp
+from entropy_experiments.estimators.sequence_scores import score_sequences
+from entropy_experiments.estimators.update_direction import named_norm
+from entropy_experiments.probe_components import ProbeComponents
+from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
+from tests.test_probe import TOY_PROMPTS, _exact_entropy, _shifted, toy_dir, toy_prompts_file  # noqa: F401
+
+DIRECTION_NAMES = ("no_momentum", "sgd_same_norm")
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    return write_prompts(tmp_path_factory.mktemp("data") / "prompts.jsonl", SHORT_PROMPTS)
+
+
+def _run(probe):
+    captured = {}
+    results = probe.run_mixed_probe(on_batches=lambda E, U: captured.update(E=E, U=U))
+    return results, captured["E"], captured["U"]
+
+
+def _directions_by_hand(probe, U) -> tuple[dict, dict[str, dict]]:
+    """(g, {name: v'}) with v' written out from the optimizer's saved state, independently of predictors.py."""
+    sp = SequenceProcessor(probe.model, probe.tokenizer, config=probe.config.sequence_processor_settings())
+    comps = ProbeComponents(probe.model, probe.config, sequence_processor=sp)
+    g = comps.accumulate_sum_Y(U).total
+    v, _ = comps.update_direction(g, probe.optimizer)
+    group = probe.optimizer.param_groups[0]
+    beta2, eps = group["betas"][1], group["eps"]
+    v_p = {}
+    for name, p in zip(comps.param_names, comps.params):
+        st = probe.optimizer.state[p]
+        t = int(st["step"])
+        v_p[name] = -g[name].double() / ((st["exp_avg_sq"].double() / (1 - beta2 ** t)).sqrt() + eps)
+    scale = named_norm(v) / named_norm(g)
+    v_s = {n: -g[n].double() * scale for n in g}
+    return g, {"no_momentum": v_p, "sgd_same_norm": v_s, "v": v}
+
+
+def _snis_slope(probe, E, direction: dict, eps: float) -> float:
+    sp = SequenceProcessor(probe.model, probe.tokenizer, config=probe.config.sequence_processor_settings())
+    out = isamp.measure_delta_h(sp, E, {n: t.float() for n, t in direction.items()}, [-eps, eps],
+                                normalize=probe.config.estimator.normalize)
+    lo, hi = (row["deltaH_true"] for row in out["true"])
+    return (hi - lo) / (2 * eps)
+
+
+@pytest.mark.parametrize("normalize", ["per_token", "per_sequence"])
+def test_direction_predictors_equal_the_snis_slope_along_their_direction(tiny_model_dir, prompts_file, normalize):
+    probe = make_probe(tiny_model_dir, prompts_file, {
+        "estimator": {"normalize": normalize, "x_mode": "full_return"}, "importance": {"eta_list": [1e-3]}})
+    results, E, U = _run(probe)
+    lr = results["learning_rate"]
+    _, dirs = _directions_by_hand(probe, U)
+    for name in DIRECTION_NAMES:
+        entry = results["predictors"][name]
+        slope = _snis_slope(probe, E, dirs[name], 0.03 / named_norm(dirs[name]))  # steps of length 0.03 in θ
+        assert entry["delta_h1"] != 0
+        assert abs(entry["delta_h1"] / lr - slope) <= 2e-3 * abs(slope), (name, entry, slope)
+        assert entry["from_pieces"] == pytest.approx(entry["delta_h1"], rel=1e-4)
+        assert 0 < entry["se_E"] and 0 < entry["se_U"] and entry["se"] == pytest.approx(
+            math.hypot(entry["se_E"], entry["se_U"]))
+    main = results["predictors"]["adamw_step"]
+    assert main["delta_h1"] == results["deltaH1"] and main["se"] == pytest.approx(results["se"]["total"])
+    # the measured reference: ΔH at the smallest positive η, scaled to lr
+    row = min((r for r in results["true"] if r["eta"] > 0), key=lambda r: r["eta"])
+    measured = row["deltaH_true"] * lr / row["eta"]
+    for entry in results["predictors"].values():
+        assert entry["ratio_to_measured"] == pytest.approx(entry["delta_h1"] / measured, rel=1e-12)
+
+
+def _jackknife_ratio(num: np.ndarray, den: np.ndarray) -> float:
+    """Delete-one jackknife SE of Σnum/Σden, written out (independent of estimators/jackknife.py)."""
+    n = len(num)
+    reps = np.array([(num.sum() - num[i]) / (den.sum() - den[i]) for i in range(n)])
+    return float(np.sqrt((n - 1) / n * ((reps - reps.mean()) ** 2).sum()))
+
+
+@pytest.mark.parametrize("directional", ["backward_hooks", "jvp"])
+def test_direct_only_against_finite_differences_of_the_entropies(tiny_model_dir, prompts_file, directional):
+    probe = make_probe(tiny_model_dir, prompts_file, {"batch_config": {"B_E": 12},
+                                                      "variance": {"directional": directional},
+                                                      "importance": {"enabled": False}})
+    results, E, _ = _run(probe)
+    entry, lr = results["predictors"]["direct_only"], results["learning_rate"]
+    sp = SequenceProcessor(probe.model, probe.tokenizer, config=probe.config.sequence_processor_settings())
+    v, eps = probe.update_vector, 3e-4
+    h_plus = score_sequences(sp, E, params_override=sp.build_params_override(v, eps)).seq_entropies.numpy()
+    h_minus = score_sequences(sp, E, params_override=sp.build_params_override(v, -eps)).seq_entropies.numpy()
+    d = (h_plus - h_minus) / (2 * eps)                       # D_v h_i by finite differences, sequence by sequence
+    T = np.array([len(x) for x in score_sequences(sp, E).token_logqs], dtype=float)
+    # Σ_i d_i cancels between sequences (|Σd| ≈ Σ|d|/10 here): compare on the scale of the terms
+    assert abs(entry["delta_h1"] - lr * d.sum() / T.sum()) <= 2e-3 * lr * np.abs(d).sum() / T.sum()
+    assert entry["se_E"] == pytest.approx(lr * _jackknife_ratio(d, T), rel=1e-2)
+    assert entry["from_pieces"] == pytest.approx(entry["delta_h1"], rel=1e-4)
+    assert entry["se_U"] > 0 and entry["ratio_to_measured"] is None  # importance off: nothing to compare with
+
+
+def test_hook_pieces_equal_jvp_pieces_for_every_predictor(tiny_model_dir, prompts_file):
+    by_method = {}
+    for directional in ("backward_hooks", "jvp"):
+        probe = make_probe(tiny_model_dir, prompts_file, {"variance": {"directional": directional},
+                                                          "importance": {"enabled": False}})
+        by_method[directional] = _run(probe)[0]["predictors"]
+    for name, hooks in by_method["backward_hooks"].items():
+        jvp = by_method["jvp"][name]
+        for key in ("delta_h1", "se_E", "se_U", "from_pieces"):
+            assert hooks[key] == pytest.approx(jvp[key], rel=1e-4), (name, key, hooks[key], jvp[key])
+
+
+def test_predictors_off_and_variance_off(tiny_model_dir, prompts_file):
+    off = _run(make_probe(tiny_model_dir, prompts_file, {"predictors": {"enabled": False}}))[0]
+    assert off["predictors"] is None and "phase6_predictors" not in off["timing"]
+    no_bars = _run(make_probe(tiny_model_dir, prompts_file, {"variance": {"enabled": False}}))[0]["predictors"]
+    for entry in no_bars.values():
+        assert math.isfinite(entry["delta_h1"]) and math.isnan(entry["se"])
+
+
+def test_predictors_on_the_enumerable_model(toy_dir, toy_prompts_file):  # noqa: F811
+    """Each prediction/lr against the exact derivative along its direction of the exact entropy (enumeration);
+    direct_only against the exact E_q[Σ_k D_v H_k] / E_q[T] (per-token entropies differentiated at fixed y)."""
+    max_new = 3
+    probe = make_probe(toy_dir, toy_prompts_file, {
+        "seed": 3, "batch_config": {"B_E": 3000, "B_U": 8, "G": 4},
+        "generation": {"max_new_tokens": max_new, "gen_batch_size": 1024, "tf_batch_size": 1024},
+        "estimator": {"microbatch_size": 1024}, "importance": {"eta_list": [2e-2], "symmetric": False},
+        "second_order": {"enabled": False}})
+    results, _, U = _run(probe)
+    lr = results["learning_rate"]
+    _, dirs = _directions_by_hand(probe, U)
+    model64 = copy.deepcopy(probe.model).double()
+    params = {n: p.detach() for n, p in model64.named_parameters()}
+    eps = 1e-4
+
+    def slope(v):
+        H = [_exact_entropy(model64, _shifted(params, v, s), probe.tokenizer, TOY_PROMPTS, 1.0, "per_token", max_new)
+             for s in (-eps, eps)]
+        return (H[1] - H[0]) / (2 * eps)
+
+    for name in DIRECTION_NAMES:
+        entry, exact = results["predictors"][name], slope(dirs[name])
+        print(f"\n{name}: {entry['delta_h1'] / lr:.4g} ± {entry['se_E'] / lr:.2g}, exact {exact:.4g}")
+        assert abs(entry["delta_h1"] / lr - exact) < 4 * entry["se_E"] / lr, (name, entry, exact)
+        assert entry["se_E"] < 0.5 * abs(entry["delta_h1"]), "the test must be sharp enough to mean something"
+    entry = results["predictors"]["direct_only"]
+    exact = _exact_direct_part(model64, params, dirs["v"], probe.tokenizer, max_new, eps)
+    print(f"direct_only: {entry['delta_h1'] / lr:.4g} ± {entry['se_E'] / lr:.2g}, exact {exact:.4g}")
+    assert abs(entry["delta_h1"] / lr - exact) < 4 * entry["se_E"] / lr, (entry, exact)
+
+
+def _exact_direct_part(model64, params, v, tokenizer, max_new, eps) -> float:
+    """Σ_y q_θ(y) Σ_k ∂_η H_k(y; θ + ηv) / Σ_y q_θ(y) T(y) over every prompt and response, float64."""
+    from tests.test_probe import _enumerate_responses
+
+    responses = _enumerate_responses(len(tokenizer), tokenizer.eos_token_id, max_new)
+    shifted = {s: _shifted(params, v, s) for s in (-eps, 0.0, eps)}
+    num = den = 0.0
+    for prompt in TOY_PROMPTS:
+        p_ids = tokenizer(prompt).input_ids
+        for r in responses:
+            x = torch.tensor([p_ids + r])
+            logq = {s: torch.log_softmax(torch.func.functional_call(model64, ps, (x,))["logits"][0][
+                len(p_ids) - 1: len(p_ids) - 1 + len(r)], -1) for s, ps in shifted.items()}
+            q = float(torch.exp(logq[0.0].gather(-1, torch.tensor(r)[:, None]).sum()))
+            ent = {s: float(-(lq.exp() * lq).sum()) for s, lq in logq.items()}
+            num += q * (ent[eps] - ent[-eps]) / (2 * eps)
+            den += q * len(r)
+    return num / den
+
+
+def test_no_momentum_is_unavailable_on_a_fresh_optimizer_state(tiny_model_dir, prompts_file):
+    probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False}})
+    probe.optimizer = torch.optim.AdamW([p for p in probe.model.parameters() if p.requires_grad], lr=1e-3)
+    predictors = _run(probe)[0]["predictors"]
+    assert predictors["no_momentum"]["delta_h1"] is None
+    assert "step ≥ 1" in predictors["no_momentum"]["unavailable"]
+    assert math.isfinite(predictors["sgd_same_norm"]["delta_h1"]) and predictors["sgd_same_norm"]["se"] > 0
