@@ -37,28 +37,33 @@ from .policy.progress import progress
 from .step_directions import predictor_direction_fns
 
 
-def scoring_share(config: ProbeConfig, E: dict, dist: DistContext) -> tuple[dict | None, list[int]]:
-    """This rank's share of E for a no-grad pass (whole tf chunks): its sub-batch (None: none) and sequence indices."""
+def scoring_share(config: ProbeConfig, E: dict, dist: DistContext,
+                  tf_batch_size: int | None = None) -> tuple[dict | None, list[int]]:
+    """This rank's share of E for a no-grad pass (whole tf chunks of `tf_batch_size` rows, default the config's):
+    its sub-batch (None: none) and sequence indices."""
     G, B = E["num_responses_per_prompt"], E["num_prompts"]
     if not dist.enabled:
         return E, list(range(B * G))
-    mine = dist.scoring_prompts(B, G, config.generation.tf_batch_size)
+    mine = dist.scoring_prompts(B, G, tf_batch_size or config.generation.tf_batch_size)
     return (subset_batch(E, mine) if mine else None), [b * G + g for b in mine for g in range(G)]
 
 
 def truth_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, dist: DistContext = SINGLE) -> dict:
-    """ΔH(η) by SNIS on the same E for every η; each rank scores whole tf chunks, values gathered in order."""
+    """ΔH(η) by SNIS on the same E for every η: one no-grad pass per η, none at θ — phase 1's scores are the
+    base, and E is scored at θ' in phase 1's batch layout so that log w is exactly 0 at η = 0. Each rank
+    scores whole chunks of that layout; values are gathered in order."""
     imp = config.importance
     if not imp.enabled:
         return {"true": [], "linearity": linearity_fit([], []), "per_sequence": {}}  # NaN slopes
     G, B = E["num_responses_per_prompt"], E["num_prompts"]
-    local_E, rows_mine = scoring_share(config, E, dist)
+    local_E, rows_mine = scoring_share(config, E, dist, res.scores_tf_batch)
     t = policy.trainable
     return measure_delta_h(policy.sp, local_E, res.Ybar, eta_grid(imp.eta_list, imp.symmetric),
                            normalize=config.estimator.normalize, units=units_of(B, G), mode=imp.mode,
                            optimizer=policy.optimizer, named_params=list(zip(t.names, t.params)),
                            grads=res.u_gradients.total, max_grad_norm=config.objective_options().max_grad_norm,
-                           gather=dist.row_gatherer(rows_mine, B * G))
+                           base=res.scores.subset(rows_mine) if local_E is not None else None,
+                           tf_batch_size=res.scores_tf_batch, gather=dist.row_gatherer(rows_mine, B * G))
 
 
 def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result,

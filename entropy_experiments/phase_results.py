@@ -59,6 +59,7 @@ class DeltaH1Result:
     timings: dict = field(default_factory=dict)
     pieces: tuple[Tensor, Tensor] | None = None   # (a [N], r [N]) when the E pass produced them
     pieces_method: str | None = None               # "backward_hooks" | "jvp" | None (not computed)
+    scores_tf_batch: int | None = None             # rows per forward the scores were made with (None: config's)
     predictor_directions: dict[str, NamedTensors] = field(default_factory=dict)  # competing predictors' v'
     predictor_pieces: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # their (a', r')
     predictors_unavailable: dict[str, str] = field(default_factory=dict)  # name → why it has no direction

@@ -204,11 +204,14 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
     lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
     bars_dot = named_dot(X, v)
     main_pieces = pieces.pop(MAIN, None)
+    G = E["num_responses_per_prompt"]
+    one_pass_rows = prompts_per_microbatch(config.entropy_options().microbatch_size, G) * G
     return DeltaH1Result(delta_h1=lr * bars_dot, bars_dot=bars_dot, learning_rate=lr, Xbar=X, Ybar=v,
                          coefficients=coefs, scores=scores, u_gradients=u_grads, update_info=info,
                          timings=timings, pieces=main_pieces,
                          pieces_method=method if method in ("backward_hooks", "jvp") else None,
-                         predictor_directions=extra, predictor_pieces=pieces, predictors_unavailable=unavailable)
+                         predictor_directions=extra, predictor_pieces=pieces, predictors_unavailable=unavailable,
+                         scores_tf_batch=one_pass_rows if method in ("one_pass", "backward_hooks") else None)
 
 
 # ---------------------------------------------------------------------- error bars and truth

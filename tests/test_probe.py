@@ -289,3 +289,20 @@ def test_seed_sampling_entry_point_on_a_fresh_probe(tiny_model_dir, prompts_file
     assert len(set(probe.index_plan.U_prompt_indices)) == 2
     if mode == "distinct":
         assert len(set(probe.index_plan.E_prompt_indices)) == 3
+
+
+def test_delta_h_reuses_the_phase_1_scores_without_a_pass_at_theta(tiny_model_dir, prompts_file):
+    """ΔH(η) scores E only at θ + ηv, in phase 1's batch layout (microbatches of 2 prompts here, tf batches of
+    64): the result equals a recomputation that scores θ itself in that layout, and log w = 0 at η = 0."""
+    probe = make_probe(tiny_model_dir, prompts_file, {"estimator": {"microbatch_size": 4},
+                                                      "importance": {"eta_list": [1e-3]},
+                                                      "predictors": {"enabled": False}})
+    results, E, _ = _run(probe)
+    sp, v = probe._sequence_processor, probe.update_vector
+    rows = 4  # 2 prompts × G = 2 per microbatch
+    again = isamp.measure_delta_h(sp, E, v, [-1e-3, 1e-3], normalize="per_token", tf_batch_size=rows)
+    assert [r["deltaH_true"] for r in results["true"]] == [r["deltaH_true"] for r in again["true"]]
+    comps = ProbeComponents(probe.model, probe.config, sequence_processor=sp)
+    _, phase1_scores, _, _ = comps.accumulate_X_one_pass(E, None)
+    at_zero = isamp.measure_delta_h(sp, E, v, [0.0], normalize="per_token", base=phase1_scores, tf_batch_size=rows)
+    assert at_zero["per_sequence"][0.0]["logw"] == [0.0] * len(phase1_scores.token_logqs)

@@ -67,27 +67,32 @@ def gather_locally(values: list[float], what: str) -> np.ndarray:
 
 
 def score_at_eta(sp, E_batch: dict, v_named: NamedTensors, eta: float, *, mode: str, optimizer=None,
-                 named_params=None, grads: NamedTensors | None = None,
-                 max_grad_norm: float | None = None) -> SequenceScores:
+                 named_params=None, grads: NamedTensors | None = None, max_grad_norm: float | None = None,
+                 tf_batch_size: int | None = None) -> SequenceScores:
     """E scored at θ' = θ + η·v: as a parameter override, or after a real AdamW step with lr = η (undone)."""
     if mode == "param_override":
-        return score_sequences(sp, E_batch, params_override=sp.build_params_override(v_named, eta))
+        return score_sequences(sp, E_batch, params_override=sp.build_params_override(v_named, eta),
+                               tf_batch_size=tf_batch_size)
     if mode == "real_step":
         with real_optimizer_step(optimizer, named_params, grads, eta, max_grad_norm):
-            return score_sequences(sp, E_batch, params_override=sp.build_params_override({}, 0.0))
+            return score_sequences(sp, E_batch, params_override=sp.build_params_override({}, 0.0),
+                                   tf_batch_size=tf_batch_size)
     raise ValueError(f"importance.mode must be param_override or real_step, got {mode!r}")
 
 
 def measure_delta_h(sp, E_batch: dict | None, v_named: NamedTensors, etas: list[float], *, normalize: str,
                     units: list[int] | None = None, mode: str = "param_override", optimizer=None, named_params=None,
                     grads=None, max_grad_norm: float | None = None, base: SequenceScores | None = None,
+                    tf_batch_size: int | None = None,
                     gather: Callable[[list[float], str], np.ndarray] = gather_locally) -> dict:
     """ΔH(η) with diagnostics for every η; returns {"H_orig", "true": [...], "per_sequence", "base", "linearity"}
     ("base": the per-sequence h and T at θ of all E, float64 [N], for the paired residuals).
 
-    `base` (scores at θ) is recomputed through the same no-grad path unless given, so that η → 0
-    gives log w → 0 exactly. real_step needs `optimizer`, `named_params` (trainable, in optimizer
-    order) and `grads` (the U gradient, unclipped; clipped here like the real training step).
+    `base` (the scores at θ of the sequences of `E_batch`) must come from forwards with the layout of
+    `tf_batch_size` rows (the probe passes phase 1's scores and their layout: no pass at θ here), so that
+    η → 0 gives log w → 0 exactly; without it E is scored at θ first. real_step needs `optimizer`,
+    `named_params` (trainable, in optimizer order) and `grads` (the U gradient, unclipped; clipped here like
+    the real training step).
 
     `E_batch` may be a share of E (None: no sequence here) when `gather` turns the share's per-sequence
     values into arrays over all of E in order (parallel.py) and `units` gives every sequence's prompt;
@@ -96,7 +101,7 @@ def measure_delta_h(sp, E_batch: dict | None, v_named: NamedTensors, etas: list[
     if units is None:
         units = units_of(E_batch["num_prompts"], E_batch["num_responses_per_prompt"])
     local = E_batch is not None
-    base = base or (score_sequences(sp, E_batch) if local else None)
+    base = base or (score_sequences(sp, E_batch, tf_batch_size=tf_batch_size) if local else None)
     T = gather([len(x) for x in base.token_logqs] if local else [], "E lengths gather")
     h = gather(base.seq_entropies.tolist() if local else [], "E entropies gather")
     d = T if normalize == "per_token" else np.ones_like(T)
@@ -104,7 +109,8 @@ def measure_delta_h(sp, E_batch: dict | None, v_named: NamedTensors, etas: list[
     rows, per_seq = [], {}
     for eta in etas:
         new = (score_at_eta(sp, E_batch, v_named, eta, mode=mode, optimizer=optimizer, named_params=named_params,
-                            grads=grads, max_grad_norm=max_grad_norm) if local else None)
+                            grads=grads, max_grad_norm=max_grad_norm, tf_batch_size=tf_batch_size)
+               if local else None)
         logw = gather(log_weights(new, base) if local else [], f"log-weights gather (η={eta:g})")
         h_new = gather(new.seq_entropies.tolist() if local else [], f"new entropies gather (η={eta:g})")
         est = stats.snis_delta_h(logw, h_new, h, T, normalize=normalize, units=units)

@@ -51,6 +51,11 @@ class SequenceScores:
         fields = (self.token_logqs, self.token_entropies, self.d_logq, self.d_entropy)
         return {n: tuple(None if f is None else f[j] for f in fields) for j, n in enumerate(indices)}
 
+    def subset(self, indices: list[int]) -> SequenceScores:
+        """The scores of sequences `indices` (in that order), with their units."""
+        return SequenceScores.from_rows(list(self.rows(indices).values()),
+                                        [self.unit_of_sequence[i] for i in indices])
+
     @classmethod
     def from_rows(cls, rows: list[tuple], unit_of_sequence: list[int]) -> SequenceScores:
         """Inverse of `rows`, from rows already in global order."""
@@ -66,9 +71,11 @@ def units_of(num_prompts: int, G: int) -> list[int]:
 
 
 def score_sequences(sp, batch: dict, *, v_named: Mapping[str, Tensor] | None = None,
-                    params_override: Mapping[str, Tensor] | None = None) -> SequenceScores:
+                    params_override: Mapping[str, Tensor] | None = None,
+                    tf_batch_size: int | None = None) -> SequenceScores:
     """No-grad teacher forcing of a packed batch: at θ, at `params_override`, or (with `v_named`) with the
-    exact derivatives along v by forward-mode AD."""
+    exact derivatives along v by forward-mode AD. `tf_batch_size` (rows per forward; None: the processor's
+    setting) fixes the batch layout: the same layout gives bitwise the same numbers at the same θ."""
     units = units_of(batch["num_prompts"], batch["num_responses_per_prompt"])
     seqs = batch_to_sequences(batch)
     if v_named is not None:
@@ -78,6 +85,7 @@ def score_sequences(sp, batch: dict, *, v_named: Mapping[str, Tensor] | None = N
                               d_logq=[r["d_logq"].double() for r in rows],
                               d_entropy=[r["d_rb_entropy"].double() for r in rows], unit_of_sequence=units)
     lp = sp.teacher_force_logprobs(seqs, with_grad=False, compute_rb=True, params_override=params_override,
+                                   tf_batch_size=tf_batch_size,
                                    phase=E_SCORING if params_override is None else ETA_SCORING)
     return SequenceScores(token_logqs=[torch.as_tensor(t).double() for row in lp.token_logqs for t in row],
                           token_entropies=[torch.as_tensor(h).double() for row in lp.rb_entropies for h in row],
