@@ -206,3 +206,59 @@ def test_policy_validation_and_nonfinite_errors():
     z[4, 3] = float("nan")
     with pytest.raises(NumericsError, match="row 4"):
         token_logq_and_entropy(z, torch.zeros(7, dtype=torch.long), 1.0, 1.0, chunk_size=2)
+
+
+def full_tensor_reference(z: torch.Tensor, tokens: torch.Tensor, tau: float, top_p: float) -> dict:
+    """Whole-[N, V] float64 maths, no chunks; the nucleus by a full stable sort of the fp32 z/τ."""
+    kept = full_sort_mask(z / tau, top_p)
+    a = z.double() / tau
+    logq_all = torch.log_softmax(a.masked_fill(~kept, -math.inf), dim=-1)
+    logp_train_all = torch.log_softmax(a, dim=-1)
+    idx = tokens.unsqueeze(-1)
+    return {
+        "logq": logq_all.gather(-1, idx).squeeze(-1),
+        "rb_entropy": -(logq_all.exp() * logq_all.masked_fill(~kept, 0.0)).sum(-1),
+        "logp": torch.log_softmax(z.double(), dim=-1).gather(-1, idx).squeeze(-1),
+        "logp_train": logp_train_all.gather(-1, idx).squeeze(-1),
+        "entropy_train": -(logp_train_all.exp() * logp_train_all).sum(-1),
+    }
+
+
+@pytest.mark.parametrize("scale", [1.0, 4.0])  # large nuclei (past the first top-k) and small ones
+@pytest.mark.parametrize("chunk", [1, 5, 7, 37, 256])  # 5 and 7 do not divide the 37 tokens
+def test_chunks_equal_a_full_tensor_reference(chunk, scale):
+    z = random_logits(n=37, V=1000, seed=13, scale=scale)
+    tokens = torch.randint(0, 1000, (37,), generator=torch.Generator().manual_seed(2))
+    tokens[::2] = z[::2].argmax(-1)  # half inside the nucleus, the rest mostly outside (log q = −inf)
+    tau, top_p = 0.7, 0.9
+    ref = full_tensor_reference(z, tokens, tau, top_p)
+    assert torch.isinf(ref["logq"]).any() and torch.isfinite(ref["logq"]).any()
+    rows = torch.arange(40).flip(0)[3:]  # the same 37 rows, gathered from a larger tensor
+    big = torch.cat([z.flip(0), random_logits(n=3, V=1000, seed=14)])
+    runs = {  # name: (logits, keyword arguments)
+        "no grad (shared buffers)": (z, {"chunk_size": chunk}),
+        "rows=": (big, {"chunk_size": chunk, "rows": rows}),
+        "entry budget": (z, {"chunk_size": 256, "chunk_elements": chunk * 1000}),
+        "autograd": (z.clone().requires_grad_(True), {"chunk_size": chunk}),
+    }
+    for name, (logits, kwargs) in runs.items():
+        with torch.set_grad_enabled(name == "autograd"):
+            got = policy_token_stats(logits, tokens, tau, top_p, **kwargs)
+        for key, want in ref.items():
+            assert got[key].dtype == torch.float64
+            torch.testing.assert_close(got[key].detach(), want, rtol=0, atol=1e-12, msg=f"{name}: {key}")
+
+
+def test_chunks_share_buffers_instead_of_allocating():
+    """Without autograd, the chunks allocate nothing vocabulary-sized beyond the shared buffers' slots."""
+    from torch.profiler import ProfilerActivity, profile
+
+    N, V, chunk = 64, 20000, 8
+    z = random_logits(n=N, V=V, seed=3, scale=4.0)
+    tokens = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(4))
+    for kwargs in ({}, {"rows": torch.arange(N).flip(0)}, {"diagnostics": True, "eos_token_id": 3}):
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            policy_token_stats(z, tokens, 0.7, 0.9, chunk_size=chunk, **kwargs)
+        big = [ev.cpu_memory_usage for ev in prof.events()
+               if not ev.cpu_children and ev.cpu_memory_usage >= chunk * V]
+        assert len(big) <= 4, (kwargs, big)  # slots "a", "e", "mask" (+ "z" with rows=), not 8 chunks' worth
