@@ -25,7 +25,13 @@ from entropy_experiments.estimators.sequence_scores import score_sequences
 from entropy_experiments.estimators.update_direction import named_norm
 from entropy_experiments.probe_components import ProbeComponents
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
-from tests.test_probe import TOY_PROMPTS, _exact_entropy, _shifted, toy_dir, toy_prompts_file  # noqa: F401
+from tests.test_probe import (  # noqa: F401  (fixtures)
+    TOY_PROMPTS,
+    _enumerate_responses,
+    _shifted,
+    toy_dir,
+    toy_prompts_file,
+)
 
 DIRECTION_NAMES = ("no_momentum", "sgd_same_norm")
 
@@ -153,41 +159,47 @@ def test_predictors_on_the_enumerable_model(toy_dir, toy_prompts_file):  # noqa:
     model64 = copy.deepcopy(probe.model).double()
     params = {n: p.detach() for n, p in model64.named_parameters()}
     eps = 1e-4
+    at = {}  # (direction name, s) → the enumeration at θ + s·v
 
-    def slope(v):
-        H = [_exact_entropy(model64, _shifted(params, v, s), probe.tokenizer, TOY_PROMPTS, 1.0, "per_token", max_new)
-             for s in (-eps, eps)]
-        return (H[1] - H[0]) / (2 * eps)
+    def enum(name, s):
+        if (name, s) not in at:
+            at[name, s] = _enumerated(model64, _shifted(params, dirs[name], s), probe.tokenizer, max_new)
+        return at[name, s]
 
     for name in DIRECTION_NAMES:
-        entry, exact = results["predictors"][name], slope(dirs[name])
+        (_, h_lo, t_lo, _, _), (_, h_hi, t_hi, _, _) = enum(name, -eps), enum(name, eps)
+        entry, exact = results["predictors"][name], (h_hi / t_hi - h_lo / t_lo) / (2 * eps)
         print(f"\n{name}: {entry['delta_h1'] / lr:.4g} ± {entry['se_E'] / lr:.2g}, exact {exact:.4g}")
         assert abs(entry["delta_h1"] / lr - exact) < 4 * entry["se_E"] / lr, (name, entry, exact)
         assert entry["se_E"] < 0.5 * abs(entry["delta_h1"]), "the test must be sharp enough to mean something"
+    # the direct part: Σ_y q_θ(y) Σ_k ∂_η H_k(y; θ + ηv) / Σ_y q_θ(y) T(y) — the per-token entropies
+    # differentiated at fixed sequences (central difference), weighted by the probabilities at θ
+    q0, _, _, _, lengths = enum("v", 0.0)
+    dh = (enum("v", eps)[3] - enum("v", -eps)[3]) / (2 * eps)
+    exact = float((q0 * dh).sum() / (q0 * lengths).sum())
     entry = results["predictors"]["direct_only"]
-    exact = _exact_direct_part(model64, params, dirs["v"], probe.tokenizer, max_new, eps)
     print(f"direct_only: {entry['delta_h1'] / lr:.4g} ± {entry['se_E'] / lr:.2g}, exact {exact:.4g}")
     assert abs(entry["delta_h1"] / lr - exact) < 4 * entry["se_E"] / lr, (entry, exact)
 
 
-def _exact_direct_part(model64, params, v, tokenizer, max_new, eps) -> float:
-    """Σ_y q_θ(y) Σ_k ∂_η H_k(y; θ + ηv) / Σ_y q_θ(y) T(y) over every prompt and response, float64."""
-    from tests.test_probe import _enumerate_responses
-
+def _enumerated(model64, params: dict, tokenizer, max_new: int):
+    """Every response of every toy prompt, one batched forward per prompt (right padding: a causal model's
+    logits at a position do not see later ones): (q [R], Σ q·h, Σ q·T, h [R], T [R]) in float64, with q the
+    probability of prompt and response (prompts uniform) and h = Σ_k H_k of each response."""
     responses = _enumerate_responses(len(tokenizer), tokenizer.eos_token_id, max_new)
-    shifted = {s: _shifted(params, v, s) for s in (-eps, 0.0, eps)}
-    num = den = 0.0
+    mask = torch.tensor([[k < len(r) for k in range(max_new)] for r in responses], dtype=torch.float64)
+    q_all, h_all = [], []
     for prompt in TOY_PROMPTS:
         p_ids = tokenizer(prompt).input_ids
-        for r in responses:
-            x = torch.tensor([p_ids + r])
-            logq = {s: torch.log_softmax(torch.func.functional_call(model64, ps, (x,))["logits"][0][
-                len(p_ids) - 1: len(p_ids) - 1 + len(r)], -1) for s, ps in shifted.items()}
-            q = float(torch.exp(logq[0.0].gather(-1, torch.tensor(r)[:, None]).sum()))
-            ent = {s: float(-(lq.exp() * lq).sum()) for s, lq in logq.items()}
-            num += q * (ent[eps] - ent[-eps]) / (2 * eps)
-            den += q * len(r)
-    return num / den
+        x = torch.tensor([p_ids + r + [tokenizer.eos_token_id] * (max_new - len(r)) for r in responses])
+        logits = torch.func.functional_call(model64, params, (x,))["logits"][:, len(p_ids) - 1: len(p_ids) - 1 + max_new]
+        logq = torch.log_softmax(logits, -1)                                  # [R, max_new, V]
+        token_logq = logq.gather(-1, x[:, len(p_ids):, None])[..., 0]
+        q_all.append(torch.exp((token_logq * mask).sum(-1)) / len(TOY_PROMPTS))
+        h_all.append((-(logq.exp() * logq).sum(-1) * mask).sum(-1))
+    q, h, T = torch.cat(q_all), torch.cat(h_all), mask.sum(-1).repeat(len(TOY_PROMPTS))
+    assert abs(float(q.sum()) - 1.0) < 1e-9, "the enumeration must cover every response"
+    return q, float((q * h).sum()), float((q * T).sum()), h, T
 
 
 def test_no_momentum_is_unavailable_on_a_fresh_optimizer_state(tiny_model_dir, prompts_file):
