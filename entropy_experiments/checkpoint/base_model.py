@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 
 from ..embedded import EMBEDDED_MODEL_NAME, embedded_model_dir, ensure_embedded_model
 from ..errors import CheckpointError
+from ..library_noise import quiet_library_loading
 from .layout import ADAPTER_CONFIG_FILE
 from .messages import first_line
 
@@ -136,21 +136,4 @@ def load_base_model(base_id: str, *, torch_dtype: torch.dtype, device: str, trus
         return AutoModelForCausalLM.from_pretrained(resolved, **kwargs)
 
 
-@contextlib.contextmanager
-def quiet_library_loading() -> Iterator[None]:
-    """Without transformers' weight-loading progress bars, and without the FutureWarning peft raises by
-    reading transformers' deprecated `is_gradient_checkpointing` (library noise, nothing the user can act
-    on), so that a run's output is the probe's. Every other warning passes."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
-                                    category=FutureWarning)
-            yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 

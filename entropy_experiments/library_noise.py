@@ -1,0 +1,27 @@
+"""Library noise kept out of a run's output: `quiet_library_loading` (used around model loading and the
+embedded model's one-time conversion)."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def quiet_library_loading() -> Iterator[None]:
+    """Without transformers' weight-loading progress bars, and without the FutureWarning peft raises by
+    reading transformers' deprecated `is_gradient_checkpointing` (library noise, nothing the user can act
+    on), so that a run's output is the probe's. Every other warning passes."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
