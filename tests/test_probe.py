@@ -306,3 +306,13 @@ def test_delta_h_reuses_the_phase_1_scores_without_a_pass_at_theta(tiny_model_di
     _, phase1_scores, _, _ = comps.accumulate_X_one_pass(E, None)
     at_zero = isamp.measure_delta_h(sp, E, v, [0.0], normalize="per_token", base=phase1_scores, tf_batch_size=rows)
     assert at_zero["per_sequence"][0.0]["logw"] == [0.0] * len(phase1_scores.token_logqs)
+
+
+def test_sequence_scores_subset_selects_by_index():
+    from entropy_experiments.estimators.sequence_scores import SequenceScores
+
+    scores = SequenceScores(token_logqs=[torch.tensor([float(i)]) for i in range(4)],
+                            token_entropies=[torch.tensor([10.0 + i]) for i in range(4)], unit_of_sequence=[0, 0, 1, 1])
+    part = scores.subset([3, 1])
+    assert [float(t) for t in part.token_logqs] == [3.0, 1.0] and [float(t) for t in part.token_entropies] == [13.0, 11.0]
+    assert part.unit_of_sequence == [1, 0]

@@ -53,8 +53,9 @@ class SequenceScores:
 
     def subset(self, indices: list[int]) -> SequenceScores:
         """The scores of sequences `indices` (in that order), with their units."""
-        return SequenceScores.from_rows(list(self.rows(indices).values()),
-                                        [self.unit_of_sequence[i] for i in indices])
+        fields = (self.token_logqs, self.token_entropies, self.d_logq, self.d_entropy)
+        rows = [tuple(None if f is None else f[i] for f in fields) for i in indices]
+        return SequenceScores.from_rows(rows, [self.unit_of_sequence[i] for i in indices])
 
     @classmethod
     def from_rows(cls, rows: list[tuple], unit_of_sequence: list[int]) -> SequenceScores:
