@@ -23,7 +23,7 @@ import torch
 
 from . import io_utils
 from .errors import CheckpointError
-from .library_noise import quiet_library_loading
+from .library_noise import quiet_gguf_conversion, quiet_library_loading
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def convert_embedded_model(target: Path) -> None:
     gguf = find_embedded_gguf()
     logger.info("Converting embedded model %s from %s to fp32 in %s (one time, ~20 s)",
                 EMBEDDED_MODEL_NAME, gguf, target)
-    with quiet_library_loading():
+    with quiet_library_loading(), quiet_gguf_conversion():
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # The weights are already dequantised; without this the saved config would claim a GGUF

@@ -25,3 +25,19 @@ def quiet_library_loading() -> Iterator[None]:
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def quiet_gguf_conversion() -> Iterator[None]:
+    """Without the "Converting and de-quantizing GGUF tensors" bar: transformers' GGUF reader calls plain
+    `tqdm` (not its own switchable one), so its module's `tqdm` is swapped for a disabled one meanwhile."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
