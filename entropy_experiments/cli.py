@@ -1,4 +1,4 @@
-"""`entropy-probe` command line: run, demo, make-checkpoint, report.
+"""`entropy-probe` command line: run, sweep, demo, make-checkpoint, report.
 
 Every user mistake ends as ONE line on stderr and exit code 2 (a `ProbeError`); bugs keep their traceback.
 """
@@ -21,6 +21,8 @@ from .report.plot import plot_delta_h
 from .report.results_schema import load_results
 from .report.summary import print_summary
 from .run import run_probe
+from .sweep import run_sweep
+from .sweep.sweep_dir import SweepDirectory
 from .training import make_checkpoint
 
 log = logging.getLogger("entropy_experiments")
@@ -66,8 +68,27 @@ def cmd_run(args) -> None:
     run_probe(_load(args), out=args.out, resume=args.resume, overwrite=args.overwrite, dryrun=args.dryrun)
 
 
+def cmd_sweep(args) -> None:
+    if args.resume and args.out and Path(args.resume) != Path(args.out):
+        raise ConfigError("--resume and --out name different directories; pass only --resume SWEEP_DIR")
+    meta = {}
+    if args.resume:
+        meta = SweepDirectory(Path(args.resume)).read_meta()
+        if meta is None:
+            raise ConfigError(f"--resume {args.resume}: nothing to resume (no sweep_meta.json there)")
+    if args.config is None:
+        if not args.resume:
+            raise ConfigError("sweep needs --config FILE (or --resume SWEEP_DIR to finish a sweep with its config)")
+        args.config = str(Path(args.resume) / "config.yaml")
+    checkpoints = args.checkpoints or meta.get("checkpoints_dir")
+    if checkpoints is None:
+        raise ConfigError("sweep needs --checkpoints DIR (the directory holding checkpoint-N/ or step_N/)")
+    every = args.every if args.every is not None else int(meta.get("every", 1))
+    run_sweep(_load(args), checkpoints, out=args.out, resume=args.resume, every=every)
+
+
 def cmd_make_checkpoint(args) -> None:
-    make_checkpoint(args.out, _load(args), steps=args.steps)
+    make_checkpoint(args.out, _load(args), steps=args.steps, save_every=args.save_every)
 
 
 def cmd_demo(args) -> None:
@@ -102,6 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dryrun", action="store_true", help="minimal sizes, print the summary, write nothing")
     run.set_defaults(func=cmd_run)
 
+    sweep = sub.add_parser("sweep", help="probe every checkpoint of a training run; sweep.json + plots")
+    sweep.add_argument("--config", help="probe config YAML (default with --resume: SWEEP_DIR/config.yaml)")
+    sweep.add_argument("--checkpoints", metavar="DIR",
+                       help="directory holding the run's checkpoint-N/ (Trainer) or step_N/ directories")
+    sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    sweep.add_argument("--out", help="sweep directory (default: runs/sweep-<timestamp>)")
+    sweep.add_argument("--every", type=int, default=None, metavar="K",
+                       help="probe every K-th checkpoint in step order, and the last (default 1)")
+    sweep.add_argument("--resume", metavar="SWEEP_DIR", help="finish a sweep, keeping the checkpoints it finished")
+    sweep.set_defaults(func=cmd_sweep)
+
     demo = sub.add_parser("demo", help="the embedded default model end to end")
     demo.add_argument("--out")
     demo.add_argument("--steps", type=int, default=None,
@@ -113,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     mk = sub.add_parser("make-checkpoint", help="create a LoRA adapter + AdamW state with N Dr-GRPO steps")
     mk.add_argument("--out", required=True)
     mk.add_argument("--steps", type=int, default=2)
+    mk.add_argument("--save-every", type=int, default=None, metavar="K",
+                    help="write OUT/step_K, step_2K, … and the last step instead of one checkpoint in OUT")
     mk.add_argument("--config")
     mk.add_argument("--set", action="append", metavar="KEY=VALUE")
     mk.set_defaults(func=cmd_make_checkpoint)

@@ -18,6 +18,7 @@ from .config import ProbeConfig, config_from_dict
 from .data.rewards import reward_warnings
 from .errors import ProbeError
 from .parallel import DistContext, init_from_env
+from .phase_results import Policy, WarningLog
 from .report.plot import plot_delta_h
 from .report.results_schema import validate_results_schema
 from .report.run_dir import GenerationChunkStore, RunDirectory
@@ -38,10 +39,16 @@ def dryrun_config(config: ProbeConfig) -> ProbeConfig:
 
 
 def run_probe(config: ProbeConfig, *, out: str | None = None, resume: str | None = None, overwrite: bool = False,
-              dryrun: bool = False, logger: logging.Logger | None = None) -> dict:
-    """Run the probe and write its run directory (unless dryrun). Returns the results dict."""
+              dryrun: bool = False, logger: logging.Logger | None = None, policy: Policy | None = None,
+              notes: WarningLog | None = None) -> dict:
+    """Run the probe and write its run directory (unless dryrun). Returns the results dict.
+
+    `policy`: the checkpoint of `config` already loaded (one process only; `entropy-probe sweep` loads the
+    base model once), with `notes` holding the warnings its loading raised (they go into results.json)."""
     logger = logger or log
     dist = init_from_env(config.distributed)
+    if policy is not None and dist.enabled:
+        raise ValueError("run_probe(policy=...) runs in one process; under torchrun every rank loads its own")
     try:
         if dryrun:
             results = probe.run(dryrun_config(config), dist=dist, logger=logger).results
@@ -51,7 +58,8 @@ def run_probe(config: ProbeConfig, *, out: str | None = None, resume: str | None
             return results
         if not dist.is_main:
             return run_worker(config, dist, logger)
-        return run_main(config, dist, out=out, resume=resume, overwrite=overwrite, logger=logger)
+        return run_main(config, dist, out=out, resume=resume, overwrite=overwrite, logger=logger, policy=policy,
+                        notes=notes)
     finally:
         dist.shutdown()
 
@@ -100,14 +108,14 @@ def resumed_batches(run_dir: RunDirectory, dist: DistContext, resume: str | None
 
 
 def run_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume: str | None, overwrite: bool,
-             logger: logging.Logger) -> dict:
+             logger: logging.Logger, policy: Policy | None = None, notes: WarningLog | None = None) -> dict:
     """Rank 0 (or the only process): prepare the run directory, run the probe, write every file."""
     run_dir = open_run_directory(config, dist, out=out, resume=resume, overwrite=overwrite)
     handler = run_dir.attach_log_handler(logging.getLogger("entropy_experiments"))
     try:
         run_dir.mark_status("running")
         batches = resumed_batches(run_dir, dist, resume, logger)
-        outcome = probe_into(run_dir, config, dist, batches, logger)
+        outcome = probe_into(run_dir, config, dist, batches, logger, policy=policy, notes=notes)
         write_outcome(run_dir, config, outcome)
         run_dir.mark_status("complete")
         print_summary(outcome.results)
@@ -127,7 +135,8 @@ def run_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume:
 
 
 def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, batches: tuple[dict, dict] | None,
-               logger: logging.Logger) -> probe.ProbeOutcome:
+               logger: logging.Logger, *, policy: Policy | None = None,
+               notes: WarningLog | None = None) -> probe.ProbeOutcome:
     """`probe.run`, saving E and U (and the generation chunks) into the run directory as they are made."""
     chunks = GenerationChunkStore(run_dir)
 
@@ -142,7 +151,7 @@ def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, ba
     sampling_warnings = list(run_dir.load_partial("sampling_warnings") or []) if batches is not None else []
     return probe.run(config, dist=dist, batches=batches, on_batches=save_batches,
                      chunk_store=chunks if config.output.save_batches else None,
-                     sampling_warnings=sampling_warnings, logger=logger)
+                     sampling_warnings=sampling_warnings, logger=logger, policy=policy, notes=notes)
 
 
 def write_outcome(run_dir: RunDirectory, config: ProbeConfig, outcome: probe.ProbeOutcome) -> None:

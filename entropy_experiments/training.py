@@ -3,7 +3,8 @@
 Users without a checkpoint (and the tests) get one this way. Each step samples B_U distinct prompts
 × G responses through the SequenceProcessor, takes the gradient of the same Dr-GRPO loss the probe
 uses (`probe.update_gradients`), clips it and steps AdamW; then `save_checkpoint` writes
-model/, optimizer.pt, optimizer_param_names.json and checkpoint.json.
+model/, optimizer.pt, optimizer_param_names.json and checkpoint.json. With `save_every` = K it writes
+`out_dir/step_K/`, `step_2K/`, … and `step_<steps>/` instead (a run to sweep: `entropy-probe sweep`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .compat.sequence_processor import SequenceProcessor
 from .config import ProbeConfig
 from .data.datasets import load_examples
 from .data.plan import draw_index_plan
+from .errors import ConfigError
 from .estimators.objective_gradient import Trainable
 from .policy.progress import progress
 from .probe import Policy, update_gradients
@@ -31,12 +33,15 @@ log = logging.getLogger("entropy_experiments.training")
 
 def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2, lr: float = 1e-5,
                     weight_decay: float = 0.01, max_grad_norm: float = 1.0, lora_r: int = 8,
-                    lora_alpha: int = 16, logger: logging.Logger | None = None) -> Path:
+                    lora_alpha: int = 16, save_every: int | None = None,
+                    logger: logging.Logger | None = None) -> Path:
     """Create a LoRA adapter on `config.checkpoint.base_model` (null: the embedded model), train it `steps`
-    Dr-GRPO steps, save it."""
+    Dr-GRPO steps, save it (in `out_dir`, or with `save_every` = K in out_dir/step_K/, step_2K/, … and the last)."""
     logger = logger or log
     if steps < 0:
         raise ValueError("--steps must be >= 0")
+    if save_every is not None and save_every < 1:
+        raise ConfigError(f"--save-every {save_every}: must be >= 1")
     ck, bc = config.checkpoint, config.batch_config
     base_model = resolve_base_model_id(ck.base_model, None).name  # no adapter yet: the config's or the embedded
     torch.manual_seed(config.seed)
@@ -52,6 +57,16 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
     examples = load_examples(bc.dataset_name, bc.split, dataset_path=bc.dataset_path, pool_size=bc.pool_size)
 
     mean_rewards = []
+
+    def save(where: Path, step: int) -> None:
+        save_checkpoint(model, optimizer, where, base_model=base_model, step=step, lr=lr,
+                        weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                        lora={"r": lora_r, "alpha": lora_alpha, "dropout": 0.0,
+                              "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+                        data={"dataset_name": bc.dataset_name, "split": bc.split, "B_U": bc.B_U, "G": bc.G},
+                        mean_rewards=list(mean_rewards))
+        logger.info("checkpoint written to %s", where)
+
     for step in progress(range(steps), "make-checkpoint (Dr-GRPO steps)"):
         plan = draw_index_plan(len(examples), B_E=1, B_U=bc.B_U, G=bc.G, E_sampling_mode="replacement",
                                seed=config.seed + 1000 * (step + 1))
@@ -65,13 +80,10 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
         optimizer.zero_grad(set_to_none=True)
         mean_rewards.append(float(sum(map(sum, U["rewards"])) / (bc.B_U * bc.G)))
         logger.info("make-checkpoint step %d/%d: mean reward %.3f", step + 1, steps, mean_rewards[-1])
+        if save_every is not None and ((step + 1) % save_every == 0 or step + 1 == steps):
+            save(Path(out_dir) / f"step_{step + 1}", step + 1)
 
-    save_checkpoint(model, optimizer, out_dir, base_model=base_model, step=steps, lr=lr,
-                          weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-                          lora={"r": lora_r, "alpha": lora_alpha, "dropout": 0.0,
-                                "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
-                          data={"dataset_name": bc.dataset_name, "split": bc.split, "B_U": bc.B_U, "G": bc.G},
-                          mean_rewards=mean_rewards)
-    logger.info("checkpoint written to %s", out_dir)
+    if save_every is None:
+        save(Path(out_dir), steps)
     return Path(out_dir)
 

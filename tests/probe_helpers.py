@@ -36,6 +36,16 @@ def trained_adamw(params, *, lr=1e-3, weight_decay=0.01, steps=3, seed=0, **kwar
     return opt
 
 
+def merge_sections(config: dict, sections: dict) -> dict:
+    """`sections` merged onto `config` in place: a dict updates that section's keys, anything else replaces it."""
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            config.setdefault(section, {}).update(values)
+        else:
+            config[section] = values
+    return config
+
+
 def make_probe(model_dir: Path, data_path: Path, config: dict, *, lora_seed: int = 0) -> OfflineEntropyProbe:
     """A probe over the model in `model_dir` + a random LoRA, with a trained AdamW, and `config` merged
     onto small defaults (jsonl data at `data_path`, reward tests.probe_rewards:count_a)."""
@@ -50,11 +60,7 @@ def make_probe(model_dir: Path, data_path: Path, config: dict, *, lora_seed: int
         "importance": {"eta_list": [1e-3]},
         "output": {"plot": False},
     }
-    for section, values in config.items():
-        if isinstance(values, dict):
-            base.setdefault(section, {}).update(values)
-        else:
-            base[section] = values
+    merge_sections(base, config)
     probe = OfflineEntropyProbe(config_from_dict(base))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"

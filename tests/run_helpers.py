@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.probe_helpers import SHORT_PROMPTS, write_prompts
+from tests.probe_helpers import SHORT_PROMPTS, merge_sections, write_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,11 +46,7 @@ def base_config(tiny_model_dir: Path, data: Path, **sections) -> dict:
         "importance": {"eta_list": [1.0e-4, 1.0e-3]},
         "output": {"plot": False},
     }
-    for section, values in sections.items():
-        if isinstance(values, dict):
-            config.setdefault(section, {}).update(values)
-        else:
-            config[section] = values
+    merge_sections(config, sections)
     return config
 
 

@@ -73,6 +73,11 @@ def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
     fig.suptitle("Entropy change of one update step" + (f": {label}" if label else "")
                  + ("" if measured else f" — {IMPORTANCE_OFF_NOTE}"))
 
+    return save_png(fig, path)
+
+
+def save_png(fig: Any, path: str | os.PathLike) -> Path:
+    """Write a matplotlib figure to `path` as PNG, atomically; an OS error becomes one clear line."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     path = Path(path)

@@ -1,0 +1,137 @@
+"""The sweep's two plots, drawn from sweep.json alone (matplotlib is imported when a plot is drawn).
+
+* trajectory.png — left: Ĥ per step with ±1.96·SE bars; from each probed checkpoint a dashed segment to
+  (next step, Ĥ + δH₁) (the predicted change of the next step); the line through the Ĥ points is what the run
+  did. Right: per realised interval, dH_realised ± 1.96·SE against dH_predicted ± 1.96·√(se_pred² + se_batch²).
+* calibration.png — predicted against measured, 1:1 line, one colour per predictor; left the probe against its
+  own ΔH(η)·lr/η, right the prediction against the realised change; both axes span the measured values, and a
+  prediction far outside is drawn as ◀ / ▶ at the edge (counted in the legend).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from pathlib import Path
+
+from ..report.plot import save_png
+
+__all__ = ["plot_calibration", "plot_trajectory"]
+
+Z95 = 1.96
+
+
+def _ok(x) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _figure(n_axes: int):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6 * n_axes, 4.5), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(1, n_axes)
+
+
+def _trajectory_panel(ax, doc: dict) -> None:
+    rows = [r for r in doc["rows"] if _ok(r["H"])]
+    steps, H = [r["step"] for r in rows], [r["H"] for r in rows]
+    ax.errorbar(steps, H, yerr=[Z95 * (r["H_se"] or 0.0) for r in rows], fmt="o-", color="black", capsize=3,
+                label="Ĥ ± 1.96·SE (realised path)")
+    nxt = {a["step"]: b["step"] for a, b in itertools.pairwise(rows)}
+    labelled = False
+    for r in rows:
+        if _ok(r["deltaH1"]):
+            x1 = nxt.get(r["step"], r["step"] + 1)
+            ax.plot([r["step"], x1], [r["H"], r["H"] + r["deltaH1"] * (x1 - r["step"])], "--", color="tab:red",
+                    label=None if labelled else "predicted: Ĥ + δH₁ per step")
+            labelled = True
+        elif r["kind"] == "entropy_only":
+            ax.annotate("Ĥ only", (r["step"], r["H"]), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"Ĥ ({doc['units']})")
+    ax.set_title("Ĥ along the run (bars: Ĥ's own SE; changes pair by prompt: right)", fontsize=10)
+    ax.legend(fontsize=8)
+
+
+def _realised_panel(ax, doc: dict) -> None:
+    rows = [r for r in doc["realised"] if _ok(r["dH_realised"])]
+    mids = [0.5 * (r["from_step"] + r["to_step"]) for r in rows]
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.errorbar(mids, [r["dH_realised"] for r in rows], yerr=[Z95 * (r["se"] or 0.0) for r in rows], fmt="o",
+                color="black", capsize=3, label="realised H(to) − H(from) ± 1.96·SE")
+    pred = [(m, r) for m, r in zip(mids, rows) if _ok(r["dH_predicted"])]
+    if pred:
+        err = [Z95 * math.hypot(r["se_predicted"] or 0.0, r["se_batch"] or 0.0) for _, r in pred]
+        ax.errorbar([m + 0.08 for m, _ in pred], [r["dH_predicted"] for _, r in pred], yerr=err, fmt="s",
+                    color="tab:red", capsize=3, label="predicted (δH₁) ± 1.96·√(se² + se_batch²)")
+    ax.set_xlabel("training step (interval midpoint)")
+    ax.set_ylabel(f"ΔH ({doc['units']})")
+    ax.set_title("per-interval change: realised vs predicted")
+    ax.legend(fontsize=8)
+
+
+def plot_trajectory(doc: dict, path: str | os.PathLike) -> Path:
+    """trajectory.png from sweep.json `doc` (see the module docstring); written atomically."""
+    fig, (ax, ax_real) = _figure(2)
+    _trajectory_panel(ax, doc)
+    _realised_panel(ax_real, doc)
+    return save_png(fig, path)
+
+
+def _limits(pairs: dict[str, list[tuple[float, float, float | None]]]) -> tuple[float, float]:
+    """One range for both axes: the measured values with their ±1.96·SE bars, widened to the predictions that
+    lie within one measured span of them (farther ones are drawn clamped at the edge)."""
+    ends = [y + sign * Z95 * (se or 0.0) for pts in pairs.values() for _, y, se in pts for sign in (-1, 1)]
+    lo, hi = min(ends), max(ends)
+    span = hi - lo or abs(hi) or 1.0
+    near = [x for pts in pairs.values() for x, _, _ in pts if lo - span <= x <= hi + span]
+    lo, hi = min([lo, *near]), max([hi, *near])
+    pad = 0.05 * (hi - lo or span)
+    return lo - pad, hi + pad
+
+
+def _scatter(ax, pairs: dict[str, list[tuple[float, float, float | None]]], title: str, ylabel: str,
+             units: str) -> None:
+    """Measured (± 1.96·SE) against predicted, the 1:1 diagonal; predictions off the range drawn as ◀ / ▶ at
+    the edge (their count in the legend)."""
+    from matplotlib import colormaps
+
+    colours = colormaps["tab10"]
+    lo, hi = _limits(pairs) if any(pairs.values()) else (-1.0, 1.0)
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=1, label="1:1")
+    for i, (name, pts) in enumerate(pairs.items()):
+        inside = [p for p in pts if lo <= p[0] <= hi]
+        outside = [p for p in pts if not lo <= p[0] <= hi]
+        label = name + (f" ({len(outside)} off scale)" if outside else "")
+        if inside:
+            ax.errorbar([p[0] for p in inside], [p[1] for p in inside], yerr=[Z95 * (p[2] or 0.0) for p in inside],
+                        fmt="o", color=colours(i % 10), capsize=2, label=label, alpha=0.85)
+        for x, y, _ in outside:
+            ax.plot([hi if x > hi else lo], [y], ">" if x > hi else "<", color=colours(i % 10),
+                    label=None if inside else label)
+            label = None if not inside else label
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel(f"predicted ({units})")
+    ax.set_ylabel(f"{ylabel} ({units})")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+
+
+def plot_calibration(doc: dict, path: str | os.PathLike) -> Path:
+    """calibration.png from sweep.json `doc`: predicted vs measured with the 1:1 line, one colour per predictor."""
+    names = list(doc["calibration"])
+    own = {n: [(r["predictors"][n]["delta_h1"], r["deltaH_true"]["scaled"], r["deltaH_true"]["se_scaled"])
+               for r in doc["rows"] if n in r["predictors"] and r["deltaH_true"]
+               and _ok(r["predictors"][n]["delta_h1"]) and _ok(r["deltaH_true"]["scaled"])] for n in names}
+    real = {n: [(r["predictors"][n]["dH_predicted"], r["dH_realised"], r["se"])
+                for r in doc["realised"] if n in r["predictors"]
+                and _ok(r["predictors"][n]["dH_predicted"]) and _ok(r["dH_realised"])] for n in names}
+    fig, (ax_own, ax_real) = _figure(2)
+    _scatter(ax_own, own, "probe vs its own ΔH(η)·lr/η (per checkpoint)", "measured ΔH(η)·lr/η", doc["units"])
+    _scatter(ax_real, real, "prediction vs realised change (per interval)", "realised H(to) − H(from)",
+             doc["units"])
+    return save_png(fig, path)

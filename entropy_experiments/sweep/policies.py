@@ -1,0 +1,84 @@
+"""The policy of each checkpoint of a sweep, on ONE base model loaded once (`SweepPolicies.policy_for`).
+
+The first checkpoint is loaded as the probe loads one (base + adapter: `checkpoint.load.load_policy`); every
+later one swaps its LoRA weights into that PeftModel (`checkpoint.swap.swap_adapter`). Then the checkpoint's
+AdamW state is loaded onto the same parameters exactly as `load_for_probe` loads it — or, when its saved lr is
+0.0 (the end of a schedule) and the config sets no learning_rate, not at all: `no_step` then says why, and the
+sweep measures only the entropy there. The warnings a fresh load would give (base model, objective, fresh
+optimizer) are returned in a WarningLog for the run's results.json.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..checkpoint.base_model import resolve_base_model_id
+from ..checkpoint.layout import checkpoint_info, log_checkpoint_files
+from ..checkpoint.learning_rate import LearningRate
+from ..checkpoint.load import load_optimizer, load_policy
+from ..checkpoint.swap import saved_lr_ended, swap_adapter
+from ..compat.sequence_processor import SequenceProcessor
+from ..config import ProbeConfig
+from ..estimators.objective_gradient import Trainable
+from ..phase_results import Policy, WarningLog
+from .discovery import SweepCheckpoint
+
+__all__ = ["CheckpointPolicy", "SweepPolicies"]
+
+log = logging.getLogger("entropy_experiments.sweep")
+
+
+@dataclass
+class CheckpointPolicy:
+    """A checkpoint's policy (optimizer None when no step follows it), its load warnings, and why no step follows."""
+
+    policy: Policy
+    notes: WarningLog
+    no_step: str | None
+
+
+class SweepPolicies:
+    """Holds the one base model (+ LoRA) of a sweep and puts each checkpoint's adapter and optimizer on it."""
+
+    def __init__(self, logger: logging.Logger = log):
+        self.logger = logger
+        self.model = None
+        self.tokenizer = None
+        self.base_name: str | None = None
+
+    def _adapter(self, config: ProbeConfig, ck: SweepCheckpoint, notes: WarningLog):
+        """The base model choice of `ck`, its adapter on the (loaded once) base model."""
+        files = ck.files
+        log_checkpoint_files(files, self.logger)
+        base = resolve_base_model_id(config.checkpoint.base_model, files.adapter_dir)
+        if base.warning is not None:
+            notes.warn(base.warning)
+        if self.model is None:
+            self.logger.info("base model: %s (from %s), loaded once for the sweep", base.name, base.source)
+            self.model, self.tokenizer = load_policy(config.checkpoint, str(files.adapter_dir), base,
+                                                     config.checkpoint.device_map)
+            self.base_name = base.name
+        else:
+            swap_adapter(self.model, files.adapter_dir, base, self.base_name)
+        return base
+
+    def policy_for(self, config: ProbeConfig, ck: SweepCheckpoint) -> CheckpointPolicy:
+        """`ck`'s policy on the shared model: adapter swapped in, AdamW state loaded (unless no step follows)."""
+        notes = WarningLog(self.logger)
+        base = self._adapter(config, ck, notes)
+        for message in config.objective_warnings(ck.files.layout):
+            notes.warn(message)
+        no_step = saved_lr_ended(ck.files, config.learning_rate)
+        optimizer = None
+        if no_step is None:
+            optimizer, lr, fresh_warning = load_optimizer(config.checkpoint, self.model, ck.files,
+                                                          config.learning_rate, self.logger)
+            if fresh_warning:
+                notes.warn(fresh_warning)
+        else:
+            lr = LearningRate(0.0, "optimizer param_groups lr (0.0: the schedule ended)")
+        sp = SequenceProcessor(self.model, self.tokenizer, config=config.sequence_processor_settings(),
+                               logger=self.logger)
+        policy = Policy(sp, Trainable.of(self.model), optimizer, self.tokenizer, checkpoint_info(ck.files, base, lr))
+        return CheckpointPolicy(policy, notes, no_step)

@@ -1,0 +1,182 @@
+"""sweep.json's `rows` (one per checkpoint) and `realised` (one per pair of consecutive checkpoints).
+
+Everything here is read back from the checkpoints' run directories (results.json or entropy_only.json, and
+per_sequence.jsonl), so sweep.json can be rebuilt from them at any time. Units: entropies in nats per token
+(`per_token`) or per sequence (`per_sequence`), the run's `normalize`; lr per the optimizer's lr.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import OutputError
+from ..report.run_dir import PER_SEQUENCE_FILE
+from .discovery import SweepCheckpoint
+from .stats import entropy_with_se, paired_difference
+
+__all__ = ["ENTROPY_ONLY_FILE", "CheckpointRun", "checkpoint_row", "read_run", "realised_rows"]
+
+ENTROPY_ONLY_FILE = "entropy_only.json"
+RESULTS_FILE = "results.json"
+NAN = float("nan")
+
+
+@dataclass
+class CheckpointRun:
+    """A finished run directory: results.json (full probe) or entropy_only.json, and E's per-sequence h, T, prompt."""
+
+    path: Path
+    kind: str                 # "probe" | "entropy_only"
+    results: dict
+    h: np.ndarray             # nats per sequence
+    T: np.ndarray             # tokens
+    slots: list[int]          # the E prompt draw (prompt_index) of each sequence: the probe's jackknife unit
+    prompt_ids: list          # the data set prompt of that draw
+
+    def d(self, normalize: str) -> np.ndarray:
+        """The denominator of Ĥ per sequence: T (per_token) or 1 (per_sequence)."""
+        return self.T if normalize == "per_token" else np.ones_like(self.T)
+
+    @property
+    def pair_keys(self) -> list[str]:
+        """The pairing unit of each sequence: its draw and prompt; a draw pairs across checkpoints when both match."""
+        return [f"{slot}:{pid}" for slot, pid in zip(self.slots, self.prompt_ids, strict=True)]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise OutputError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def read_run(run_dir: Path) -> CheckpointRun:
+    """The finished run in `run_dir` (OutputError naming the file when something is missing or unreadable)."""
+    if (run_dir / RESULTS_FILE).is_file():
+        kind, results = "probe", _read_json(run_dir / RESULTS_FILE)
+    elif (run_dir / ENTROPY_ONLY_FILE).is_file():
+        kind, results = "entropy_only", _read_json(run_dir / ENTROPY_ONLY_FILE)
+    else:
+        raise OutputError(f"run directory {run_dir} holds neither {RESULTS_FILE} nor {ENTROPY_ONLY_FILE}")
+    path = run_dir / PER_SEQUENCE_FILE
+    try:
+        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        h = np.array([float(r["h"]) for r in lines])
+        T = np.array([float(r["T"]) for r in lines])
+        slots = [int(r["prompt_index"]) for r in lines]
+        prompts = [r["prompt_id"] for r in lines]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise OutputError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
+    if not lines:
+        raise OutputError(f"{path} holds no sequences")
+    return CheckpointRun(run_dir, kind, results, h, T, slots, prompts)
+
+
+def _num(x) -> float | None:
+    return float(x) if x is not None and math.isfinite(float(x)) else None
+
+
+def predictors_of(results: dict) -> dict[str, dict]:
+    """{name: {delta_h1, se, se_E, se_U}} from results.json `predictors`, or adamw_step = (deltaH1, se) alone."""
+    found = results.get("predictors")
+    if not found:
+        se = results.get("se") or {}
+        found = {"adamw_step": {"delta_h1": results.get("deltaH1"), "se": se.get("total"), "se_E": se.get("E"),
+                                "se_U": se.get("U")}}
+    return {name: {k: _num(p.get(k)) for k in ("delta_h1", "se", "se_E", "se_U")} for name, p in found.items()}
+
+
+def smallest_eta_truth(results: dict, lr: float) -> tuple[dict | None, float | None]:
+    """(deltaH_true at the smallest positive η with its SE and both scaled by lr/η, that η's paired residual z)."""
+    rows = [r for r in results.get("true") or [] if r.get("eta", 0) > 0 and _num(r.get("deltaH_true")) is not None]
+    if not rows:
+        return None, None
+    row = min(rows, key=lambda r: r["eta"])
+    eta, value, se = float(row["eta"]), float(row["deltaH_true"]), _num(row.get("se"))
+    scale = lr / eta
+    truth = {"eta": eta, "value": value, "se": se, "scaled": value * scale,
+             "se_scaled": None if se is None else se * scale}
+    return truth, _num((row.get("residual") or {}).get("z"))
+
+
+def _z(diff: float | None, *ses: float | None) -> float | None:
+    if diff is None or any(s is None for s in ses):
+        return None
+    total = math.sqrt(sum(s * s for s in ses))
+    return diff / total if total > 0 else None
+
+
+def _with_z_own(preds: dict[str, dict], truth: dict | None, residual_z: float | None) -> dict[str, dict]:
+    """Each predictor's z against ΔH(η)·lr/η: adamw_step's is the paired residual z (same E, same v); the
+    others' (δ − ΔH·lr/η)/√(SE_E² + SE(ΔH·lr/η)²), their U error shared with ΔH's and left out."""
+    for name, p in preds.items():
+        if truth is None:
+            p["z_own"] = None
+        elif name == "adamw_step" and residual_z is not None:
+            p["z_own"] = residual_z
+        else:
+            diff = None if p["delta_h1"] is None else p["delta_h1"] - truth["scaled"]
+            p["z_own"] = _z(diff, p["se_E"], truth["se_scaled"])
+    return preds
+
+
+def checkpoint_row(ck: SweepCheckpoint, run: CheckpointRun, normalize: str, sweep_dir: Path) -> dict:
+    """One `rows` entry: the checkpoint, its Ĥ ± SE, δH₁ and its SEs, ΔH at the smallest η, the predictors."""
+    H = entropy_with_se(run.h, run.d(normalize), run.slots)
+    row = {"checkpoint": ck.name, "step": ck.step, "step_source": ck.step_source, "kind": run.kind,
+           "run_dir": str(run.path.relative_to(sweep_dir)), "H": _num(H.value), "H_se": _num(H.se),
+           "n_sequences": int(run.h.size), "n_units": len(set(run.slots)),
+           "n_distinct_prompts": len(set(map(str, run.prompt_ids)))}
+    res = run.results
+    if run.kind == "entropy_only":
+        return {**row, "lr": _num(res.get("learning_rate")), "deltaH1": None, "se_total": None, "se_E": None,
+                "se_U": None, "deltaH_true": None, "residual_z": None, "predictors": {},
+                "no_prediction": res["reason"]}
+    lr = float(res["learning_rate"])
+    truth, residual_z = smallest_eta_truth(res, lr)
+    se = res.get("se") or {}
+    return {**row, "lr": lr, "deltaH1": _num(res["deltaH1"]), "se_total": _num(se.get("total")),
+            "se_E": _num(se.get("E")), "se_U": _num(se.get("U")), "deltaH_true": truth, "residual_z": residual_z,
+            "predictors": _with_z_own(predictors_of(res), truth, residual_z), "no_prediction": None}
+
+
+def _prediction(row_from: dict, steps: int) -> dict[str, dict]:
+    """Per predictor: the prediction of a change over `steps` training steps from `row_from`'s δH₁ (times
+    `steps`: δH₁ held constant over steps that have no probe), its SE, and z against the realised change."""
+    se_batch = None if row_from["se_U"] is None else row_from["se_U"] * math.sqrt(steps)
+    out = {}
+    for name, p in row_from["predictors"].items():
+        pred = None if p["delta_h1"] is None else steps * p["delta_h1"]
+        se_pred = None if p["se"] is None else steps * p["se"]
+        out[name] = {"dH_predicted": pred, "se": se_pred, "se_batch": se_batch, "z": None}
+    return out
+
+
+def realised_rows(rows: list[dict], runs: list[CheckpointRun], normalize: str) -> list[dict]:
+    """One entry per consecutive pair (from, to) of swept checkpoints: the realised change with its paired SE,
+    the prediction(s) from `from` and z = (realised − predicted)/√(se² + se_pred² + se_batch²)."""
+    out = []
+    for (a, run_a), (b, run_b) in itertools.pairwise(zip(rows, runs, strict=True)):
+        diff = paired_difference(run_a.h, run_a.d(normalize), run_a.pair_keys,
+                                 run_b.h, run_b.d(normalize), run_b.pair_keys)
+        steps = b["step"] - a["step"]
+        real, se_real = _num(diff.value), _num(diff.se)
+        preds = _prediction(a, steps)
+        for p in preds.values():
+            p["z"] = _z(None if p["dH_predicted"] is None or real is None else real - p["dH_predicted"],
+                        se_real, p["se"], p["se_batch"])
+        main = preds.get("adamw_step", {})
+        out.append({"from_checkpoint": a["checkpoint"], "to_checkpoint": b["checkpoint"], "from_step": a["step"],
+                    "to_step": b["step"], "steps": steps, "dH_realised": real, "se": se_real,
+                    "n_paired_units": diff.n_paired, "n_unpaired_units": diff.n_from_only + diff.n_to_only,
+                    "dH_predicted": main.get("dH_predicted"), "se_predicted": main.get("se"),
+                    "se_batch": main.get("se_batch"), "z": main.get("z"),
+                    "extrapolated_steps": max(steps - 1, 0) if preds else 0,
+                    "predictors": preds, "no_prediction": a["no_prediction"]})
+    return out

@@ -1,0 +1,41 @@
+"""The sweep's summary on stdout: per checkpoint, per realised interval, and the calibration per predictor."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["print_sweep_summary"]
+
+
+def _f(x, spec: str = "+.4g") -> str:
+    return "—" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def _pm(x, se) -> str:
+    return f"{_f(x)} ± {_f(se, '.2g')}"
+
+
+def _ci(entry: dict) -> str:
+    lo, hi = entry["ci95"]
+    return f"{_f(entry['r'], '+.2f')} [{_f(lo, '+.2f')}, {_f(hi, '+.2f')}]"
+
+
+def print_sweep_summary(doc: dict) -> None:
+    """Three plain-text tables (units: sweep.json `units`)."""
+    print(f"\nEntropy sweep: {doc['n_checkpoints']} checkpoints ({doc['units']})")
+    print(f"{'checkpoint':>18} {'step':>5} {'lr':>9} {'Ĥ ± SE':>22} {'δH₁ ± SE':>22} {'ΔH(η)·lr/η':>12} {'z':>6}")
+    for r in doc["rows"]:
+        truth = r["deltaH_true"] or {}
+        delta = _pm(r["deltaH1"], r["se_total"]) if r["deltaH1"] is not None else "Ĥ only (no next step)"
+        print(f"{r['checkpoint']:>18} {r['step']:>5} {_f(r['lr'], '.3g'):>9} {_pm(r['H'], r['H_se']):>22} "
+              f"{delta:>22} {_f(truth.get('scaled')):>12} {_f(r['residual_z'], '+.2f'):>6}")
+    print(f"\n{'interval':>12} {'realised ± SE':>22} {'predicted ± SE':>22} {'z':>6}")
+    for r in doc["realised"]:
+        print(f"{str(r['from_step']) + '→' + str(r['to_step']):>12} {_pm(r['dH_realised'], r['se']):>22} "
+              f"{_pm(r['dH_predicted'], r['se_predicted']):>22} {_f(r['z'], '+.2f'):>6}")
+    print(f"\n{'predictor':>14} {'vs':>9} {'n':>3} {'sign':>5} {'Pearson r [95% CI]':>24} "
+          f"{'Spearman r [95% CI]':>24} {'coverage':>9} {'median ratio':>13}")
+    for name, both in doc["calibration"].items():
+        for which, m in both.items():
+            print(f"{name:>14} {which:>9} {m['n']:>3} {_f(m['sign_agreement'], '.2f'):>5} {_ci(m['pearson']):>24} "
+                  f"{_ci(m['spearman']):>24} {_f(m['coverage']['value'], '.2f'):>9} {_f(m['median_ratio'], '.3g'):>13}")

@@ -1,0 +1,95 @@
+"""An independent implementation of sweep.json's calibration metrics (plain Python, no sweep code), and the
+delete-one jackknife written out as a loop: the references of tests/test_sweep.py and test_sweep_stats.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from entropy_experiments.sweep.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
+
+
+def ref_pearson(x, y):
+    """Pearson r; None for n < 3 or a constant x or y."""
+    n = len(x)
+    if n < 3 or min(x) == max(x) or min(y) == max(y):
+        return None
+    mx, my = sum(x) / n, sum(y) / n
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx, syy = sum((a - mx) ** 2 for a in x), sum((b - my) ** 2 for b in y)
+    return sxy / math.sqrt(sxx * syy)
+
+
+def ref_ranks(x):
+    return [sum(1.0 for b in x if b < a) + (sum(1.0 for b in x if b == a) + 1) / 2 for a in x]
+
+
+def ref_quantile(values, q):
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (pos - lo)
+
+
+def ref_bootstrap(x, y, fn):
+    if len(x) < 3:
+        return [None, None]
+    idx = np.random.default_rng(BOOTSTRAP_SEED).integers(0, len(x), size=(BOOTSTRAP_RESAMPLES, len(x)))
+    vals = [v for v in (fn([x[i] for i in row], [y[i] for i in row]) for row in idx) if v is not None]
+    return [ref_quantile(vals, 0.025), ref_quantile(vals, 0.975)] if len(vals) >= BOOTSTRAP_RESAMPLES / 2 \
+        else [None, None]
+
+
+def ref_metrics(x, y, z):
+    def spear(a, b):
+        return ref_pearson(ref_ranks(a), ref_ranks(b))
+
+    zs = [v for v in z if v is not None]
+    ratios = sorted(a / b for a, b in zip(x, y) if b != 0)
+    med = None if not ratios else (ratios[len(ratios) // 2] if len(ratios) % 2 else
+                                   0.5 * (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]))
+    return {"n": len(x),
+            "sign_agreement": sum((a > 0) == (b > 0) and (a < 0) == (b < 0) for a, b in zip(x, y)) / len(x)
+            if x else None,
+            "pearson": {"r": ref_pearson(x, y), "ci95": ref_bootstrap(x, y, ref_pearson)},
+            "spearman": {"r": spear(x, y), "ci95": ref_bootstrap(x, y, spear)},
+            "coverage": {"value": sum(abs(v) < 1.96 for v in zs) / len(zs) if zs else None, "n": len(zs)},
+            "median_ratio": med}
+
+
+def ref_calibration(doc):
+    names = list(dict.fromkeys(n for r in doc["rows"] for n in r["predictors"]))
+    out = {}
+    for name in names:
+        own = [(r["predictors"][name]["delta_h1"], r["deltaH_true"]["scaled"], r["predictors"][name]["z_own"])
+               for r in doc["rows"] if name in r["predictors"] and r["deltaH_true"]]
+        real = [(r["predictors"][name]["dH_predicted"], r["dH_realised"], r["predictors"][name]["z"])
+                for r in doc["realised"] if name in r["predictors"]]
+        out[name] = {k: ref_metrics([p[0] for p in v], [p[1] for p in v], [p[2] for p in v])
+                     for k, v in (("own", own), ("realised", real))}
+    return out
+
+
+def assert_close(mine, ref, where=""):
+    if isinstance(ref, dict):
+        assert set(mine) == set(ref), where
+        for k in ref:
+            assert_close(mine[k], ref[k], f"{where}.{k}")
+    elif isinstance(ref, list):
+        assert len(mine) == len(ref), where
+        for i, (a, b) in enumerate(zip(mine, ref)):
+            assert_close(a, b, f"{where}[{i}]")
+    elif ref is None:
+        assert mine is None, where
+    else:
+        assert mine == pytest.approx(ref, rel=1e-9, abs=1e-12), where
+
+
+
+def jackknife(values_minus_one):
+    """sqrt((n−1)/n Σ (θ₍₋i₎ − mean)²) of the n delete-one replicates."""
+    n = len(values_minus_one)
+    mean = sum(values_minus_one) / n
+    return math.sqrt((n - 1) / n * sum((v - mean) ** 2 for v in values_minus_one))
