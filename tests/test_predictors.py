@@ -28,6 +28,7 @@ from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 from tests.test_probe import (  # noqa: F401  (fixtures)
     TOY_PROMPTS,
     _enumerate_responses,
+    _run,
     _shifted,
     toy_dir,
     toy_prompts_file,
@@ -40,11 +41,6 @@ DIRECTION_NAMES = ("no_momentum", "sgd_same_norm")
 def prompts_file(tmp_path_factory):
     return write_prompts(tmp_path_factory.mktemp("data") / "prompts.jsonl", SHORT_PROMPTS)
 
-
-def _run(probe):
-    captured = {}
-    results = probe.run_mixed_probe(on_batches=lambda E, U: captured.update(E=E, U=U))
-    return results, captured["E"], captured["U"]
 
 
 def _directions_by_hand(probe, U) -> tuple[dict, dict[str, dict]]:
