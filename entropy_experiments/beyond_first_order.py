@@ -10,6 +10,7 @@ and gather per-sequence values in order; backward passes split the microbatches 
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -34,7 +35,9 @@ from .estimators.snis import linearity_fit
 from .parallel import SINGLE, DistContext
 from .phase_results import DeltaH1Result, Policy
 from .policy.progress import progress
-from .step_directions import predictor_direction_fns
+from .step_directions import no_momentum_caveat, predictor_direction_fns
+
+log = logging.getLogger(__name__)
 
 
 def scoring_share(config: ProbeConfig, E: dict, dist: DistContext,
@@ -117,6 +120,11 @@ def predictors_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1R
                                        normalize=normalize)
     out["direct_only"] = direct_only_phase(config, policy, E, res, bars, dist)
     out = with_ratios(out, measured_reference(truth["true"], lr))
+    if "no_momentum" in out:
+        caveat = no_momentum_caveat(policy, res.u_gradients.total)
+        if caveat:
+            out["no_momentum"]["warning"] = caveat
+            log.warning("predictor no_momentum: %s", caveat)
     for name, reason in res.predictors_unavailable.items():
         out[name] = unavailable_entry(reason)
     return out

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from torch import Tensor
 
 from .config import ProbeConfig
-from .estimators.adam_state import AdamStateError
-from .estimators.predictors import DIRECTION_PREDICTORS
+from .estimators.adam_state import AdamStateError, adam_state_by_name
+from .estimators.predictors import DIRECTION_PREDICTORS, zero_second_moment_caveat
 from .estimators.update_direction import optimizer_step_direction
 from .phase_results import Policy
 
@@ -53,3 +53,9 @@ def predictor_directions(config: ProbeConfig, policy: Policy,
         except AdamStateError as exc:
             unavailable[name] = str(exc)
     return directions, unavailable
+
+
+def no_momentum_caveat(policy: Policy, grads: NamedTensors) -> str | None:
+    """`zero_second_moment_caveat` of the loaded AdamW state at g (None: nothing to say)."""
+    state = adam_state_by_name(policy.optimizer, list(policy.trainable.names))
+    return zero_second_moment_caveat(grads, {name: st["exp_avg_sq"] for name, st in state.items()})

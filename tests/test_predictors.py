@@ -21,6 +21,7 @@ import torch
 
 from entropy_experiments.compat.sequence_processor import SequenceProcessor
 from entropy_experiments.estimators import delta_h as isamp
+from entropy_experiments.estimators.predictors import zero_second_moment_caveat
 from entropy_experiments.estimators.sequence_scores import score_sequences
 from entropy_experiments.estimators.update_direction import named_norm
 from entropy_experiments.probe_components import ProbeComponents
@@ -205,3 +206,22 @@ def test_no_momentum_is_unavailable_on_a_fresh_optimizer_state(tiny_model_dir, p
     assert predictors["no_momentum"]["delta_h1"] is None
     assert "step ≥ 1" in predictors["no_momentum"]["unavailable"]
     assert math.isfinite(predictors["sgd_same_norm"]["delta_h1"]) and predictors["sgd_same_norm"]["se"] > 0
+
+
+def test_zero_second_moment_caveat_counts_the_entries_that_divide_by_eps():
+    g = {"a": torch.tensor([1.0, 0.0, 2.0]), "b": torch.tensor([[3.0, 4.0]])}
+    s = {"a": torch.tensor([0.0, 0.0, 1e-3]), "b": torch.tensor([[0.0, 0.0]])}
+    caveat = zero_second_moment_caveat(g, s)  # a[0], b[0,0], b[0,1]: s = 0 and g ≠ 0; a[1] has g = 0
+    assert caveat.startswith("3 of 5 trainable entries")
+    assert zero_second_moment_caveat(g, {"a": torch.ones(3), "b": torch.ones(1, 2)}) is None
+
+
+def test_no_momentum_warns_where_the_saved_second_moment_is_zero(tiny_model_dir, prompts_file):
+    probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False}})
+    params = [p for group in probe.optimizer.param_groups for p in group["params"]]
+    probe.optimizer.state[params[0]]["exp_avg_sq"].zero_()  # as LoRA B's after a first step with g = 0 there
+    predictors = _run(probe)[0]["predictors"]
+    total = sum(p.numel() for p in params)
+    assert predictors["no_momentum"]["warning"].startswith(f"{params[0].numel()} of {total} trainable entries")
+    assert "warning" not in predictors["sgd_same_norm"]
+    assert math.isfinite(predictors["no_momentum"]["delta_h1"])

@@ -48,6 +48,20 @@ def sgd_same_norm_direction(grads: NamedTensors, step_of: StepOf) -> NamedTensor
     return {n: -g.detach().float() * scale for n, g in grads.items()}
 
 
+def zero_second_moment_caveat(grads: NamedTensors, exp_avg_sq: NamedTensors) -> str | None:
+    """Why no_momentum's number cannot be trusted on this state, or None: where the saved second moment s is
+    exactly 0 but g is not (LoRA's zero-initialised B after the first step, whose gradient there was 0),
+    v_P = −g/ε — entries 1/ε ≈ 1e8 times larger than Adam would ever take."""
+    zero = total = 0
+    for name, g in grads.items():
+        hit = (exp_avg_sq[name] == 0) & (g != 0)
+        zero, total = zero + int(hit.sum()), total + g.numel()
+    if not zero:
+        return None
+    return (f"{zero} of {total} trainable entries have a saved second moment of exactly 0 and a nonzero "
+            "gradient; there v_P = −g/ε, so this predictor is dominated by them")
+
+
 # Predictors that are a direction v' in parameter space (the prediction is lr·X̂·v'); g ↦ v'.
 DIRECTION_PREDICTORS: dict[str, Callable[[NamedTensors, StepOf], NamedTensors]] = {
     "no_momentum": no_momentum_direction,

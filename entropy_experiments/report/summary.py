@@ -75,6 +75,9 @@ def render_summary(results: dict[str, Any]) -> str:
     if results.get("predictors"):
         console.print()
         console.print(_predictors_table(results["predictors"], entries, unit))
+        for name, entry in results["predictors"].items():
+            if entry.get("warning"):
+                console.print(f"  {name}: {entry['warning']}", markup=False, highlight=False)
     console.print()
     warnings = results.get("warnings") or []
     if warnings:
