@@ -94,11 +94,13 @@ def training_step_seconds(probe, E: dict, U: dict) -> dict[str, float]:
     return parts
 
 
-def phases_1_3_seconds(probe, E: dict, U: dict, directional: str = "auto") -> tuple[float, dict]:
+def phases_1_3_seconds(probe, E: dict, U: dict, directional: str = "auto",
+                       variance: bool = True) -> tuple[float, dict]:
     from entropy_experiments.config import config_from_dict
 
     d = probe.config.to_dict()
     d["variance"]["directional"] = directional
+    d["variance"]["enabled"] = variance
     d["second_order"]["enabled"] = False  # not part of phases 1–3 (and the timed run is phase1_3_total only)
     probe.config = config_from_dict(d)
     results = probe.run_mixed_probe(batches=(E, U))
@@ -106,16 +108,53 @@ def phases_1_3_seconds(probe, E: dict, U: dict, directional: str = "auto") -> tu
 
 
 def profile_lines(breakdown: dict, train_parts: dict) -> str:
-    """Where the ratio comes from (last repeat): each side's U and E parts. E runs one forward and TWO
-    backward passes (∇L_α, ∇L_β: the exact jackknife's r_i) against training's one and one, so with U at
-    par the ratio's floor is (U_train + E_probe) / total_train."""
-    u_probe, e_probe = breakdown.get("phase1_3_U_gradient_and_direction"), breakdown.get("phase1_3_E_backward")
-    if u_probe is None or e_probe is None:
-        return "profile: n/a (no one-pass E timing)"
+    """Where the ratio comes from (last repeat): each side's U and E parts; with U at par the ratio's floor is
+    (U_train + E_probe) / total_train."""
+    u_probe = breakdown.get("phase1_3_U_gradient_and_direction")
+    e_probe = breakdown.get("phase1_3_E_backward", 0.0) + breakdown.get("phase1_3_E_scoring", 0.0)
+    if u_probe is None or not e_probe:
+        return "profile: n/a (no E timing)"
     floor = (train_parts["U"] + e_probe) / train_parts["total"]
     return (f"profile: U {u_probe:.1f} s (training {train_parts['U']:.1f} s); E {e_probe:.1f} s (training "
-            f"{train_parts['E']:.1f} s, ×{e_probe / train_parts['E']:.2f}: forward + 2 backward vs forward + "
-            f"backward); with U at par the E side alone puts the ratio at {floor:.2f}")
+            f"{train_parts['E']:.1f} s, ×{e_probe / train_parts['E']:.2f}); with U at par the E side alone puts "
+            f"the ratio at {floor:.2f}")
+
+
+def pass_seconds(probe, E: dict) -> dict[str, float]:
+    """The passes over ONE E microbatch (second of two timings each): a no-grad forward, a forward with grad, the
+    backward of L_α' and the backward of L_β — what a training step's forward + backward is made of, and why
+    the exact pieces cost a second backward (r_i = D_v L_β,i exists only in a backward of L_β or a tangent)."""
+    from entropy_experiments.data.batch import batch_to_sequences, subset_batch
+    from entropy_experiments.estimators.entropy_gradient import e_microbatches
+    from entropy_experiments.estimators.objective_gradient import Trainable
+    from entropy_experiments.estimators.surrogate import (
+        sequence_coefficients,
+        surrogate_loss,
+        weighted_logq_sum,
+    )
+
+    sp, options = probe._ensure_sequence_processor(), probe.config.entropy_options()
+    params = Trainable.of(probe.model).params
+    idx = e_microbatches(E["num_prompts"], E["num_responses_per_prompt"], options.microbatch_size)[0]
+    seqs = batch_to_sequences(subset_batch(E, idx))
+    rows = len(idx) * E["num_responses_per_prompt"]
+    out: dict[str, float] = {}
+    for _ in range(2):
+        t0 = time.perf_counter()
+        sp.teacher_force_logprobs(seqs, with_grad=False, compute_rb=True, tf_batch_size=rows)
+        t1 = time.perf_counter()
+        lp = sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True, tf_batch_size=rows)
+        ell = [x for row in lp.token_logqs for x in row]
+        h = [x for row in lp.rb_entropies_torch for x in row]
+        coefs = [sequence_coefficients(x, normalize=options.normalize, x_mode=options.x_mode) for x in h]
+        t2 = time.perf_counter()
+        torch.autograd.grad(surrogate_loss(ell, h, [a for a, _ in coefs], 1.0), params, retain_graph=True)
+        t3 = time.perf_counter()
+        torch.autograd.grad(weighted_logq_sum(ell, [b for _, b in coefs]), params)
+        t4 = time.perf_counter()
+        out = {"no-grad forward": t1 - t0, "forward with grad": t2 - t1, "backward L_α": t3 - t2,
+               "backward L_β": t4 - t3}
+    return out
 
 
 def main() -> int:
@@ -126,6 +165,9 @@ def main() -> int:
     parser.add_argument("--G", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--compare-jvp", action="store_true")
+    parser.add_argument("--no-variance", action="store_true",
+                        help="variance.enabled false: no pieces, E scored without grad then one backward")
+    parser.add_argument("--passes", action="store_true", help="also time the passes over one E microbatch")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     if args.threads:
@@ -145,7 +187,7 @@ def main() -> int:
     for rep in range(args.repeats):
         train_parts = training_step_seconds(probe, E, U)
         baseline.append(train_parts["total"])
-        seconds, results = phases_1_3_seconds(probe, E, U)
+        seconds, results = phases_1_3_seconds(probe, E, U, variance=not args.no_variance)
         ours.append(seconds)
         breakdown = {k: round(v, 1) for k, v in results["timing"].items() if k.startswith("phase1_3")}
         line = f"repeat {rep + 1}: training step {baseline[-1]:.1f} s, phases 1–3 {ours[-1]:.1f} s"
@@ -161,7 +203,10 @@ def main() -> int:
     b, o = statistics.median(baseline), statistics.median(ours)
     print(f"phases 1–3 breakdown (last repeat, s): {breakdown}")
     print(profile_lines(breakdown, train_parts))
-    print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se']['total']:.2e}, pieces: "
+    if args.passes:
+        passes = pass_seconds(probe, E)
+        print("one E microbatch: " + ", ".join(f"{k} {v:.2f} s" for k, v in passes.items()))
+    print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se'].get('total', float('nan')):.2e}, pieces: "
           f"{results['consistency'].get('pieces_method')}")
     if jvp:
         jvp_ratio = statistics.median([j / b for j, b in zip(jvp, baseline)])

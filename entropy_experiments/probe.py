@@ -192,10 +192,9 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
     timings["U_gradient_and_direction"] = time.perf_counter() - t0
     method = pieces_method(policy.trainable, config.entropy_options(), per_sequence_pieces)
     directions = {MAIN: v, **extra}
-    if method in ("one_pass", "backward_hooks"):
+    if method == "backward_hooks":
         t0 = time.perf_counter()
-        X, scores, coefs, pieces = one_pass_phase(config, policy, E, directions if method == "backward_hooks" else {},
-                                                  dist)
+        X, scores, coefs, pieces = one_pass_phase(config, policy, E, directions, dist)
         timings["E_backward"] = time.perf_counter() - t0
     else:
         X, scores, coefs, pieces, e_timings = scored_pieces_phase(config, policy, E, directions, method == "jvp",
@@ -211,7 +210,7 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
                          timings=timings, pieces=main_pieces,
                          pieces_method=method if method in ("backward_hooks", "jvp") else None,
                          predictor_directions=extra, predictor_pieces=pieces, predictors_unavailable=unavailable,
-                         scores_tf_batch=one_pass_rows if method in ("one_pass", "backward_hooks") else None)
+                         scores_tf_batch=one_pass_rows if method == "backward_hooks" else None)
 
 
 # ---------------------------------------------------------------------- error bars and truth

@@ -83,12 +83,12 @@ def entropy_of(token_entropies: list[Tensor], normalize: str) -> float:
 
 
 def pieces_method(trainable: Trainable, options: EntropyOptions, want_pieces: bool) -> str:
-    """How the E side runs: "one_pass" (no pieces), "two_pass" (loo baseline, no pieces), "backward_hooks" or
-    "jvp" (with the pieces a, r)."""
-    if options.baseline != "none":
-        return "jvp" if want_pieces else "two_pass"
+    """How the E side runs: "two_pass" (no pieces: E scored without grad, then ONE backward of L_X with Ĥ known
+    — cheaper than `one_pass_sums`' second backward), "backward_hooks" or "jvp" (with the pieces a, r)."""
     if not want_pieces:
-        return "one_pass"
+        return "two_pass"
+    if options.baseline != "none":
+        return "jvp"
     if options.directional == "jvp":
         return "jvp"
     hooks_ok = linear_directions(trainable.model, dict(zip(trainable.names, trainable.params))) is not None
