@@ -30,6 +30,9 @@ from entropy_experiments.sampling import sample_batch
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
 from tests.probe_helpers import make_probe, write_prompts
 
+# Costly module fixtures: one worker runs this whole file (scripts/test.sh distributes by xdist_group).
+pytestmark = pytest.mark.xdist_group("test_calibration")
+
 SEEDS = 32            # independent batches per side (relative SE of a std over 32 draws: ~13%)
 BAND = 1.3
 ETA = 0.02            # the paired-residual check's step: ESS/N stays > 0.8 on the toy model

@@ -29,6 +29,9 @@ from entropy_experiments.test_hooks import FAULT_ENV
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
 from tests.run_helpers import base_config, logging_restored
 
+# Costly module fixtures: one worker runs this whole file (scripts/test.sh distributes by xdist_group).
+pytestmark = pytest.mark.xdist_group("test_distributed")
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -22,6 +22,9 @@ from entropy_experiments.data.rewards import (
 from entropy_experiments.data.rewards.tag_pref import extract_answer, score_response
 from entropy_experiments.errors import RewardError
 
+# Costly module fixtures: one worker runs this whole file (scripts/test.sh distributes by xdist_group).
+pytestmark = pytest.mark.xdist_group("test_rewards")
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOGGER = "entropy_experiments.rewards"
 

@@ -37,6 +37,9 @@ from tests.run_helpers import cli_command, logging_restored, subprocess_env
 from tests.sweep_helpers import exact_entropy, load_checkpoint_model, train_run
 from tests.sweep_reference import assert_close, ref_calibration
 
+# Costly module fixtures: one worker runs this whole file (scripts/test.sh distributes by xdist_group).
+pytestmark = pytest.mark.xdist_group("test_sweep")
+
 
 @pytest.fixture(scope="module")
 def toy_dir(tmp_path_factory) -> Path:
