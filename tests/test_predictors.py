@@ -29,6 +29,7 @@ from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 from tests.test_probe import (  # noqa: F401  (fixtures)
     TOY_PROMPTS,
     _enumerate_responses,
+    _enumerated,
     _run,
     _shifted,
     toy_dir,
@@ -177,35 +178,6 @@ def test_predictors_on_the_enumerable_model(toy_dir, toy_prompts_file):  # noqa:
     entry = results["predictors"]["direct_only"]
     print(f"direct_only: {entry['delta_h1'] / lr:.4g} ± {entry['se_E'] / lr:.2g}, exact {exact:.4g}")
     assert abs(entry["delta_h1"] / lr - exact) < 4 * entry["se_E"] / lr, (entry, exact)
-
-
-def _enumerated(model64, params: dict, tokenizer, max_new: int):
-    """Every response of every toy prompt, one batched forward per prompt (right padding: a causal model's
-    logits at a position do not see later ones): (q [R], Σ q·h, Σ q·T, h [R], T [R]) in float64, with q the
-    probability of prompt and response (prompts uniform) and h = Σ_k H_k of each response."""
-    responses = _enumerate_responses(len(tokenizer), tokenizer.eos_token_id, max_new)
-    mask = torch.tensor([[k < len(r) for k in range(max_new)] for r in responses], dtype=torch.float64)
-    q_all, h_all = [], []
-    for prompt in TOY_PROMPTS:
-        p_ids = tokenizer(prompt).input_ids
-        x = torch.tensor([p_ids + r + [tokenizer.eos_token_id] * (max_new - len(r)) for r in responses])
-        logits = torch.func.functional_call(model64, params, (x,))["logits"][:, len(p_ids) - 1: len(p_ids) - 1 + max_new]
-        logq = torch.log_softmax(logits, -1)                                  # [R, max_new, V]
-        token_logq = logq.gather(-1, x[:, len(p_ids):, None])[..., 0]
-        q_all.append(torch.exp((token_logq * mask).sum(-1)) / len(TOY_PROMPTS))
-        h_all.append((-(logq.exp() * logq).sum(-1) * mask).sum(-1))
-    q, h, T = torch.cat(q_all), torch.cat(h_all), mask.sum(-1).repeat(len(TOY_PROMPTS))
-    assert abs(float(q.sum()) - 1.0) < 1e-9, "the enumeration must cover every response"
-    return q, float((q * h).sum()), float((q * T).sum()), h, T
-
-
-def test_no_momentum_is_unavailable_on_a_fresh_optimizer_state(tiny_model_dir, prompts_file):
-    probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False}})
-    probe.optimizer = torch.optim.AdamW([p for p in probe.model.parameters() if p.requires_grad], lr=1e-3)
-    predictors = _run(probe)[0]["predictors"]
-    assert predictors["no_momentum"]["delta_h1"] is None
-    assert "step ≥ 1" in predictors["no_momentum"]["unavailable"]
-    assert math.isfinite(predictors["sgd_same_norm"]["delta_h1"]) and predictors["sgd_same_norm"]["se"] > 0
 
 
 def test_zero_second_moment_caveat_counts_the_entries_that_divide_by_eps():

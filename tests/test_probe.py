@@ -157,31 +157,32 @@ def _enumerate_responses(n_tokens: int, eos: int, max_new: int) -> list[list[int
     return out
 
 
+def _enumerated(model64, params: dict, tokenizer, max_new: int, tau: float = 1.0, prompts=None):
+    """Every response of every prompt (default TOY_PROMPTS, uniform), one batched forward per prompt (right
+    padding: a causal model's logits at a position do not see later ones), at temperature τ: (q [R], Σ q·h,
+    Σ q·T, h [R], T [R]) in float64, with q the probability of prompt and response and h = Σ_k H_k of each."""
+    prompts = TOY_PROMPTS if prompts is None else prompts
+    responses = _enumerate_responses(len(tokenizer), tokenizer.eos_token_id, max_new)
+    mask = torch.tensor([[k < len(r) for k in range(max_new)] for r in responses], dtype=torch.float64)
+    q_all, h_all = [], []
+    for prompt in prompts:
+        p_ids = tokenizer(prompt).input_ids
+        x = torch.tensor([p_ids + r + [tokenizer.eos_token_id] * (max_new - len(r)) for r in responses])
+        logits = torch.func.functional_call(model64, params, (x,))["logits"][:, len(p_ids) - 1: len(p_ids) - 1 + max_new]
+        logq = torch.log_softmax(logits / tau, -1)                            # [R, max_new, V]
+        token_logq = logq.gather(-1, x[:, len(p_ids):, None])[..., 0]
+        q_all.append(torch.exp((token_logq * mask).sum(-1)) / len(prompts))
+        h_all.append((-(logq.exp() * logq).sum(-1) * mask).sum(-1))
+    q, h, T = torch.cat(q_all), torch.cat(h_all), mask.sum(-1).repeat(len(prompts))
+    assert abs(float(q.sum()) - 1.0) < 1e-9, "the enumeration must cover every response"
+    return q, float((q * h).sum()), float((q * T).sum()), h, T
+
+
 def _exact_entropy(model64, params: dict, tokenizer, prompts: list[str], tau: float, normalize: str,
                    max_new: int) -> float:
     """H(θ) by brute force over every response of every prompt (uniform prompt distribution), float64."""
-    eos = tokenizer.eos_token_id
-    responses = _enumerate_responses(len(tokenizer), eos, max_new)
-    num = den = 0.0
-    total_prob = []
-    for prompt in prompts:
-        p_ids = tokenizer(prompt).input_ids
-        ids = torch.tensor([p_ids + r for r in responses if len(r) == max_new] or [[0]])
-        mass = 0.0
-        for r in responses:
-            x = torch.tensor([p_ids + r])
-            logits = torch.func.functional_call(model64, params, (x,))["logits"][0]
-            a = logits[len(p_ids) - 1: len(p_ids) - 1 + len(r)] / tau
-            logq = torch.log_softmax(a, -1)
-            q = torch.exp(logq.gather(-1, torch.tensor(r)[:, None]).sum()).item()
-            h = float(-(logq.exp() * logq).sum())
-            num += q * h
-            den += q * (len(r) if normalize == "per_token" else 1.0)
-            mass += q
-        total_prob.append(mass)
-        del ids
-    assert np.allclose(total_prob, 1.0, atol=1e-9), "enumeration must cover every response"
-    return num / den
+    q, qh, qT, _, _ = _enumerated(model64, params, tokenizer, max_new, tau, prompts)
+    return qh / (qT if normalize == "per_token" else float(q.sum()))
 
 
 def _shifted(params: dict, v: dict, s: float) -> dict:
