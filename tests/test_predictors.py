@@ -180,6 +180,15 @@ def test_predictors_on_the_enumerable_model(toy_dir, toy_prompts_file):  # noqa:
     assert abs(entry["delta_h1"] / lr - exact) < 4 * entry["se_E"] / lr, (entry, exact)
 
 
+def test_no_momentum_is_unavailable_on_a_fresh_optimizer_state(tiny_model_dir, prompts_file):
+    probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False}})
+    probe.optimizer = torch.optim.AdamW([p for p in probe.model.parameters() if p.requires_grad], lr=1e-3)
+    predictors = _run(probe)[0]["predictors"]
+    assert predictors["no_momentum"]["delta_h1"] is None
+    assert "step ≥ 1" in predictors["no_momentum"]["unavailable"]
+    assert math.isfinite(predictors["sgd_same_norm"]["delta_h1"]) and predictors["sgd_same_norm"]["se"] > 0
+
+
 def test_zero_second_moment_caveat_counts_the_entries_that_divide_by_eps():
     g = {"a": torch.tensor([1.0, 0.0, 2.0]), "b": torch.tensor([[3.0, 4.0]])}
     s = {"a": torch.tensor([0.0, 0.0, 1e-3]), "b": torch.tensor([[0.0, 0.0]])}
