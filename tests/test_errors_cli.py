@@ -179,7 +179,7 @@ CASES = ["config_missing", "config_not_yaml", "config_unknown_key", "config_wron
          "reward_non_finite", "cuda_without_gpu", "prompt_too_long", "out_dir_other_config", "out_dir_unwritable"]
 
 
-SUBPROCESS_CASES = {"config_unknown_key", "optimizer_malicious_pickle", "jsonl_malformed", "out_dir_other_config"}
+SUBPROCESS_CASES = {"config_unknown_key", "optimizer_malicious_pickle"}  # one config-stage, one load-stage error
 ALL_SUBPROCESS = os.environ.get("ENTROPY_ERRORS_ALL_SUBPROCESS") == "1"
 
 
