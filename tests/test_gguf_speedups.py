@@ -43,3 +43,24 @@ def test_the_library_functions_come_back_after_an_error(tmp_path):
     with pytest.raises(RuntimeError), shared_gguf_parsing():
         raise RuntimeError("conversion failed")
     assert gguf.GGUFReader is original_reader
+
+
+def test_metadata_is_parsed_once_per_path_and_handed_out_as_copies(monkeypatch):
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    calls = []
+
+    def fake_load(path, return_tensors=False, **kwargs):
+        calls.append((str(path), return_tensors))
+        return {"config": {"vocab": ["a", "b"]}, "tensors": {"w": 1} if return_tensors else {}}
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", fake_load)
+    with shared_gguf_parsing():
+        first = gguf_utils.load_gguf_checkpoint("m.gguf", return_tensors=False)
+        first["config"]["vocab"].append("edited by a caller")
+        second = gguf_utils.load_gguf_checkpoint("m.gguf", return_tensors=False)
+        with_tensors = gguf_utils.load_gguf_checkpoint("m.gguf", return_tensors=True)
+    assert second == {"config": {"vocab": ["a", "b"]}, "tensors": {}}
+    assert with_tensors["tensors"] == {"w": 1}
+    assert calls == [("m.gguf", False), ("m.gguf", True)]  # the metadata once; tensor loads pass through
+    assert gguf_utils.load_gguf_checkpoint is fake_load
