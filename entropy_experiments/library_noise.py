@@ -1,5 +1,6 @@
 """Library noise kept out of a run's output: `quiet_library_loading` (used around model loading and the
-embedded model's one-time conversion)."""
+embedded model's one-time conversion), `quiet_gguf_conversion` and `quiet_source_compilation` (around
+the first import of a dependency that warns when compiled)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,13 @@ def quiet_gguf_conversion() -> Iterator[None]:
         yield
     finally:
         gguf_utils.tqdm = original
+
+
+@contextlib.contextmanager
+def quiet_source_compilation() -> Iterator[None]:
+    """No SyntaxWarning from a dependency compiled for the first time inside the block (reasoning-gym's
+    cellpylib compares with `is "recursive"`; pip hides such warnings when it precompiles, uv installs no
+    bytecode, so the first import compiles and warns) — not ours to fix, and not the user's to read."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        yield

@@ -31,3 +31,17 @@ def test_other_warnings_still_pass(tiny_model_dir):
         with quiet_library_loading():
             warnings.warn("something the user must see", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["something the user must see"]
+
+
+def test_a_dependency_compiled_for_the_first_time_does_not_warn():
+    from entropy_experiments.library_noise import quiet_source_compilation
+
+    source = 'def f(memoize):\n    return memoize is "recursive"\n'  # cellpylib's pattern
+    with warnings.catch_warnings(record=True) as outside:
+        warnings.simplefilter("always")
+        compile(source, "dependency.py", "exec")
+        with quiet_source_compilation():
+            with warnings.catch_warnings(record=True) as inside:
+                compile(source, "dependency.py", "exec")
+    assert [w.category for w in outside] == [SyntaxWarning]  # the control: compiling does warn
+    assert inside == []

@@ -15,6 +15,7 @@ import hashlib
 from entropy_experiments.data.datasets.base import Example, make_meta, register_dataset
 from entropy_experiments.data.datasets.templates import r1_prompt
 from entropy_experiments.errors import DataError
+from entropy_experiments.library_noise import quiet_source_compilation
 
 NAME = "gsm_symbolic_r1_template"
 DEFAULT_POOL_SIZE = 500
@@ -41,7 +42,8 @@ def gsm_symbolic_r1_template(
     size = DEFAULT_POOL_SIZE if pool_size is None else pool_size
     seed = SPLIT_SEEDS[split]
 
-    import reasoning_gym  # ~2 s to import, so only when this data set is used
+    with quiet_source_compilation():
+        import reasoning_gym  # ~2 s to import, so only when this data set is used
 
     # Item i of a reasoning-gym stream depends only on (seed, i), not on the stream's size, so
     # asking for a longer stream never changes the items already taken.
