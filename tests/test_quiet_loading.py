@@ -40,8 +40,7 @@ def test_a_dependency_compiled_for_the_first_time_does_not_warn():
     with warnings.catch_warnings(record=True) as outside:
         warnings.simplefilter("always")
         compile(source, "dependency.py", "exec")
-        with quiet_source_compilation():
-            with warnings.catch_warnings(record=True) as inside:
-                compile(source, "dependency.py", "exec")
+        with quiet_source_compilation(), warnings.catch_warnings(record=True) as inside:
+            compile(source, "dependency.py", "exec")
     assert [w.category for w in outside] == [SyntaxWarning]  # the control: compiling does warn
     assert inside == []
