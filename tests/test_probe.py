@@ -72,6 +72,22 @@ def test_per_sequence_pieces_sum_to_backward(tiny_model_dir, prompts_file, basel
     assert np.isfinite(results["se"]["U"]) and results["se"]["U"] > 0
 
 
+def test_without_error_bars_one_backward_gives_the_same_delta_h1(tiny_model_dir, prompts_file):
+    """variance off: E scored without grad, then ONE backward with Ĥ known — the same δH₁ as the two-backward
+    path the error bars use, on the same batches."""
+    from entropy_experiments.config import config_from_dict
+
+    probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False}})
+    with_bars, E, U = _run(probe)
+    d = probe.config.to_dict()
+    d["variance"]["enabled"] = False
+    probe.config = config_from_dict(d)
+    without = probe.run_mixed_probe(batches=(E, U))
+    assert "phase1_3_E_scoring" in without["timing"] and "phase1_3_E_scoring" not in with_bars["timing"]
+    assert without["deltaH1"] != 0
+    assert abs(without["deltaH1"] - with_bars["deltaH1"]) <= 1e-5 * abs(with_bars["deltaH1"])
+
+
 @pytest.mark.parametrize("normalize,x_mode", [("per_token", "causal"), ("per_sequence", "causal"),
                                               ("per_token", "full_return")])
 def test_one_pass_backward_matches_forward_mode_and_two_pass(tiny_model_dir, prompts_file, normalize, x_mode):
