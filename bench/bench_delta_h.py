@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from bench_probe import _demo_probe
+from bench_probe import demo_probe, print_verdict
 
 GOAL = 1.1
 
@@ -61,7 +61,7 @@ def main() -> int:
     from entropy_experiments.estimators.delta_h import measure_delta_h
     from entropy_experiments.estimators.sequence_scores import score_sequences
 
-    probe = _demo_probe(args)
+    probe = demo_probe(args)
     sp = probe._ensure_sequence_processor()
     E, _ = probe._sample_EU_via_sequence_processor(B_E=args.B_E, B_U=args.B_U, G_U=args.G)
     rows = probe.config.estimator.microbatch_size
@@ -81,13 +81,9 @@ def main() -> int:
         per_eta.append(time.perf_counter() - t0)
         print(f"repeat {rep + 1}: bare forward {bare[-1]:.2f} s, scoring at θ {scoring[-1]:.2f} s, "
               f"ΔH at one η {per_eta[-1]:.2f} s", flush=True)
-    ratio = statistics.median(e / b for e, b in zip(per_eta, bare))
     score_ratio = statistics.median(s / b for s, b in zip(scoring, bare))
     print(f"scoring at θ / bare forward = {score_ratio:.2f} (the token maths' share; ΔH does not pay it at θ)")
-    verdict = "PASS" if ratio <= GOAL else "FAIL"
-    print(f"ΔH per η / bare forward over E = {ratio:.2f} (median of "
-          f"{[round(e / b, 2) for e, b in zip(per_eta, bare)]})  (goal ≤ {GOAL})  {verdict}")
-    return 0 if ratio <= GOAL else 1
+    return print_verdict("ΔH per η / bare forward over E", [e / b for e, b in zip(per_eta, bare)], GOAL)
 
 
 if __name__ == "__main__":

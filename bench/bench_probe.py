@@ -41,7 +41,7 @@ import torch
 TARGET = 1.2
 
 
-def _demo_probe(args):
+def demo_probe(args):
     from entropy_experiments.config import config_from_dict, load_config, packaged_config_path
     from entropy_experiments.embedded import ensure_demo_checkpoint
     from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
@@ -181,7 +181,7 @@ def main() -> int:
 
     from entropy_experiments.data.batch import count_tokens
 
-    probe = _demo_probe(args)
+    probe = demo_probe(args)
     t0 = time.perf_counter()
     E, U = probe._sample_EU_via_sequence_processor(B_E=args.B_E, B_U=args.B_U, G_U=args.G)
     print(f"sampled E ({count_tokens(E)} response tokens, {E['sequences'].shape}) and U "
@@ -205,7 +205,6 @@ def main() -> int:
     # The median of the per-repeat ratios: each pair ran back to back, so a burst of load elsewhere
     # on the machine inflates one pair, not the comparison.
     ratios = [o / b for o, b in zip(ours, baseline)]
-    ratio = statistics.median(ratios)
     b, o = statistics.median(baseline), statistics.median(ours)
     print(f"phases 1–3 breakdown (last repeat, s): {breakdown}")
     print(profile_lines(breakdown, train_parts))
@@ -217,10 +216,15 @@ def main() -> int:
     if jvp:
         jvp_ratio = statistics.median([j / b for j, b in zip(jvp, baseline)])
         print(f"phases 1–3 with jvp pieces / training step = {jvp_ratio:.2f} (reference)")
-    verdict = "PASS" if ratio <= TARGET else "FAIL"
-    print(f"phases 1–3 / training step = {ratio:.2f} (median of {[round(x, 2) for x in ratios]}; medians "
-          f"{o:.1f} s / {b:.1f} s)  (target ≤ {TARGET})  {verdict}")
-    return 0 if ratio <= TARGET else 1
+    return print_verdict("phases 1–3 / training step", ratios, TARGET, f"; medians {o:.1f} s / {b:.1f} s")
+
+
+def print_verdict(what: str, ratios: list[float], limit: float, detail: str = "") -> int:
+    """Print `what = median (median of the per-repeat ratios…) (target ≤ limit) PASS|FAIL`; 0 if met, else 1."""
+    ratio = statistics.median(ratios)
+    verdict = "PASS" if ratio <= limit else "FAIL"
+    print(f"{what} = {ratio:.2f} (median of {[round(x, 2) for x in ratios]}{detail})  (target ≤ {limit})  {verdict}")
+    return 0 if ratio <= limit else 1
 
 
 if __name__ == "__main__":
