@@ -10,7 +10,8 @@ given (a caller may split the microbatches over workers and add the sums, parall
   backward passes (∇L_α, ∇L_β) and Ĥ, D are applied at the end (`finish_one_pass`). With the row
   directions of v (`row_directional`), the per-sequence pieces a_i = D_v L_α,i and r_i = D_v L_β,i of
   the error bars come out of the same backward passes — for several directions at once (the competing
-  predictors' directions ride along with v).
+  predictors' directions ride along with v). The probe runs it only when the pieces are wanted: without
+  them E is scored first and `surrogate_gradient_sum` needs one backward (`pieces_method`).
 - `entropy_only_gradient_sum`: ∇Σ_ik H_ik alone (the `direct_only` predictor), with d_i = D_v h_i per
   sequence from the same backward.
 The model stays in eval() (no dropout).
