@@ -112,4 +112,7 @@ def test_forward_over_forward_matches_a_central_difference_of_forward_mode(tiny_
         assert torch.allclose(exact, fd, rtol=2e-2, atol=2e-2 * float(exact.abs().max())), key
     first = [r for row in sp.teacher_force_directional(seqs, v) for r in row]
     for a, b in zip(first, second):  # order 2 returns the same order-0 and order-1 values
-        assert torch.allclose(a["d_logq"], b["d_logq"], rtol=1e-4, atol=1e-6)  # fp32 forwards, two AD paths
+        # fp32 forwards, two AD paths: agreement to fp32 rounding of the largest term (an entry near 0 can
+        # differ by ~1e-4 absolute when others are ~15)
+        scale = float(a["d_logq"].abs().max())
+        assert torch.allclose(a["d_logq"], b["d_logq"], rtol=1e-4, atol=1e-5 * scale)
