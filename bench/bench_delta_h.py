@@ -33,8 +33,8 @@ GOAL = 1.1
 
 def bare_forward_seconds(sp, E: dict, rows_per_forward: int) -> float:
     """One no-grad forward of the live model over E, logits at the scored positions only."""
-    from entropy_experiments.data.batch import batch_to_sequences
     from entropy_experiments.policy.score import forward_logits
+    from entropy_experiments.policy.sequences import batch_to_sequences
     from entropy_experiments.policy.tf_batches import tf_batches
 
     policy = sp.policy

@@ -71,7 +71,7 @@ def launch(args: list[str], nproc: int, cores: int) -> float:
 def make_config(args, folder: Path) -> Path:
     if args.model == "demo":
         from entropy_experiments.config import load_config, packaged_config_path
-        from entropy_experiments.embedded import ensure_demo_checkpoint
+        from entropy_experiments.training import ensure_demo_checkpoint
 
         config = load_config(packaged_config_path("demo")).to_dict()
         ckpt = ensure_demo_checkpoint(load_config(packaged_config_path("demo")))

@@ -43,8 +43,8 @@ TARGET = 1.2
 
 def demo_probe(args):
     from entropy_experiments.config import config_from_dict, load_config, packaged_config_path
-    from entropy_experiments.embedded import ensure_demo_checkpoint
     from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
+    from entropy_experiments.training import ensure_demo_checkpoint
 
     config = load_config(packaged_config_path("demo"))
     d = config.to_dict()
@@ -130,7 +130,7 @@ def pass_seconds(probe, E: dict) -> dict[str, float]:
     """The passes over ONE E microbatch (second of two timings each): a no-grad forward, a forward with grad, the
     backward of L_α' and the backward of L_β — what a training step's forward + backward is made of, and why
     the exact pieces cost a second backward (r_i = D_v L_β,i exists only in a backward of L_β or a tangent)."""
-    from entropy_experiments.data.batch import batch_to_sequences, subset_batch
+    from entropy_experiments.data.batch import subset_batch
     from entropy_experiments.estimators.entropy_gradient import e_microbatches
     from entropy_experiments.estimators.objective_gradient import Trainable
     from entropy_experiments.estimators.surrogate import (
@@ -138,6 +138,7 @@ def pass_seconds(probe, E: dict) -> dict[str, float]:
         surrogate_loss,
         weighted_logq_sum,
     )
+    from entropy_experiments.policy.sequences import batch_to_sequences
 
     sp, options = probe._ensure_sequence_processor(), probe.config.entropy_options()
     params = Trainable.of(probe.model).params

@@ -61,7 +61,7 @@ def truth_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result
     G, B = E["num_responses_per_prompt"], E["num_prompts"]
     local_E, rows_mine = scoring_share(config, E, dist, res.scores_tf_batch)
     t = policy.trainable
-    return measure_delta_h(policy.sp, local_E, res.Ybar, eta_grid(imp.eta_list, imp.symmetric),
+    return measure_delta_h(policy.engine, local_E, res.Ybar, eta_grid(imp.eta_list, imp.symmetric),
                            normalize=config.estimator.normalize, units=units_of(B, G), mode=imp.mode,
                            optimizer=policy.optimizer, named_params=list(zip(t.names, t.params)),
                            grads=res.u_gradients.total, max_grad_norm=config.objective_options().max_grad_norm,
@@ -76,7 +76,7 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH
         return None
     G, B = E["num_responses_per_prompt"], E["num_prompts"]
     local_E, rows_mine = scoring_share(config, E, dist)
-    sums = second_order_sums(policy.sp, local_E, res.Ybar) if local_E is not None else None
+    sums = second_order_sums(policy.engine, local_E, res.Ybar) if local_E is not None else None
     gather = dist.row_gatherer(rows_mine, B * G)
     cols = {k: gather(sums[k] if sums else [], f"second-order sums gather ({k})") for k in SECOND_ORDER_KEYS}
     d2 = second_derivative(cols["s"], cols["s2"], cols["dh"], cols["d2h"], cols["h"], cols["T"],
@@ -92,7 +92,7 @@ def direct_only_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1
     options = config.entropy_options()
     hooks = res.pieces_method == "backward_hooks"
     microbatches = e_microbatches(E["num_prompts"], E["num_responses_per_prompt"], options.microbatch_size)
-    X_H, d = entropy_only_gradient_sum(policy.sp, policy.trainable, E, dist.chunk_slice(microbatches), options,
+    X_H, d = entropy_only_gradient_sum(policy.engine, policy.trainable, E, dist.chunk_slice(microbatches), options,
                                        res.Ybar if hooks else None,
                                        progress=lambda items: progress(items, "E backward (Σ H, direct_only)"))
     if dist.enabled:

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .config import load_config, packaged_config_path
-from .embedded import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint
 from .errors import ConfigError, ProbeError
 from .lifecycle import interruptible
 from .report.plot import plot_delta_h
@@ -23,7 +22,7 @@ from .report.summary import print_summary
 from .run import run_probe
 from .sweep import run_sweep
 from .sweep.sweep_dir import SweepDirectory
-from .training import make_checkpoint
+from .training import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint, make_checkpoint
 
 log = logging.getLogger("entropy_experiments")
 

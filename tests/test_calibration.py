@@ -20,13 +20,13 @@ import random
 import numpy as np
 import pytest
 
+from entropy_experiments.compat.sampling import sample_batch
 from entropy_experiments.data.datasets import load_examples
 from entropy_experiments.estimators import jackknife as cv
 from entropy_experiments.estimators import update_direction as adam
 from entropy_experiments.estimators.delta_h import measure_delta_h
 from entropy_experiments.estimators.paired import paired_residual
 from entropy_experiments.probe_components import ProbeComponents, split_into_groups
-from entropy_experiments.sampling import sample_batch
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
 from tests.probe_helpers import make_probe, write_prompts
 

@@ -163,7 +163,7 @@ def test_non_finite_in_generation_names_chunk_and_sequence(tiny_model_dir, data)
 
 def test_non_finite_in_the_u_gradient_names_phase_batch_and_sequence(tiny_model_dir, data):
     probe = make_probe(tiny_model_dir, data, {"batch_config": {"B_E": 2, "B_U": 2}})
-    from entropy_experiments.sampling import sample_batch
+    from entropy_experiments.compat.sampling import sample_batch
 
     sp, examples = probe._ensure_sequence_processor(), probe._examples()
     E = sample_batch(sp, examples, [0, 1], 1, seed=1, with_rewards=False)

@@ -388,17 +388,17 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
 @pytest.fixture
 def generate_calls(monkeypatch) -> list[int]:
     """Rows of every real generation call (saved chunks that are reused are not generated)."""
-    from entropy_experiments.utils.sequence_processor import SequenceProcessor
+    from entropy_experiments.policy.engine import PolicyEngine
 
     calls: list[int] = []
-    real = SequenceProcessor._generate_span
+    real = PolicyEngine._generate_span
 
     def counting(self, *args, **kwargs):
         rows = real(self, *args, **kwargs)
         calls.append(len(rows))
         return rows
 
-    monkeypatch.setattr(SequenceProcessor, "_generate_span", counting)
+    monkeypatch.setattr(PolicyEngine, "_generate_span", counting)
     return calls
 
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from entropy_experiments.data.batch import batch_to_sequences
 from entropy_experiments.estimators.second_order import (
     second_derivative,
     second_order_report,
     snis_derivatives,
 )
+from entropy_experiments.policy.sequences import batch_to_sequences
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
 

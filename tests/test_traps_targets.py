@@ -14,9 +14,9 @@ import json
 import pytest
 import torch
 
+from entropy_experiments.compat.sampling import sample_batch
 from entropy_experiments.data.datasets import load_examples
 from entropy_experiments.probe_components import ProbeComponents
-from entropy_experiments.sampling import sample_batch
 from entropy_experiments.utils.sequence_processor import SequenceProcessor
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 

@@ -17,6 +17,7 @@ from .. import probe
 from ..config import ProbeConfig, config_from_dict, load_config
 from ..data.batch import pack_batch
 from ..estimators.objective_gradient import Trainable
+from ..estimators.objectives import batch_advantages
 from ..sampling import prompt_examples
 from .sequence_processor import SequenceProcessor
 
@@ -74,7 +75,7 @@ class OfflineEntropyProbe:
 
     def _adopt(self, policy: probe.Policy) -> None:
         self.model, self.tokenizer, self.optimizer = policy.trainable.model, policy.tokenizer, policy.optimizer
-        self._sequence_processor, self.checkpoint_info = policy.sp, policy.checkpoint_info
+        self._sequence_processor, self.checkpoint_info = policy.engine, policy.checkpoint_info
 
     # ------------------------------------------------------------------ phases
     def load(self, checkpoint_path: str | None = None) -> None:
@@ -93,10 +94,10 @@ class OfflineEntropyProbe:
         return prompt_examples(self.config.batch_config)
 
     def _pack_E_from_sequences(self, seqs) -> dict:
-        return pack_batch(seqs, None, with_advantages=False)
+        return pack_batch(seqs, None)
 
     def _pack_U_from_sequences(self, seqs, rewards: list[list[float]]) -> dict:
-        return pack_batch(seqs, rewards, with_advantages=True)
+        return pack_batch(seqs, rewards, batch_advantages(rewards))
 
     def _sample_EU_via_sequence_processor(self, *, B_E: int, B_U: int, G_U: int) -> tuple[dict, dict]:
         """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G."""

@@ -1,28 +1,25 @@
-"""SequenceProcessor (seed 004's API) — a thin façade over `entropy_experiments.policy`.
+"""SequenceProcessor (seed 004's API) — the policy engine (`policy/engine.py`) plus the seed conveniences.
 
-It holds the model, tokenizer and parsed config (`policy.PolicyModel`) and delegates: generation to
-`policy/generate.py` (tokenise, left-pad, HF generate under the sampling policy, the stop rule, chunk
-seeding), teacher forcing to `policy/score.py` (`score`, `jvp`), prompt draws to
-`datasets/prompt_draws.py` and rewards to `rewards/sequence_rewards.py`. It also keeps the probe's
-names for its teacher-forcing passes, which the error messages carry ("E backward", "ΔH(η) scoring").
-
-Naming: `LogprobResults.logprobs` is log p (raw model, τ = 1, no nucleus) as in the seed;
-`token_logqs` is log q (sampling policy) — what the probe uses for ℓ_k. They coincide at τ = 1, top_p = 1.
-
-Seams kept for tests: `_generate_span`, `_generate_chunk` and `_forward_logits` are the methods every
-generation / teacher-forcing call goes through (tests replace them to simulate running out of memory).
+`PolicyEngine` does the work: generation, teacher forcing (`teacher_force_logprobs`, `..._with_diagnostics`,
+`teacher_force_directional`), parameter overrides and seeding, with the seams tests replace
+(`_generate_span`, `_generate_chunk`, `_forward_logits`). This subclass adds what the seed API kept on the
+same object: the config forms it accepted (a GenerationConfig, a dict with sections {"generation",
+"precision"} + optional "reward": {"name"}, "batch_config": {"dataset_path", "pool_size"}, or a
+ProbeConfig), prompt draws from a data set (`datasets/prompt_draws.py`), rewards
+(`rewards/sequence_rewards.py`), generate-score-reward in one call, the probe's names for its
+teacher-forcing passes when a caller names none, and the seed-era private aliases.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
+from entropy_experiments.data.datasets import Example
 from entropy_experiments.data.datasets.prompt_draws import (
     draw_distinct,
     draw_with_replacement,
@@ -30,30 +27,21 @@ from entropy_experiments.data.datasets.prompt_draws import (
 )
 from entropy_experiments.data.rewards.sequence_rewards import rewards_for_sequences
 from entropy_experiments.errors import ConfigError, DataError
-from entropy_experiments.policy import generate, score
 from entropy_experiments.policy.distribution_diagnostics import (
     DiagnosticsPack,
     SequenceDiagnostics,
     TokenStepDiagnostics,
 )
+from entropy_experiments.policy.engine import PolicyEngine
 from entropy_experiments.policy.generate import chunk_seed
-from entropy_experiments.policy.generation_config import GenerationConfig, parse_config
-from entropy_experiments.policy.param_overrides import build_params_override
-from entropy_experiments.policy.policy_model import PolicyModel
-from entropy_experiments.policy.precision_utils import (
-    ForwardProfile,
-    PrecisionConfig,
-    apply_global_precision,
-    str_to_dtype,
-)
+from entropy_experiments.policy.generation_config import GenerationConfig, PolicySettings, parse_config
+from entropy_experiments.policy.precision_utils import ForwardProfile
+from entropy_experiments.policy.sequences import BatchedSequences as _PolicyBatchedSequences
 from entropy_experiments.policy.sequences import (
-    BatchedSequences,
     DiagnosticsResults,
     LogprobResults,
     global_prompt_id,
 )
-from entropy_experiments.policy.stop_rule import response_length
-from entropy_experiments.policy.tf_batches import TFBatch, tf_batches
 
 __all__ = [
     "BatchedSequences", "DiagnosticsPack", "DiagnosticsResults", "GenerationConfig", "LogprobResults",
@@ -61,6 +49,7 @@ __all__ = [
 ]
 
 JVP_PHASE = "teacher forcing (jvp, E directional derivatives)"
+_EXAMPLE_FIELDS = frozenset(f.name for f in dataclasses.fields(Example))
 
 
 def probe_phase(with_grad: bool, compute_rb: bool, override: bool) -> str:
@@ -72,10 +61,27 @@ def probe_phase(with_grad: bool, compute_rb: bool, override: bool) -> str:
     return "teacher forcing (E scoring)"
 
 
-class SequenceProcessor:
-    """Batched generation and teacher-forced scoring under one sampling policy (seed 004).
+def example_from_dict(e: Any) -> Any:
+    """A saved example record back as the data set's `Example` (other records as plain dicts)."""
+    if not isinstance(e, Mapping):
+        return e
+    return Example(**e) if set(e) == _EXAMPLE_FIELDS else dict(e)
 
-    `model` may be a plain HF causal LM, a PEFT model, or wrapped in DDP (unwrapped, PEFT kept).
+
+class BatchedSequences(_PolicyBatchedSequences):
+    """The policy's `BatchedSequences`; `from_dict` also turns saved examples back into `Example`s."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> _PolicyBatchedSequences:
+        seqs = _PolicyBatchedSequences.from_dict(d)
+        if seqs.examples is not None:
+            seqs.examples = [example_from_dict(e) for e in seqs.examples]
+        return seqs
+
+
+class SequenceProcessor(PolicyEngine):
+    """The policy engine with seed 004's conveniences: prompt pools, rewards, generate-score-reward.
+
     `config` is a GenerationConfig, a dict with sections {"generation", "precision"} (+ optional
     "reward": {"name"}, "batch_config": {"dataset_path", "pool_size"}) or a ProbeConfig. The
     process-wide matmul switches of the precision profile are applied at construction unless
@@ -84,43 +90,11 @@ class SequenceProcessor:
 
     def __init__(self, model: nn.Module, tokenizer, config: Any = None, logger: logging.Logger | None = None,
                  *, apply_precision: bool = True):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.logger = logger or logging.getLogger("entropy_experiments.sequence_processor")
-        generation, precision, self._reward_spec, self._batch_cfg = parse_config(config)
-        self.policy = PolicyModel.build(model, tokenizer, generation, precision, self.logger)
-        if apply_precision:
-            apply_global_precision(precision)
-        # Optional store of completed generation chunks (results.GenerationChunkStore): seed_per_chunk
-        # calls save each chunk there and reuse the ones a killed run saved.
-        self.chunk_store = None
+        generation, precision, self.reward_spec, self._batch_cfg = parse_config(config)
+        super().__init__(model, tokenizer, PolicySettings(generation, precision), logger,
+                         apply_precision=apply_precision)
 
-    # ------------------------------------------------------------------ settings
-    @property
-    def config(self) -> GenerationConfig:
-        return self.policy.config
-
-    @property
-    def precision(self) -> PrecisionConfig:
-        return self.policy.precision
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.policy.pad_token_id
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        return self.policy.eos_token_ids
-
-    @property
-    def eos_token_id(self) -> int | None:
-        """The primary EOS id (used for the EOS-probability diagnostic)."""
-        return self.policy.eos_token_id
-
-    @property
-    def device(self) -> torch.device:
-        return self.policy.device
-
+    # ------------------------------------------------------------------ seed-era private names
     @property
     def _mdl_target(self) -> nn.Module:
         return self.policy.module
@@ -133,88 +107,19 @@ class SequenceProcessor:
     def _tf_cfg(self) -> ForwardProfile:
         return self.policy.precision.tf_nograd
 
-    # ------------------------------------------------------------------ generation pieces
-    def tokenize_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each prompt (no padding), checked against max_prompt_tokens."""
-        return generate.tokenize_prompts(self.policy, prompts)
+    @property
+    def _reward_spec(self) -> str:
+        return self.reward_spec
 
-    def left_pad(self, token_lists: Sequence[Sequence[int]], length: int | None = None) -> tuple[Tensor, Tensor]:
-        """Left-pad to one length → (ids [n, Lp], mask [n, Lp]) on the model's device."""
-        return generate.left_pad(self.policy, token_lists, length)
+    _tokenize_prompts = PolicyEngine.tokenize_prompts
+    _left_pad = PolicyEngine.left_pad
+    _generate_rows = PolicyEngine.generate_rows
+    _pack = PolicyEngine.pack
+    _response_length = PolicyEngine.response_length
+    _seeded = PolicyEngine.seeded
+    _build_params_override = PolicyEngine.build_params_override
 
-    def generate_rows(self, input_ids: Tensor, attention_mask: Tensor, *, past_key_values: Any = None,
-                      output_scores: bool = False) -> tuple[list[list[int]], list[Tensor] | None]:
-        """One response per row of the left-padded prompts, cut by the stop rule (+ HF's scores)."""
-        return generate.generate_rows(self.policy, input_ids, attention_mask, past_key_values=past_key_values,
-                                      output_scores=output_scores)
-
-    def pack(self, prompt_tokens: Sequence[Sequence[int]], responses: Sequence[Sequence[Sequence[int]]],
-             prompts: Sequence[str] | None = None) -> BatchedSequences:
-        """Packed layout from per-prompt token ids [B] and responses [B][G] (token id lists)."""
-        return generate.pack(self.policy, prompt_tokens, responses, prompts)
-
-    def response_length(self, gen_tokens: Sequence[int]) -> int:
-        """T by the stop rule (MATH.md §1) for the tokens generated after the prompt."""
-        return response_length(self.policy, gen_tokens)
-
-    def seeded(self, seed: int | None):
-        """Seed torch for the block without touching the caller's RNG state; no-op when seed is None."""
-        return generate.seeded(self.device, seed)
-
-    # seed-era private names of the pieces above (tests and benchmarks call them)
-    _tokenize_prompts = tokenize_prompts
-    _left_pad = left_pad
-    _generate_rows = generate_rows
-    _pack = pack
-    _response_length = response_length
-    _seeded = seeded
-
-    def _generate_chunk(self, ids: Tensor, mask: Tensor, prompt_index: Tensor, *, output_scores: bool = False
-                        ) -> tuple[list[list[int]], list[Tensor] | None]:
-        """Seam: the rows `prompt_index` of the padded prompts, in one generate call."""
-        return generate.generate_chunk(self.policy, ids, mask, prompt_index, output_scores=output_scores)
-
-    def _generate_span(self, ids: Tensor, mask: Tensor, start: int, stop: int, G: int, index: int,
-                       state: dict, reseed: int | None) -> list[list[int]]:
-        """Seam: rows [start, stop) of chunk `index`, halving the rows per call on OOM."""
-        return generate.generate_span(self.policy, ids, mask, start, stop, G, index, state, reseed,
-                                      chunk_generator=self._generate_chunk)
-
-    # ------------------------------------------------------------------ generation
-    def generate_batched(self, prompts: Sequence[str], G: int, gen_batch_size: int | None = None, *,
-                         seed: int | None = None, seed_per_chunk: bool = False,
-                         done_chunks: Mapping[int, Sequence[Sequence[int]]] | None = None,
-                         on_chunk: Callable[[int, list[list[int]]], None] | None = None) -> BatchedSequences:
-        """G responses per prompt: all prompts left-padded to one length, rows generated in chunks.
-
-        Rows are ordered prompt-major (row = b·G + g) and generated `gen_batch_size` at a time; the
-        rows of one prompt share its prefill. `seed` seeds torch for this call only (the global RNG
-        is used when None). With `seed_per_chunk` every chunk i is seeded on its own with
-        `chunk_seed(seed, i)`; then `done_chunks` {i: responses} (saved by an earlier, killed run)
-        are reused instead of generated, and `on_chunk(i, responses)` is called as each chunk
-        completes (to save it), so a kill loses at most the chunk in flight.
-        Running out of memory halves the rows per forward (logged) down to 1, then DeviceError.
-        """
-        if G < 1:
-            raise ConfigError(f"G: must be >= 1, got {G}")
-        if seed_per_chunk and seed is None:
-            raise ValueError("generate_batched: seed_per_chunk needs a seed")
-        prompt_tokens = self.tokenize_prompts(prompts)
-        ids, mask = self.left_pad(prompt_tokens)
-        B, R = len(prompt_tokens), len(prompt_tokens) * G
-        chunk = int(gen_batch_size or self.config.gen_batch_size)
-        if seed_per_chunk and self.chunk_store is not None and done_chunks is None and on_chunk is None:
-            done_chunks, on_chunk = self.chunk_store.open({
-                "seed": int(seed), "G": int(G), "chunk": chunk, "prompt_tokens": prompt_tokens,
-                "generation": dataclasses.asdict(self.config)})
-            if done_chunks:
-                self.logger.info("generation: reusing %d saved chunk(s) of %d", len(done_chunks), -(-R // chunk))
-        responses = generate.generate_in_chunks(self.policy, ids, mask, G, chunk, seed=seed,
-                                                seed_per_chunk=seed_per_chunk, done_chunks=done_chunks,
-                                                on_chunk=on_chunk, span=self._generate_span)
-        grouped = [responses[b * G:(b + 1) * G] for b in range(B)]
-        return self.pack(prompt_tokens, grouped, prompts)
-
+    # ------------------------------------------------------------------ generate, score, reward
     def generate_with_logprobs(self, prompts: Sequence[str] | None = None, G: int = 8, dataset_name: str | None = None,
                                split: str = "train", num_prompts: int | None = None, seed: int | None = None,
                                with_grad: bool = False, gen_batch_size: int | None = None,
@@ -280,65 +185,36 @@ class SequenceProcessor:
                         examples: Sequence | None = None) -> list[list[float]]:
         """Rewards [B][G] through the reward registry (config `reward.name`, default tag_pref); prompts
         without an example get 0.0 with one warning (`rewards/sequence_rewards.py`)."""
-        return rewards_for_sequences(self._reward_spec, prompts, sequences, examples, self.policy.warn_once)
+        return rewards_for_sequences(self.reward_spec, prompts, sequences, examples, self.warn_once)
 
     _compute_rewards = compute_rewards  # the seed's name
 
-    # ------------------------------------------------------------------ teacher forcing
-    def build_params_override(self, v_named: Mapping[str, Tensor], eta: float) -> dict[str, Tensor]:
-        """θ + η·v on the named parameters (formed in func_override.dtype ≥ fp32), live views elsewhere."""
-        return build_params_override(self.policy.module, v_named, eta, dtype=str_to_dtype(self._fo_cfg.dtype),
-                                     cast_params=self._fo_cfg.cast_params)
-
-    _build_params_override = build_params_override  # the seed's name
-
-    def _tf_batches(self, sequences: BatchedSequences, tf_batch_size: int | None) -> Iterator[TFBatch]:
-        """Seam: the teacher-forcing forwards of `sequences` (tf_batch_size rows each)."""
-        return tf_batches(sequences, int(tf_batch_size or self.config.tf_batch_size), self.device)
-
-    def _forward_logits(self, batch: TFBatch, mapping: Mapping[str, Tensor] | None,
-                        profile: ForwardProfile) -> Tensor:
-        """Seam: logits [R, K, V] at the batch's needed positions; live module when `mapping` is None."""
-        return score.forward_logits(self.policy, batch, mapping, profile)
-
-    def teacher_force_logprobs(self, sequences: BatchedSequences, with_grad: bool = False,
-                               tf_batch_size: int | None = None, compute_rb: bool = False,
-                               return_baseline_features: bool = False,
+    # ------------------------------------------------------------------ teacher forcing (seed defaults)
+    def teacher_force_logprobs(self, sequences, with_grad: bool = False, tf_batch_size: int | None = None,
+                               compute_rb: bool = False, return_baseline_features: bool = False,
                                params_override: Mapping[str, Tensor] | None = None,
                                buffers_override: Mapping[str, Tensor] | None = None, *,
                                phase: str | None = None) -> LogprobResults:
-        """Score the generated tokens of `sequences` (`policy.score.score`); `phase` names the pass in errors."""
-        lp, _ = self._teacher_force(sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features,
-                                    params_override, buffers_override, diagnostics=False, phase=phase)
-        return lp
+        """`PolicyEngine.teacher_force_logprobs`; without `phase`, the probe's name of the pass (`probe_phase`)."""
+        return super().teacher_force_logprobs(
+            sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features, params_override,
+            buffers_override, phase=phase or probe_phase(with_grad, compute_rb, params_override is not None))
 
-    def teacher_force_logprobs_with_diagnostics(self, sequences: BatchedSequences, with_grad: bool = False,
+    def teacher_force_logprobs_with_diagnostics(self, sequences, with_grad: bool = False,
                                                 tf_batch_size: int | None = None, compute_rb: bool = False,
                                                 return_baseline_features: bool = False,
                                                 params_override: Mapping[str, Tensor] | None = None,
                                                 buffers_override: Mapping[str, Tensor] | None = None, *,
                                                 phase: str | None = None
                                                 ) -> tuple[LogprobResults, DiagnosticsResults]:
-        """As `teacher_force_logprobs`, plus per-sequence `DiagnosticsPack`s from the same pass."""
-        return self._teacher_force(sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features,
-                                   params_override, buffers_override, diagnostics=True, phase=phase)
+        """`PolicyEngine.teacher_force_logprobs_with_diagnostics`, with the seed's default phase names."""
+        return super().teacher_force_logprobs_with_diagnostics(
+            sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features, params_override,
+            buffers_override, phase=phase or probe_phase(with_grad, compute_rb, params_override is not None))
 
-    def _teacher_force(self, sequences, with_grad, tf_batch_size, compute_rb, baseline, params, buffers, *,
-                       diagnostics: bool, phase: str | None) -> tuple[LogprobResults, DiagnosticsResults | None]:
-        if with_grad and (params is not None or buffers is not None):
-            raise ValueError("teacher_force_logprobs: with_grad=True evaluates the live module; "
-                             "params_override/buffers_override are for the no-grad path")
-        # A with-grad caller that fixes tf_batch_size needs each of its batches in ONE forward (the
-        # backward row hooks count rows per forward), so that pass cannot be split after an OOM.
-        return score.score(self.policy, sequences, grad=with_grad, params=params, buffers=buffers,
-                           tf_batch_size=tf_batch_size, compute_rb=compute_rb, baseline=baseline,
-                           diagnostics=diagnostics, phase=phase or probe_phase(with_grad, compute_rb, params is not None),
-                           can_split=not (with_grad and tf_batch_size is not None), logits_fn=self._forward_logits)
-
-    def teacher_force_directional(self, sequences: BatchedSequences, v_named: Mapping[str, Tensor], *,
+    def teacher_force_directional(self, sequences, v_named: Mapping[str, Tensor], *,
                                   tf_batch_size: int | None = None, phase: str = JVP_PHASE, order: int = 1
                                   ) -> list[list[dict[str, Tensor]]]:
-        """Per [b][g]: `logq`, `rb_entropy`, `d_logq`, `d_rb_entropy` (with order 2 also `d2_logq`,
-        `d2_rb_entropy`; float64 [T], CPU) by forward-mode AD along v (`policy.score.jvp`, MATH.md §6)."""
-        return score.jvp(self.policy, sequences, v_named, tf_batch_size=tf_batch_size, phase=phase,
-                         logits_fn=self._forward_logits, order=order)
+        """`PolicyEngine.teacher_force_directional` under the seed's default phase name."""
+        return super().teacher_force_directional(sequences, v_named, tf_batch_size=tf_batch_size, phase=phase,
+                                                 order=order)

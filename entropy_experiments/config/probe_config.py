@@ -82,6 +82,13 @@ class ProbeConfig(_Section):
         return EntropyOptions(normalize=est.normalize, x_mode=est.x_mode, baseline=est.baseline,
                               microbatch_size=est.microbatch_size, directional=self.variance.directional)
 
+    def policy_settings(self):
+        """The policy engine's `PolicySettings` (the generation and precision sections, validated)."""
+        from ..policy.generation_config import parse_settings
+
+        d = self.to_dict()
+        return parse_settings({k: d[k] for k in ("generation", "precision")})
+
     def sequence_processor_settings(self) -> dict[str, Any]:
         """The sections the SequenceProcessor reads (generation, precision, reward, batch_config)."""
         d = self.to_dict()

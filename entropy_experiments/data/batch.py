@@ -5,8 +5,10 @@ prompt_lens [B] (the padded prompt length), gen_lens [B][G], advantages [B,G] (z
 rewards [B][G], max_lengths [B] (== max_g gen_lens[b]), prompt_ids [B], num_prompts,
 num_responses_per_prompt; plus prompts [B] and responses_text [B][G] for the run directory.
 Every batch is checked by `validate_batch` where it is packed or loaded. The one batch type: packing
-(`pack_batch`), prompt subsets (`subset_batch`; `take_prompts` / `take_rows` also serve
-`BatchedSequences.subset`) and concatenation across ranks (`concat_batches`) all live here.
+(`pack_batch`), prompt subsets (`subset_batch`, with the policy's `take_prompts` / `take_rows`) and
+concatenation across ranks (`concat_batches`) all live here; its teacher-forcing view is
+`policy.sequences.batch_to_sequences`. The advantages are the objective's (`estimators/objectives.py`):
+the caller forms them and hands them in.
 """
 
 from __future__ import annotations
@@ -17,23 +19,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..estimators.objectives import advantages as objective_advantages
+from ..policy.sequences import BatchedSequences, take_prompts, take_rows
 
 
 class BatchContractError(ValueError):
     """A packed batch violates the ARCHITECTURE.md contract (a bug upstream, or a corrupt saved batch)."""
 
 
-def pack_batch(seqs, rewards: list[list[float]] | None, *, with_advantages: bool) -> dict[str, Any]:
-    """Pack a `BatchedSequences` (+ rewards [B][G]) into the batch dict; advantages per MATH.md §4.
+def pack_batch(seqs: BatchedSequences, rewards: list[list[float]] | None,
+               advantages: Tensor | None = None) -> dict[str, Any]:
+    """Pack a `BatchedSequences` (+ rewards [B][G] and advantages [B, G]) into the batch dict.
 
-    E batches pass with_advantages=False (advantages are zeros); U batches get the contract's mean-centred
-    A = r − mean_g r (the trainer objective forms its own, possibly std-scaled, advantages from `rewards`).
+    E batches pass no rewards and no advantages (zeros); U batches pass the contract's mean-centred
+    A = r − mean_g r (`estimators.objectives.advantages`; the trainer objective forms its own, possibly
+    std-scaled, advantages from `rewards`).
     """
     B, G = seqs.sequences.shape[:2]
     rewards = rewards if rewards is not None else [[0.0] * G for _ in range(B)]
     reward_tensor = torch.tensor(rewards, dtype=torch.float32).reshape(B, G)
-    advantages = objective_advantages(reward_tensor).float() if with_advantages else torch.zeros(B, G)
+    advantages = torch.zeros(B, G) if advantages is None else advantages.float().reshape(B, G)
     batch = {
         "sequences": seqs.sequences.cpu(),
         "attention_masks": seqs.attention_masks.cpu(),
@@ -84,33 +88,6 @@ def validate_batch(batch: dict[str, Any], name: str = "batch") -> None:
             raise BatchContractError(f"{name}: max_lengths[{b}]={batch['max_lengths'][b]} != max(gen_lens)={max(lens)}")
         if batch["prompt_lens"][b] + max(lens) > L:
             raise BatchContractError(f"{name}: prompt {b}: prompt_len + gen_len exceeds L={L}")
-
-
-def batch_to_sequences(batch: dict[str, Any]):
-    """Rebuild the `BatchedSequences` view of a packed batch (for teacher forcing)."""
-    from ..compat.sequence_processor import BatchedSequences
-
-    B, G = batch["sequences"].shape[:2]
-    return BatchedSequences(
-        sequences=batch["sequences"],
-        prompt_lens=list(batch["prompt_lens"]),
-        gen_lens=[list(row) for row in batch["gen_lens"]],
-        attention_masks=batch["attention_masks"],
-        responses_text=batch.get("responses_text") or [[""] * G for _ in range(B)],
-        prompts=batch.get("prompts"),
-        prompt_ids=list(batch["prompt_ids"]),
-    )
-
-
-def take_prompts(tensor: Tensor, prompt_indices: Sequence[int]) -> Tensor:
-    """The rows [b] of a [B, ...] tensor for the listed prompts, in that order (index on the tensor's device)."""
-    index = torch.tensor([int(i) for i in prompt_indices], dtype=torch.long, device=tensor.device)
-    return tensor[index]
-
-
-def take_rows(rows: list | None, prompt_indices: Sequence[int]) -> list | None:
-    """The entries of a per-prompt list [B] for the listed prompts (None stays None)."""
-    return None if rows is None else [rows[int(i)] for i in prompt_indices]
 
 
 def subset_batch(batch: dict[str, Any], prompt_indices: list[int]) -> dict[str, Any]:

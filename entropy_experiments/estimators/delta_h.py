@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..policy.engine import PolicyEngine
 from . import snis as stats
 from .sequence_scores import SequenceScores, log_weights, score_sequences, units_of
 
@@ -66,21 +67,21 @@ def gather_locally(values: list[float], what: str) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
 
 
-def score_at_eta(sp, E_batch: dict, v_named: NamedTensors, eta: float, *, mode: str, optimizer=None,
+def score_at_eta(engine: PolicyEngine, E_batch: dict, v_named: NamedTensors, eta: float, *, mode: str, optimizer=None,
                  named_params=None, grads: NamedTensors | None = None, max_grad_norm: float | None = None,
                  tf_batch_size: int | None = None) -> SequenceScores:
     """E scored at θ' = θ + η·v: as a parameter override, or after a real AdamW step with lr = η (undone)."""
     if mode == "param_override":
-        return score_sequences(sp, E_batch, params_override=sp.build_params_override(v_named, eta),
+        return score_sequences(engine, E_batch, params_override=engine.build_params_override(v_named, eta),
                                tf_batch_size=tf_batch_size)
     if mode == "real_step":
         with real_optimizer_step(optimizer, named_params, grads, eta, max_grad_norm):
-            return score_sequences(sp, E_batch, params_override=sp.build_params_override({}, 0.0),
+            return score_sequences(engine, E_batch, params_override=engine.build_params_override({}, 0.0),
                                    tf_batch_size=tf_batch_size)
     raise ValueError(f"importance.mode must be param_override or real_step, got {mode!r}")
 
 
-def measure_delta_h(sp, E_batch: dict | None, v_named: NamedTensors, etas: list[float], *, normalize: str,
+def measure_delta_h(engine: PolicyEngine, E_batch: dict | None, v_named: NamedTensors, etas: list[float], *, normalize: str,
                     units: list[int] | None = None, mode: str = "param_override", optimizer=None, named_params=None,
                     grads=None, max_grad_norm: float | None = None, base: SequenceScores | None = None,
                     tf_batch_size: int | None = None,
@@ -101,14 +102,14 @@ def measure_delta_h(sp, E_batch: dict | None, v_named: NamedTensors, etas: list[
     if units is None:
         units = units_of(E_batch["num_prompts"], E_batch["num_responses_per_prompt"])
     local = E_batch is not None
-    base = base or (score_sequences(sp, E_batch, tf_batch_size=tf_batch_size) if local else None)
+    base = base or (score_sequences(engine, E_batch, tf_batch_size=tf_batch_size) if local else None)
     T = gather([len(x) for x in base.token_logqs] if local else [], "E lengths gather")
     h = gather(base.seq_entropies.tolist() if local else [], "E entropies gather")
     d = T if normalize == "per_token" else np.ones_like(T)
     H_orig = float(h.sum() / d.sum())
     rows, per_seq = [], {}
     for eta in etas:
-        new = (score_at_eta(sp, E_batch, v_named, eta, mode=mode, optimizer=optimizer, named_params=named_params,
+        new = (score_at_eta(engine, E_batch, v_named, eta, mode=mode, optimizer=optimizer, named_params=named_params,
                             grads=grads, max_grad_norm=max_grad_norm, tf_batch_size=tf_batch_size)
                if local else None)
         logw = gather(log_weights(new, base) if local else [], f"log-weights gather (η={eta:g})")

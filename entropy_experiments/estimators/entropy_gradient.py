@@ -25,8 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..data.batch import batch_to_sequences, subset_batch
+from ..data.batch import subset_batch
 from ..errors import ConfigError
+from ..policy.engine import PolicyEngine
+from ..policy.sequences import batch_to_sequences
 from ..row_directional import RowDirectionalDerivatives, linear_directions, many_row_directionals
 from .objective_gradient import NamedTensors, Trainable, chunked, prompts_per_microbatch
 from .sequence_scores import SequenceScores
@@ -103,7 +105,7 @@ def pieces_method(trainable: Trainable, options: EntropyOptions, want_pieces: bo
     return "backward_hooks" if hooks_ok else "jvp"
 
 
-def surrogate_gradient_sum(sp, trainable: Trainable, E_batch: dict, microbatches: list[list[int]],
+def surrogate_gradient_sum(engine: PolicyEngine, trainable: Trainable, E_batch: dict, microbatches: list[list[int]],
                            coefs: SurrogateCoefficients, progress=iter) -> NamedTensors:
     """Σ over the given microbatches of ∇L_X (float64), with the coefficients of the whole E."""
     trainable.model.eval()
@@ -111,7 +113,7 @@ def surrogate_gradient_sum(sp, trainable: Trainable, E_batch: dict, microbatches
     X = trainable.zeros(torch.float64)
     for idx in progress(microbatches):
         sub = subset_batch(E_batch, idx)
-        lp = sp.teacher_force_logprobs(batch_to_sequences(sub), with_grad=True, compute_rb=True, phase=E_BACKWARD)
+        lp = engine.teacher_force_logprobs(batch_to_sequences(sub), with_grad=True, compute_rb=True, phase=E_BACKWARD)
         seq_ids = [b * G + g for b in idx for g in range(G)]
         loss = surrogate_loss(_flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch),
                               [coefs.coefficient(n) for n in seq_ids], coefs.D)
@@ -119,7 +121,7 @@ def surrogate_gradient_sum(sp, trainable: Trainable, E_batch: dict, microbatches
     return X
 
 
-def one_pass_sums(sp, trainable: Trainable, E_batch: dict, microbatches: list[list[int]], options: EntropyOptions,
+def one_pass_sums(engine: PolicyEngine, trainable: Trainable, E_batch: dict, microbatches: list[list[int]], options: EntropyOptions,
                   directions: dict[str, NamedTensors], agree_on_shift: Callable[[float | None], float | None] = lambda s: s,
                   progress=iter) -> OnePassSums:
     """Σ over the given microbatches of ∇L_α' and ∇L_β (float64), with the pieces along each of `directions`
@@ -142,7 +144,7 @@ def one_pass_sums(sp, trainable: Trainable, E_batch: dict, microbatches: list[li
     shift_agreed = False
     with many_row_directionals(row_maps) as rows:
         for idx in progress(microbatches):
-            forward = _microbatch_forward(sp, E_batch, idx, options)
+            forward = _microbatch_forward(engine, E_batch, idx, options)
             if not shift_agreed:
                 sums.shift, shift_agreed = agree_on_shift(entropy_of(forward[2], options.normalize)), True
             _microbatch_backward(trainable, rows, sums, idx, *forward)
@@ -159,7 +161,7 @@ def hook_directions(trainable: Trainable, directions: dict[str, NamedTensors]) -
     return maps
 
 
-def entropy_only_gradient_sum(sp, trainable: Trainable, E_batch: dict, microbatches: list[list[int]],
+def entropy_only_gradient_sum(engine: PolicyEngine, trainable: Trainable, E_batch: dict, microbatches: list[list[int]],
                               options: EntropyOptions, v_named: NamedTensors | None,
                               progress=iter) -> tuple[NamedTensors, Tensor]:
     """(Σ over the given microbatches of ∇Σ_ik H_ik (float64), d [N] with d_i = D_v h_i (zero outside the
@@ -171,7 +173,7 @@ def entropy_only_gradient_sum(sp, trainable: Trainable, E_batch: dict, microbatc
     row_maps = hook_directions(trainable, {"v": v_named}) if v_named is not None else {}
     with many_row_directionals(row_maps) as rows:
         for idx in progress(microbatches):
-            seq_ids, _, h_mb, _ = _microbatch_forward(sp, E_batch, idx, options)
+            seq_ids, _, h_mb, _ = _microbatch_forward(engine, E_batch, idx, options)
             for r in rows.values():
                 r.reset(len(seq_ids))
             trainable.add_grad(X_H, sum(h.sum() for h in h_mb), f"E backward (Σ H), prompts {idx}")
@@ -180,12 +182,12 @@ def entropy_only_gradient_sum(sp, trainable: Trainable, E_batch: dict, microbatc
     return X_H, d
 
 
-def _microbatch_forward(sp, E_batch: dict, idx: list[int], options: EntropyOptions) -> tuple:
+def _microbatch_forward(engine: PolicyEngine, E_batch: dict, idx: list[int], options: EntropyOptions) -> tuple:
     """(sequence ids, ℓ with graph, H with graph, (α, β) per sequence) of one microbatch: ONE forward, so
     that batch row j is sequence seq_ids[j] (the row hooks count rows per forward)."""
     G = E_batch["num_responses_per_prompt"]
     seq_ids = [b * G + g for b in idx for g in range(G)]
-    lp = sp.teacher_force_logprobs(batch_to_sequences(subset_batch(E_batch, idx)), with_grad=True, compute_rb=True,
+    lp = engine.teacher_force_logprobs(batch_to_sequences(subset_batch(E_batch, idx)), with_grad=True, compute_rb=True,
                                    tf_batch_size=len(seq_ids), phase=E_BACKWARD)
     l_mb, h_mb = _flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch)
     coefs = [sequence_coefficients(h, normalize=options.normalize, x_mode=options.x_mode) for h in h_mb]

@@ -17,8 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..data.batch import batch_to_sequences, subset_batch, zero_advantage_prompts
+from ..data.batch import subset_batch, zero_advantage_prompts
 from ..errors import ConfigError, NumericsError
+from ..policy.engine import PolicyEngine
+from ..policy.sequences import BatchedSequences, batch_to_sequences
 from . import objectives
 from .objectives import ObjectiveOptions, SequenceTerms
 
@@ -100,7 +102,7 @@ def u_work_items(terms: list[list[SequenceTerms]], groups: list[list[int]], opti
                                                                           per_microbatch)]
 
 
-def objective_gradient_sums(sp, trainable: Trainable, U_batch: dict, items: list[tuple[int, list[int]]],
+def objective_gradient_sums(engine: PolicyEngine, trainable: Trainable, U_batch: dict, items: list[tuple[int, list[int]]],
                             terms: list[list[SequenceTerms]], options: ObjectiveOptions, n_groups: int,
                             progress=iter) -> tuple[list[NamedTensors], float]:
     """Σ over the given work items of ∇(objective share), per group (float64), and Σ of the losses."""
@@ -108,7 +110,7 @@ def objective_gradient_sums(sp, trainable: Trainable, U_batch: dict, items: list
     group_grads = [trainable.zeros(torch.float64) for _ in range(n_groups)]
     total_loss = 0.0
     for k, idx in progress(items):
-        loss = objective_loss(sp, trainable.model, subset_batch(U_batch, idx), [terms[p] for p in idx], options)
+        loss = objective_loss(engine, trainable.model, subset_batch(U_batch, idx), [terms[p] for p in idx], options)
         trainable.add_grad(group_grads[k], loss, f"U backward, prompts {idx}")
         total_loss += float(loss.detach())
     return group_grads, total_loss
@@ -129,12 +131,12 @@ def u_gradients(group_grads: list[NamedTensors], loss: float, U_batch: dict, gro
                       zero_advantage_prompts=zero_advantage_prompts(U_batch), leave_one_out_scales=loo)
 
 
-def objective_loss(sp, model: nn.Module, sub: dict, terms: list[list[SequenceTerms]],
+def objective_loss(engine: PolicyEngine, model: nn.Module, sub: dict, terms: list[list[SequenceTerms]],
                    options: ObjectiveOptions) -> Tensor:
     """The objective's share of one microbatch of U prompts (graph through the trainer log-probs)."""
     seqs = batch_to_sequences(sub)
-    lp = sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=False, phase=U_GRADIENT)
-    ref = reference_logps(sp, model, seqs) if options.needs_reference else None
+    lp = engine.teacher_force_logprobs(seqs, with_grad=True, compute_rb=False, phase=U_GRADIENT)
+    ref = reference_logps(engine, model, seqs) if options.needs_reference else None
     loss = 0.0
     for j, row in enumerate(terms):
         for g, term in enumerate(row):
@@ -145,11 +147,11 @@ def objective_loss(sp, model: nn.Module, sub: dict, terms: list[list[SequenceTer
     return loss
 
 
-def reference_logps(sp, model: nn.Module, seqs) -> list[list[Tensor]]:
+def reference_logps(engine: PolicyEngine, model: nn.Module, seqs: BatchedSequences) -> list[list[Tensor]]:
     """The reference policy's trainer log-probs (the base model: the adapter disabled), no graph."""
     if not hasattr(model, "disable_adapter"):
         raise ConfigError("objective.kl_coef > 0 needs a PEFT adapter: the KL reference is the base model "
                           "with the adapter disabled")
     with model.disable_adapter():
-        lp = sp.teacher_force_logprobs(seqs, with_grad=False, compute_rb=False, phase=U_REFERENCE)
+        lp = engine.teacher_force_logprobs(seqs, with_grad=False, compute_rb=False, phase=U_REFERENCE)
     return lp.token_logps_train

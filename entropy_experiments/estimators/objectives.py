@@ -121,6 +121,12 @@ def advantages(rewards: Tensor, scale_rewards: str = "none", eps: float = 1e-4) 
 
 # ----------------------------------------------------------------------------- token weights
 
+
+def batch_advantages(rewards: list[list[float]]) -> Tensor:
+    """The packed U batch's advantages (ARCHITECTURE.md contract): A = r − mean_g r, float32 [B, G]; the
+    trainer objective forms its own, possibly std-scaled, advantages from the rewards (`advantages`)."""
+    return advantages(torch.tensor(rewards, dtype=torch.float32)).float()
+
 def micro_batch_token_counts(lengths: Tensor, micro_batches: int) -> Tensor:
     """Σ T over the micro-batch of each sequence. lengths [B, G] → [B, G] float64.
 

@@ -5,7 +5,7 @@ of the sampling policy at step k) as float64 [T_i] tensors, optionally their exa
 v, and the independent unit (E prompt) each sequence belongs to, for the jackknife. Sequences are in
 (prompt, response) order: sequence n = b·G + g.
 
-`score_sequences` fills it through the SequenceProcessor — no graph, at θ, at a parameter override
+`score_sequences` fills it through the policy engine (`policy/engine.py`) — no graph, at θ, at a parameter override
 θ + η·v, or with forward-mode derivatives along v; `log_weights` turns two scorings of the same
 sequences into importance log-weights.
 """
@@ -19,10 +19,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data.batch import batch_to_sequences
+from ..policy.engine import PolicyEngine
+from ..policy.sequences import batch_to_sequences
 
 E_SCORING = "teacher forcing (E scoring)"
 ETA_SCORING = "teacher forcing at θ + η·v (ΔH(η) scoring)"
+E_JVP = "teacher forcing (jvp, E directional derivatives)"
+E_SECOND_ORDER_JVP = "teacher forcing (second-order jvp on E)"
 
 
 @dataclass
@@ -71,21 +74,21 @@ def units_of(num_prompts: int, G: int) -> list[int]:
     return [b for b in range(num_prompts) for _ in range(G)]
 
 
-def score_sequences(sp, batch: dict, *, v_named: Mapping[str, Tensor] | None = None,
+def score_sequences(engine: PolicyEngine, batch: dict, *, v_named: Mapping[str, Tensor] | None = None,
                     params_override: Mapping[str, Tensor] | None = None,
                     tf_batch_size: int | None = None) -> SequenceScores:
     """No-grad teacher forcing of a packed batch: at θ, at `params_override`, or (with `v_named`) with the
-    exact derivatives along v by forward-mode AD. `tf_batch_size` (rows per forward; None: the processor's
+    exact derivatives along v by forward-mode AD. `tf_batch_size` (rows per forward; None: the engine's
     setting) fixes the batch layout: the same layout gives bitwise the same numbers at the same θ."""
     units = units_of(batch["num_prompts"], batch["num_responses_per_prompt"])
     seqs = batch_to_sequences(batch)
     if v_named is not None:
-        rows = [r for row in sp.teacher_force_directional(seqs, v_named) for r in row]
+        rows = [r for row in engine.teacher_force_directional(seqs, v_named, phase=E_JVP) for r in row]
         return SequenceScores(token_logqs=[r["logq"].double() for r in rows],
                               token_entropies=[r["rb_entropy"].double() for r in rows],
                               d_logq=[r["d_logq"].double() for r in rows],
                               d_entropy=[r["d_rb_entropy"].double() for r in rows], unit_of_sequence=units)
-    lp = sp.teacher_force_logprobs(seqs, with_grad=False, compute_rb=True, params_override=params_override,
+    lp = engine.teacher_force_logprobs(seqs, with_grad=False, compute_rb=True, params_override=params_override,
                                    tf_batch_size=tf_batch_size,
                                    phase=E_SCORING if params_override is None else ETA_SCORING)
     return SequenceScores(token_logqs=[torch.as_tensor(t).double() for row in lp.token_logqs for t in row],
@@ -102,11 +105,11 @@ def log_weights(new: SequenceScores, old: SequenceScores) -> np.ndarray:
 SECOND_ORDER_KEYS = ("s", "s2", "dh", "d2h", "h", "T")
 
 
-def second_order_sums(sp, batch: dict, v_named: Mapping[str, Tensor]) -> dict[str, list[float]]:
+def second_order_sums(engine: PolicyEngine, batch: dict, v_named: Mapping[str, Tensor]) -> dict[str, list[float]]:
     """Per sequence (float64): s = Σ_k D_v ℓ, s2 = Σ_k D²_v ℓ, dh = Σ_k D_v H, d2h = Σ_k D²_v H, h = Σ_k H, T,
     by forward-over-forward mode along v (estimators/second_order.py)."""
-    rows = [r for row in sp.teacher_force_directional(batch_to_sequences(batch), v_named, order=2,
-                                                      phase="teacher forcing (second-order jvp on E)")
+    rows = [r for row in engine.teacher_force_directional(batch_to_sequences(batch), v_named, order=2,
+                                                          phase=E_SECOND_ORDER_JVP)
             for r in row]
     keys = ("d_logq", "d2_logq", "d_rb_entropy", "d2_rb_entropy", "rb_entropy")
     out = {name: [float(r[key].double().sum()) for r in rows] for name, key in zip(SECOND_ORDER_KEYS, keys)}

@@ -164,7 +164,7 @@ def generate_rows(policy: PolicyModel, input_ids: Tensor, attention_mask: Tensor
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
     if policy.module.training:
-        policy.warn_once("training", "SequenceProcessor: the model is in train() mode (dropout on); "
+        policy.warn_once("training", "policy engine: the model is in train() mode (dropout on); "
                                      "the probe expects eval()")
     Lp = int(input_ids.shape[1])
     config = policy.config

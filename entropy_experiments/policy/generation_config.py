@@ -1,8 +1,8 @@
 """The `generation` settings (GenerationConfig) and reading them out of the probe's config.
 
-`parse_config` accepts a GenerationConfig, a dict with sections {"generation", "precision"} (+ optional
-"reward": {"name"}, "batch_config": {"dataset_path", "pool_size"}) or a ProbeConfig, and returns the
-validated settings, the precision profile, the reward spec and the batch_config dict.
+`parse_settings` accepts a GenerationConfig, a dict with sections {"generation", "precision"} or a
+ProbeConfig, and returns the validated `PolicySettings` (generation + precision) the policy engine is
+built with; `parse_config` (the seed façade's reader) also returns the reward spec and batch_config dict.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from entropy_experiments.errors import ConfigError, closest_match
 from entropy_experiments.policy.precision_utils import PrecisionConfig
 from entropy_experiments.policy.sampling_policy import validate_policy
 
-__all__ = ["GenerationConfig", "as_plain_dict", "parse_config"]
+__all__ = ["GenerationConfig", "PolicySettings", "as_plain_dict", "parse_config", "parse_settings"]
 
 
 @dataclass
@@ -64,15 +64,26 @@ def as_plain_dict(config: Any) -> dict[str, Any]:
         return dict(config.model_dump())
     if isinstance(config, Mapping):
         return dict(config)
-    raise ConfigError(f"SequenceProcessor config: expected GenerationConfig, dict or ProbeConfig, got {type(config).__name__}")
+    raise ConfigError(f"policy settings: expected GenerationConfig, dict or ProbeConfig, got {type(config).__name__}")
 
 
-def parse_config(config: Any) -> tuple[GenerationConfig, PrecisionConfig, str, dict[str, Any]]:
-    """→ (generation, precision, reward spec, batch_config dict)."""
+@dataclass(frozen=True)
+class PolicySettings:
+    """What the policy engine is built with: the sampling / scoring settings and the precision profile."""
+
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+
+
+def parse_settings(config: Any) -> PolicySettings:
+    """The validated generation settings and precision profile of a GenerationConfig, PolicySettings, a dict
+    with sections {"generation", "precision"} or a ProbeConfig (None: the defaults)."""
     if config is None:
         config = GenerationConfig()
-    if isinstance(config, GenerationConfig):
-        gen, prec, reward, batch = dataclasses.replace(config), PrecisionConfig(), "tag_pref", {}
+    if isinstance(config, PolicySettings):
+        gen, prec = dataclasses.replace(config.generation), config.precision
+    elif isinstance(config, GenerationConfig):
+        gen, prec = dataclasses.replace(config), PrecisionConfig()
     else:
         d = as_plain_dict(config)
         gen_d = dict(d.get("generation") or {})
@@ -82,10 +93,19 @@ def parse_config(config: Any) -> tuple[GenerationConfig, PrecisionConfig, str, d
                 raise ConfigError(f"unknown key 'generation.{key}'" + (f" (did you mean 'generation.{hint}'?)" if hint else ""))
         gen = GenerationConfig(**gen_d)
         prec = PrecisionConfig.from_dict(d.get("precision"))
-        reward = str((d.get("reward") or {}).get("name", "tag_pref"))
-        batch = dict(d.get("batch_config") or {})
     if prec.token_chunk_size is not None:  # the probe config keeps the chunk size under `precision`
         gen.token_chunk_size = int(prec.token_chunk_size)
     gen.stop_strings = list(gen.stop_strings or [])
     gen.validate()
-    return gen, prec, reward, batch
+    return PolicySettings(gen, prec)
+
+
+def parse_config(config: Any) -> tuple[GenerationConfig, PrecisionConfig, str, dict[str, Any]]:
+    """→ (generation, precision, reward spec, batch_config dict): `parse_settings` plus the sections the seed
+    façade's prompt and reward conveniences read."""
+    settings = parse_settings(config)
+    if config is None or isinstance(config, (GenerationConfig, PolicySettings)):
+        return settings.generation, settings.precision, "tag_pref", {}
+    d = as_plain_dict(config)
+    reward = str((d.get("reward") or {}).get("name", "tag_pref"))
+    return settings.generation, settings.precision, reward, dict(d.get("batch_config") or {})

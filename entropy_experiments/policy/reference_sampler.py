@@ -1,7 +1,7 @@
 """The plain reference sampler: one prompt, one response at a time, no batching tricks.
 
 Used for the parity path (`probe_rework.use_sequence_processor_sampling: false`) and as the
-benchmark's one-at-a-time baseline. It reuses the SequenceProcessor's own pieces — the logits
+benchmark's one-at-a-time baseline. It reuses the policy engine's own pieces — the logits
 processor, the stop rule and the packer — so only the batching differs.
 """
 
@@ -12,21 +12,28 @@ from typing import Any
 
 from torch import nn
 
-from entropy_experiments.compat.sequence_processor import BatchedSequences, SequenceProcessor
+from entropy_experiments.policy.engine import PolicyEngine
+from entropy_experiments.policy.generation_config import parse_settings
+from entropy_experiments.policy.sequences import BatchedSequences
+
+__all__ = ["sample_one_at_a_time", "sample_with_engine"]
+
+
+def sample_with_engine(engine: PolicyEngine, prompts: Sequence[str], G: int, seed: int | None = None
+                       ) -> BatchedSequences:
+    """G responses per prompt, each generated alone from the unpadded prompt; same packed layout."""
+    prompt_tokens = engine.tokenize_prompts(prompts)
+    responses = []
+    with engine.seeded(seed):
+        for tokens in prompt_tokens:
+            ids, mask = engine.left_pad([tokens])
+            responses.append([engine.generate_rows(ids, mask)[0][0] for _ in range(G)])
+    return engine.pack(prompt_tokens, responses, prompts)
 
 
 def sample_one_at_a_time(model: nn.Module, tokenizer, prompts: Sequence[str], G: int, gen_config: Any,
                          seed: int | None = None) -> BatchedSequences:
-    """G responses per prompt, each generated alone from the unpadded prompt; same packed layout.
-
-    `gen_config`: anything SequenceProcessor accepts (GenerationConfig, dict, ProbeConfig). The
-    process-wide precision switches are left as they are.
-    """
-    sp = SequenceProcessor(model, tokenizer, gen_config, apply_precision=False)
-    prompt_tokens = sp.tokenize_prompts(prompts)
-    responses = []
-    with sp.seeded(seed):
-        for tokens in prompt_tokens:
-            ids, mask = sp.left_pad([tokens])
-            responses.append([sp.generate_rows(ids, mask)[0][0] for _ in range(G)])
-    return sp.pack(prompt_tokens, responses, prompts)
+    """`sample_with_engine` on a fresh engine for `model`; `gen_config`: a GenerationConfig, PolicySettings,
+    dict or ProbeConfig (`parse_settings`). The process-wide precision switches are left as they are."""
+    engine = PolicyEngine(model, tokenizer, parse_settings(gen_config), apply_precision=False)
+    return sample_with_engine(engine, prompts, G, seed)

@@ -1,7 +1,7 @@
 """The data that flows between generation, scoring and the probe (seed 004 layout, MATH.md §1).
 
 BatchedSequences: the packed, left-padded layout; a response of T tokens sits at [Lp, Lp + T) of its
-row. LogprobResults / DiagnosticsResults: teacher-forcing results per [b][g]. `LogprobResults.logprobs`
+row; `batch_to_sequences` is its view of a packed batch dict (data/batch.py). LogprobResults / DiagnosticsResults: teacher-forcing results per [b][g]. `LogprobResults.logprobs`
 is log p (raw model, τ = 1, no nucleus) as in the seed; `token_logqs` is log q (the sampling policy).
 """
 
@@ -13,15 +13,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
-from entropy_experiments.data.batch import take_prompts, take_rows
 from entropy_experiments.policy.distribution_diagnostics import DiagnosticsPack
 
 __all__ = [
-    "BatchedSequences", "DiagnosticsResults", "LogprobResults", "completion_ids", "example_from_dict",
-    "global_prompt_id", "response_tokens",
+    "BatchedSequences", "DiagnosticsResults", "LogprobResults", "batch_to_sequences", "completion_ids",
+    "global_prompt_id", "response_tokens", "take_prompts", "take_rows",
 ]
+
+
+def take_prompts(tensor: Tensor, prompt_indices: Sequence[int]) -> Tensor:
+    """The rows [b] of a [B, ...] tensor for the listed prompts, in that order (index on the tensor's device)."""
+    index = torch.tensor([int(i) for i in prompt_indices], dtype=torch.long, device=tensor.device)
+    return tensor[index]
+
+
+def take_rows(rows: list | None, prompt_indices: Sequence[int]) -> list | None:
+    """The entries of a per-prompt list [B] for the listed prompts (None stays None)."""
+    return None if rows is None else [rows[int(i)] for i in prompt_indices]
 
 
 @dataclass
@@ -81,24 +92,27 @@ class BatchedSequences:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BatchedSequences:
+        """Inverse of `to_dict`; the examples stay the plain dicts they were saved as (the seed façade's
+        `BatchedSequences` turns them back into data-set records)."""
         examples = d.get("examples")
-        if examples is not None:
-            examples = [example_from_dict(e) for e in examples]
         return cls(sequences=d["sequences"], prompt_lens=list(d["prompt_lens"]),
                    gen_lens=[list(r) for r in d["gen_lens"]], attention_masks=d["attention_masks"],
                    responses_text=[list(r) for r in d["responses_text"]], prompts=d.get("prompts"),
-                   examples=examples, prompt_ids=d.get("prompt_ids"))
+                   examples=None if examples is None else list(examples), prompt_ids=d.get("prompt_ids"))
 
 
-def example_from_dict(e: Any) -> Any:
-    if not isinstance(e, Mapping):
-        return e
-    try:
-        from entropy_experiments.data.datasets import Example
-    except ImportError:  # pragma: no cover - the datasets package ships with this one
-        return dict(e)
-    names = {f.name for f in dataclasses.fields(Example)}
-    return Example(**e) if set(e) == names else dict(e)
+def batch_to_sequences(batch: Mapping[str, Any]) -> BatchedSequences:
+    """The `BatchedSequences` view of a packed batch dict (data/batch.py's contract), for teacher forcing."""
+    B, G = batch["sequences"].shape[:2]
+    return BatchedSequences(
+        sequences=batch["sequences"],
+        prompt_lens=list(batch["prompt_lens"]),
+        gen_lens=[list(row) for row in batch["gen_lens"]],
+        attention_masks=batch["attention_masks"],
+        responses_text=batch.get("responses_text") or [[""] * G for _ in range(B)],
+        prompts=batch.get("prompts"),
+        prompt_ids=list(batch["prompt_ids"]),
+    )
 
 
 @dataclass

@@ -333,7 +333,7 @@ class RunDirectory:
 class GenerationChunkStore:
     """Saves each completed generation chunk as partial/gen_<key>_<i>.pt and hands saved ones back.
 
-    Plugged into a SequenceProcessor (`sp.chunk_store`): a `generate_batched(..., seed_per_chunk=True)`
+    Plugged into a policy engine (`engine.chunk_store`): a `generate_batched(..., seed_per_chunk=True)`
     call asks `open(key)` for the chunks an earlier (killed) run of the same call saved — `key`
     describes the call (seed, G, chunk size, prompt tokens), so chunks of a different call are never
     reused — and a callback that saves each new chunk atomically. A kill loses at most the chunk in flight.

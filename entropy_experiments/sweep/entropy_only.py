@@ -40,9 +40,9 @@ def _sample_E(config: ProbeConfig, policy: Policy, run_dir: RunDirectory, logger
         return saved
     examples = prompt_examples(config.batch_config)
     plan = draw_plan(config, len(examples), SINGLE)
-    policy.sp.chunk_store = GenerationChunkStore(run_dir)
-    E = sample_sharded(policy.sp, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=config.seed + 1,
-                       with_rewards=False, reference=not config.probe_rework.use_sequence_processor_sampling,
+    policy.engine.chunk_store = GenerationChunkStore(run_dir)
+    E = sample_sharded(policy.engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=config.seed + 1,
+                       reward=None, reference=not config.probe_rework.use_sequence_processor_sampling,
                        dist=SINGLE, what="E")
     run_dir.save_batch("E", E)
     GenerationChunkStore(run_dir).clear()
@@ -58,7 +58,7 @@ def measure_entropy_only(config: ProbeConfig, policy: Policy, out: Path, reason:
         run_dir.mark_status("running")
         logger.warning("entropy only at %s: %s", config.checkpoint.checkpoint_path, reason)
         E = _sample_E(config, policy, run_dir, logger)
-        scores = score_sequences(policy.sp, E)
+        scores = score_sequences(policy.engine, E)
         h, T = scores.seq_entropies.double(), scores.lengths
         rows = per_sequence_rows(E, scores, None, None, {})
         doc = {"kind": "entropy_only", "reason": reason, "normalize": config.estimator.normalize,

@@ -18,10 +18,10 @@ from ..checkpoint.layout import checkpoint_info, log_checkpoint_files
 from ..checkpoint.learning_rate import LearningRate
 from ..checkpoint.load import load_optimizer, load_policy
 from ..checkpoint.swap import saved_lr_ended, swap_adapter
-from ..compat.sequence_processor import SequenceProcessor
 from ..config import ProbeConfig
 from ..estimators.objective_gradient import Trainable
 from ..phase_results import Policy, WarningLog
+from ..policy.engine import PolicyEngine
 from .discovery import SweepCheckpoint
 
 __all__ = ["CheckpointPolicy", "SweepPolicies"]
@@ -78,7 +78,6 @@ class SweepPolicies:
                 notes.warn(fresh_warning)
         else:
             lr = LearningRate(0.0, "optimizer param_groups lr (0.0: the schedule ended)")
-        sp = SequenceProcessor(self.model, self.tokenizer, config=config.sequence_processor_settings(),
-                               logger=self.logger)
-        policy = Policy(sp, Trainable.of(self.model), optimizer, self.tokenizer, checkpoint_info(ck.files, base, lr))
+        engine = PolicyEngine(self.model, self.tokenizer, config.policy_settings(), self.logger)
+        policy = Policy(engine, Trainable.of(self.model), optimizer, self.tokenizer, checkpoint_info(ck.files, base, lr))
         return CheckpointPolicy(policy, notes, no_step)

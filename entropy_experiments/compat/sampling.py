@@ -1,0 +1,18 @@
+"""`sample_batch` in the form the seed-era tests and scripts call it: a SequenceProcessor that knows its reward.
+
+The probe calls `entropy_experiments.sampling.sample_batch` with the policy engine and the config's reward name.
+"""
+
+from __future__ import annotations
+
+from .. import sampling
+from .sequence_processor import SequenceProcessor
+
+__all__ = ["sample_batch"]
+
+
+def sample_batch(sp: SequenceProcessor, examples: list, prompt_indices: list[int], G: int, *, seed: int,
+                 with_rewards: bool, reference: bool = False) -> dict:
+    """`sampling.sample_batch` with the processor's `reward.name` when `with_rewards` (U), none otherwise (E)."""
+    return sampling.sample_batch(sp, examples, prompt_indices, G, seed=seed,
+                                 reward=sp.reward_spec if with_rewards else None, reference=reference)
