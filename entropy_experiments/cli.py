@@ -60,11 +60,14 @@ def _load(args) -> object:
 def cmd_run(args) -> None:
     if args.resume and args.out and Path(args.resume) != Path(args.out):
         raise ConfigError("--resume and --out name different directories; pass only --resume RUN_DIR")
+    if args.reuse_samples and args.resume:
+        raise ConfigError("--reuse-samples starts a new run directory (--out); it cannot be combined with --resume")
     if args.config is None:
         if not args.resume:
             raise ConfigError("run needs --config FILE (or --resume RUN_DIR to finish a run with its saved config)")
         args.config = str(Path(args.resume) / "config.yaml")  # the resolved config the run directory holds
-    run_probe(_load(args), out=args.out, resume=args.resume, overwrite=args.overwrite, dryrun=args.dryrun)
+    run_probe(_load(args), out=args.out, resume=args.resume, overwrite=args.overwrite, dryrun=args.dryrun,
+              reuse_samples=args.reuse_samples)
 
 
 def cmd_sweep(args) -> None:
@@ -120,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="finish a run directory, reusing its saved batches")
     run.add_argument("--overwrite", action="store_true", help="replace a run directory that holds another config")
     run.add_argument("--dryrun", action="store_true", help="minimal sizes, print the summary, write nothing")
+    run.add_argument("--reuse-samples", metavar="RUN_DIR", help="analyse RUN_DIR's saved E/U samples with this "
+                     "config's analysis settings, in a new run directory (sampling settings must match)")
     run.set_defaults(func=cmd_run)
 
     sweep = sub.add_parser("sweep", help="probe every checkpoint of a training run; sweep.json + plots")

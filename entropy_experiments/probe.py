@@ -24,10 +24,12 @@ from torch import Tensor
 from .beyond_first_order import beyond_first_order_phase, scoring_share
 from .checkpoint.learning_rate import resolve_learning_rate
 from .checkpoint.load import load_for_probe, locate_checkpoint
+from .checkpoint.trainer_batch import trainer_batch_record
 from .config import ProbeConfig
 from .data.batch import concat_batches
 from .data.plan import IndexPlan, draw_index_plan
 from .data.rewards import clear_reward_warnings
+from .data.rewards.weighted import RewardSet
 from .errors import ProbeError
 from .estimators.entropy_gradient import (
     coefficients,
@@ -55,6 +57,7 @@ from .parallel import SINGLE, DistContext, init_from_env, rank_seed
 from .phase_results import DeltaH1Result, Policy, WarningLog
 from .policy.engine import PolicyEngine
 from .policy.progress import progress as progress_bar
+from .preflight import preflight
 from .report.results_dict import ProbeOutcome, RunFacts, assemble_results
 from .sampling import prompt_examples, sample_batch, saved_batches, warn_zero_advantages
 from .step_directions import predictor_directions, step_direction
@@ -88,6 +91,11 @@ def load_phase(config: ProbeConfig, dist: DistContext, notes: WarningLog, logger
     loaded = load_for_probe(ck, files, base, config.learning_rate, device_map=device_map, logger=logger)
     for message in loaded.warnings:
         notes.warn(message)
+    bc = config.batch_config
+    loaded.info["trainer_batch"], batch_warning = trainer_batch_record(
+        config.objective.trainer_batch_completions, files.trainer_state_path, bc.B_U, bc.G)
+    if batch_warning is not None:
+        notes.warn(batch_warning)
     engine = PolicyEngine(loaded.model, loaded.tokenizer, config.policy_settings(), logger)
     return Policy(engine, Trainable.of(loaded.model), loaded.optimizer, loaded.tokenizer, loaded.info)
 
@@ -243,14 +251,16 @@ def draw_plan(config: ProbeConfig, n_examples: int, dist: DistContext) -> IndexP
 
 
 def sample_sharded(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
-                   reward: str | None, reference: bool, dist: DistContext, what: str) -> dict:
+                   rewards: RewardSet | None, reference: bool, dist: DistContext, what: str,
+                   chat_template_kwargs: dict | None = None) -> dict:
     """`sample_batch` over the ranks: each rank generates its contiguous slice of the prompts with its own
     generator (`rank_seed`; rank 0 keeps `seed`); the slices are all-gathered in plan order."""
+    options = {"rewards": rewards, "reference": reference, "chat_template_kwargs": chat_template_kwargs}
     if not dist.enabled:
-        return sample_batch(engine, examples, prompt_indices, G, seed=seed, reward=reward, reference=reference)
+        return sample_batch(engine, examples, prompt_indices, G, seed=seed, **options)
     mine = dist.prompt_slice(len(prompt_indices))
     local = (sample_batch(engine, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
-                          reward=reward, reference=reference) if mine else None)
+                          **options) if mine else None)
     return concat_batches(dist.all_gather_object(local, f"gather sampled {what}"), engine.pad_token_id)
 
 
@@ -269,10 +279,14 @@ def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = 
         logger.info("Phase 0: rank %d of %d samples %d E and %d U prompts", dist.rank, dist.world_size,
                     len(dist.prompt_slice(len(plan.E_prompt_indices))),
                     len(dist.prompt_slice(len(plan.U_prompt_indices))))
+    # U first (its own seed, so the batches are those of E first): a reward that raises stops the run at the
+    # first U prompt's responses, before the rest is sampled.
+    rewards = RewardSet.resolve(config.reward.specs(), config.reward.weights, examples[0])
+    U = sample_sharded(engine, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, rewards=rewards,
+                       reference=reference, dist=dist, what="U", chat_template_kwargs=bc.chat_template_kwargs)
     E = sample_sharded(engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
-                       reward=None, reference=reference, dist=dist, what="E")
-    U = sample_sharded(engine, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, reward=config.reward.name,
-                       reference=reference, dist=dist, what="U")
+                       rewards=None, reference=reference, dist=dist, what="E",
+                       chat_template_kwargs=bc.chat_template_kwargs)
     return E, U, plan
 
 
@@ -308,6 +322,9 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     notes = notes or WarningLog(logger)
     timing, t_start = {}, time.perf_counter()
     clear_reward_warnings()  # warnings of an earlier run in this process are not this run's
+    if batches is None:  # the data set and the rewards checked before the model loads
+        for message in preflight(config, policy.tokenizer if policy is not None else None, logger):
+            notes.warn(message)
     if policy is None:
         policy = load_phase(config, dist, notes, logger)
         timing["load"] = time.perf_counter() - t_start

@@ -19,6 +19,7 @@ from .data.rewards import reward_warnings
 from .errors import ProbeError
 from .parallel import DistContext, init_from_env
 from .phase_results import Policy, WarningLog
+from .reanalysis import copy_samples, reusable_samples
 from .report.plot import plot_delta_h
 from .report.results_schema import validate_results_schema
 from .report.run_dir import GenerationChunkStore, RunDirectory
@@ -40,11 +41,12 @@ def dryrun_config(config: ProbeConfig) -> ProbeConfig:
 
 def run_probe(config: ProbeConfig, *, out: str | None = None, resume: str | None = None, overwrite: bool = False,
               dryrun: bool = False, logger: logging.Logger | None = None, policy: Policy | None = None,
-              notes: WarningLog | None = None) -> dict:
+              notes: WarningLog | None = None, reuse_samples: str | None = None) -> dict:
     """Run the probe and write its run directory (unless dryrun). Returns the results dict.
 
     `policy`: the checkpoint of `config` already loaded (one process only; `entropy-probe sweep` loads the
-    base model once), with `notes` holding the warnings its loading raised (they go into results.json)."""
+    base model once), with `notes` holding the warnings its loading raised (they go into results.json).
+    `reuse_samples`: a run directory whose saved E / U batches are analysed instead of sampling (reanalysis.py)."""
     logger = logger or log
     dist = init_from_env(config.distributed)
     if policy is not None and dist.enabled:
@@ -59,7 +61,7 @@ def run_probe(config: ProbeConfig, *, out: str | None = None, resume: str | None
         if not dist.is_main:
             return run_worker(config, dist, logger)
         return run_main(config, dist, out=out, resume=resume, overwrite=overwrite, logger=logger, policy=policy,
-                        notes=notes)
+                        notes=notes, reuse_samples=reuse_samples)
     finally:
         dist.shutdown()
 
@@ -87,11 +89,23 @@ def open_run_directory(config: ProbeConfig, dist: DistContext, *, out: str | Non
         raise
 
 
+def reused_samples(config: ProbeConfig, dist: DistContext, source: str | None) -> tuple[dict, dict] | None:
+    """Another run's saved batches for a re-analysis (None: no --reuse-samples); an error is shared."""
+    if source is None:
+        return None
+    try:
+        return reusable_samples(source, config)
+    except ProbeError as exc:
+        if dist.enabled:
+            dist.broadcast_object(("error", str(exc)), "run directory broadcast")
+        raise
+
+
 def resumed_batches(run_dir: RunDirectory, dist: DistContext, resume: str | None,
-                    logger: logging.Logger) -> tuple[dict, dict] | None:
-    """The E and U batches a resumed run saved (None: sample them), shared with the other ranks."""
-    batches = None
-    if resume is not None:
+                    logger: logging.Logger, reused: tuple[dict, dict] | None = None) -> tuple[dict, dict] | None:
+    """The E and U batches a resumed run saved, or `reused` ones (None: sample them), shared with the other ranks."""
+    batches = reused
+    if resume is not None and reused is None:
         try:
             E, U = run_dir.load_batch("E"), run_dir.load_batch("U")
         except ProbeError as exc:
@@ -108,14 +122,21 @@ def resumed_batches(run_dir: RunDirectory, dist: DistContext, resume: str | None
 
 
 def run_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume: str | None, overwrite: bool,
-             logger: logging.Logger, policy: Policy | None = None, notes: WarningLog | None = None) -> dict:
+             logger: logging.Logger, policy: Policy | None = None, notes: WarningLog | None = None,
+             reuse_samples: str | None = None) -> dict:
     """Rank 0 (or the only process): prepare the run directory, run the probe, write every file."""
+    reused = reused_samples(config, dist, reuse_samples)
     run_dir = open_run_directory(config, dist, out=out, resume=resume, overwrite=overwrite)
     handler = run_dir.attach_log_handler(logging.getLogger("entropy_experiments"))
     try:
         run_dir.mark_status("running")
-        batches = resumed_batches(run_dir, dist, resume, logger)
+        if reused is not None:
+            copy_samples(reuse_samples, run_dir.path)
+            logger.info("re-analysing the saved samples of %s", reuse_samples)
+        batches = resumed_batches(run_dir, dist, resume, logger, reused)
         outcome = probe_into(run_dir, config, dist, batches, logger, policy=policy, notes=notes)
+        if reused is not None:
+            outcome.results["samples"] = {"reused_from": str(Path(reuse_samples).resolve())}
         write_outcome(run_dir, config, outcome)
         run_dir.mark_status("complete")
         print_summary(outcome.results)

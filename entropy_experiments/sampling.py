@@ -18,10 +18,12 @@ import torch
 from .data.batch import pack_batch, validate_batch, zero_advantage_prompts
 from .data.datasets import load_examples
 from .data.plan import IndexPlan, draw_index_plan
-from .data.rewards.sequence_rewards import rewards_for_sequences
+from .data.prompt_rendering import render_prompts
+from .data.rewards.weighted import RewardSet
 from .estimators.objectives import batch_advantages
 from .policy.engine import PolicyEngine
 from .policy.reference_sampler import sample_with_engine
+from .policy.sequences import completion_ids
 
 log = logging.getLogger("entropy_experiments.sampling")
 
@@ -29,33 +31,56 @@ __all__ = ["IndexPlan", "draw_index_plan", "prompt_examples", "sample_batch", "s
 
 
 def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
-                 reward: str | None, reference: bool = False) -> dict:
-    """Generate G responses for each listed prompt and pack them; with a `reward` (the config's
-    `reward.name`: a U batch) also their rewards and advantages, without (an E batch) zeros.
+                 rewards: RewardSet | None, reference: bool = False,
+                 chat_template_kwargs: dict | None = None) -> dict:
+    """Generate G responses for each listed prompt and pack them; with `rewards` (a U batch) also each reward
+    function's values, their weighted sum and the advantages, without (an E batch) zeros.
 
-    `reference=True` uses the plain one-prompt-at-a-time sampler instead of batched generation
-    (`probe_rework.use_sequence_processor_sampling: false`): same batch dict, no batching tricks.
+    Prompts are rendered and tokenised as the trainer does (`data/prompt_rendering.py`) and the policy
+    generates from those token ids. With rewards, the first prompt's responses are scored as soon as they
+    exist, so a reward function that raises stops the run before the rest is sampled. `reference=True`
+    uses the plain one-prompt-at-a-time sampler (`probe_rework.use_sequence_processor_sampling: false`).
     """
     chosen = [examples[i] for i in prompt_indices]
-    prompts = [ex.question for ex in chosen]
+    rendered = render_prompts(engine.tokenizer, chosen, chat_template_kwargs)
+    token_ids = [list(r.token_ids) for r in rendered]
+    first_check = None
+    if rewards is not None and chosen:
+        def first_check(rows: list[list[int]]) -> None:
+            texts = engine.tokenizer.batch_decode(rows, skip_special_tokens=True)
+            rewards.score(rendered[0].text, texts, chosen[0], completion_ids=rows, where=where_of(chosen, 0))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if reference:
-            seqs = sample_with_engine(engine, prompts, G, seed=seed)
+            seqs = sample_with_engine(engine, token_ids, G, seed=seed)
         else:
             # Each chunk seeded from (seed, chunk index): chunks saved by a killed run can be reused.
-            seqs = engine.generate_batched(prompts, G, seed=seed, seed_per_chunk=True)
+            seqs = engine.generate_batched(token_ids, G, seed=seed, seed_per_chunk=True, on_first_group=first_check)
     seqs.examples = chosen
+    seqs.prompts = [r.text for r in rendered]
     seqs.prompt_ids = [int(ex.meta["global_prompt_id"]) for ex in chosen]
-    if reward is None:
+    if rewards is None:
         return pack_batch(seqs, None)
-    rewards = rewards_for_sequences(reward, prompts, seqs, chosen, engine.warn_once)
-    return pack_batch(seqs, rewards, batch_advantages(rewards))
+    scored = [rewards.score(seqs.prompts[b], list(seqs.responses_text[b]), ex, completion_ids=completion_ids(seqs, b),
+                            where=where_of(chosen, b)) for b, ex in enumerate(chosen)]
+    summed = [p.summed for p in scored]
+    batch = pack_batch(seqs, summed, batch_advantages(summed))
+    batch["rewards_per_function"] = {name: [p.per_function[name] for p in scored] for name in rewards.names}
+    batch["reward_weights"] = dict(zip(rewards.names, rewards.weights, strict=True))
+    return batch
+
+
+def where_of(examples: list, b: int) -> str:
+    """' (prompt b+1 of B, prompt id N)' for reward error messages."""
+    meta = getattr(examples[b], "meta", None) or {}
+    pid = f", prompt id {meta['global_prompt_id']}" if "global_prompt_id" in meta else ""
+    return f" (prompt {b + 1} of {len(examples)}{pid})"
 
 
 def prompt_examples(bc) -> list:
     """The prompt pool of the config's `batch_config` section (dataset registry)."""
-    return load_examples(bc.dataset_name, bc.split, dataset_path=bc.dataset_path, pool_size=bc.pool_size)
+    return load_examples(bc.dataset_name, bc.split, dataset_path=bc.dataset_path, pool_size=bc.pool_size,
+                         columns=bc.column_options())
 
 
 def saved_batches(batches: tuple[dict, dict], logger: logging.Logger = log) -> tuple[dict, dict]:

@@ -22,6 +22,7 @@ from .checkpoint.writer import save_checkpoint
 from .config import ProbeConfig
 from .data.datasets import load_examples
 from .data.plan import draw_index_plan
+from .data.rewards.weighted import RewardSet
 from .embedded import cache_root
 from .errors import ConfigError
 from .estimators.objective_gradient import Trainable
@@ -57,8 +58,10 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
     named = trainable_named_parameters(model)
     params = [p for _, p in named]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    examples = load_examples(bc.dataset_name, bc.split, dataset_path=bc.dataset_path, pool_size=bc.pool_size)
+    examples = load_examples(bc.dataset_name, bc.split, dataset_path=bc.dataset_path, pool_size=bc.pool_size,
+                             columns=bc.column_options())
 
+    rewards = RewardSet.resolve(config.reward.specs(), config.reward.weights, examples[0])
     mean_rewards = []
 
     def save(where: Path, step: int) -> None:
@@ -74,7 +77,7 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
         plan = draw_index_plan(len(examples), B_E=1, B_U=bc.B_U, G=bc.G, E_sampling_mode="replacement",
                                seed=config.seed + 1000 * (step + 1))
         U = sample_batch(engine, examples, plan.U_prompt_indices, bc.G, seed=config.seed + 1000 * (step + 1) + 1,
-                         reward=config.reward.name)
+                         rewards=rewards, chat_template_kwargs=bc.chat_template_kwargs)
         grads = update_gradients(config, policy, U, [list(range(U["num_prompts"]))]).total
         for name, p in named:
             p.grad = grads[name].to(p.dtype)

@@ -264,3 +264,26 @@ def test_trainer_logprobs_are_tempered_without_nucleus(temperature, top_p):
         assert not torch.allclose(stats["logp_train"], stats["logq"])
     else:
         assert torch.equal(stats["logp_train"], stats["logq"])
+
+
+def test_u_gradient_divides_the_logits_by_the_temperature(sampled_U):
+    """At τ ≠ 1 the U gradient is that of the loss on log softmax(logits/τ) (TRL's), not on the raw logits."""
+    from entropy_experiments.compat.sequence_processor import SequenceProcessor
+
+    probe, U = sampled_U
+    tau = 0.6
+    names = [n for n, p in probe.model.named_parameters() if p.requires_grad]
+    params = [p for p in probe.model.parameters() if p.requires_grad]
+    want = torch.autograd.grad(ref_loss(_independent_logps(probe.model, U, tau)[0], U["rewards"], loss_type="dapo",
+                                        scale="group"), params)
+    at_one = torch.autograd.grad(ref_loss(_independent_logps(probe.model, U, 1.0)[0], U["rewards"], loss_type="dapo",
+                                          scale="group"), params)
+    cfg = config_from_dict({**probe.config.to_dict(), "generation": {**probe.config.to_dict()["generation"],
+                                                                     "temperature": tau},
+                            "objective": {"loss_type": "dapo", "scale_rewards": "group"}})
+    sp = SequenceProcessor(probe.model, probe._sequence_processor.tokenizer, config=cfg.sequence_processor_settings())
+    got = ProbeComponents(probe.model, cfg, sequence_processor=sp).accumulate_sum_Y(U).total
+    gap = max((w - a).abs().max().item() / w.abs().max().item() for w, a in zip(want, at_one, strict=True))
+    assert gap > 1e-2, "τ must matter on this batch, else the test could not catch a missing /τ"
+    for name, w in zip(names, want, strict=True):
+        assert torch.allclose(got[name].double(), w.double(), rtol=1e-4, atol=1e-5 * w.abs().max().item()), name

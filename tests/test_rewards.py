@@ -420,17 +420,19 @@ def test_raising_reward_is_exit_2_one_line_and_resume_reuses_the_samples(
     assert [line for line in lines if line.startswith("error: ")] == [lines[-1]] and "Traceback" not in err
     first_error = lines[-1]
     assert "finish it with: entropy-probe run --resume" in err
-    assert generate_calls == [4, 4]  # E 4 prompts × 1, then U 2 prompts × G 2: one chunk each
+    # U first (2 prompts × G 2, one chunk); the reward raised on the first U prompt's responses, so E (4 × 1)
+    # was never sampled
+    assert generate_calls == [4]
     assert json.loads((out / "run_meta.json").read_text())["status"] == "failed"
     assert not {"results.json", "E_batch.pt", "U_batch.pt"} & {p.name for p in out.iterdir()}
-    assert len(list((out / "partial").glob("gen_*.pt"))) == 2  # both generation chunks kept
+    assert len(list((out / "partial").glob("gen_*.pt"))) == 1  # U's generation chunk kept
 
     generate_calls.clear()
     monkeypatch.delenv(RAISE_ENV)  # the user fixes the reward
     code, _, err = _cli(["run", "--resume", str(out)])
     assert code == 0, err[-3000:]
-    assert generate_calls == []  # nothing generated again
-    assert err.count("generation: reusing 1 saved chunk(s) of 1") == 2
+    assert generate_calls == [4]  # U not generated again; E generated once
+    assert err.count("generation: reusing 1 saved chunk(s) of 1") == 1
     U = torch.load(out / "U_batch.pt", weights_only=True)
     assert first_error == ("error: reward 'tests.trl_reward_plugins:flaky_count_a' raised ZeroDivisionError: "
                            f"division by zero (prompt 1 of 2, prompt id {U['prompt_ids'][0]})")

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from ..errors import CheckpointError, OptimizerStateError
 from .adapter import load_peft_for_probe
-from .base_model import BaseModelChoice, load_tokenizer, resolve_base_model_id
+from .base_model import BaseModelChoice, resolve_base_model_id
 from .layout import CheckpointFiles, checkpoint_info, log_checkpoint_files, resolve_checkpoint
 from .learning_rate import LearningRate, resolve_learning_rate, schedule_hint
 from .optimizer_state import fresh_adam_optimizer, load_adam_optimizer_from_path
+from .tokenizer_source import choose_tokenizer, load_chosen_tokenizer, tokenizer_info
 
 log = logging.getLogger("entropy_experiments.probe")
 
@@ -53,8 +55,10 @@ def load_for_probe(ck: Any, files: CheckpointFiles, base: BaseModelChoice, confi
     saved lr); `device_map` replaces ck.device_map (one GPU per rank). The warnings are returned, not logged."""
     model, tokenizer = load_policy(ck, str(files.adapter_dir), base, device_map or ck.device_map)
     optimizer, lr, fresh_warning = load_optimizer(ck, model, files, config_lr, logger)
-    return LoadedCheckpoint(model, tokenizer, optimizer, lr, files, checkpoint_info(files, base, lr),
-                            [fresh_warning] if fresh_warning else [])
+    info = checkpoint_info(files, base, lr)
+    info["tokenizer"] = tokenizer_info(choose_tokenizer(files.adapter_dir, base), tokenizer)
+    logger.info("tokenizer: from the %s (%s)", info["tokenizer"]["source"].replace("_", " "), info["tokenizer"]["path"])
+    return LoadedCheckpoint(model, tokenizer, optimizer, lr, files, info, [fresh_warning] if fresh_warning else [])
 
 
 def load_policy(ck: Any, adapter_dir: str, base: BaseModelChoice, device_map: str | None) -> tuple[nn.Module, Any]:
@@ -62,7 +66,8 @@ def load_policy(ck: Any, adapter_dir: str, base: BaseModelChoice, device_map: st
     try:
         model = load_peft_for_probe(base.name, adapter_dir, use_qlora=ck.use_qlora, dtype=ck.dtype,
                                     device_map=device_map, trust_remote_code=ck.trust_remote_code)
-        tokenizer = load_tokenizer(base.name, trust_remote_code=ck.trust_remote_code)
+        choice = choose_tokenizer(Path(adapter_dir), base)
+        tokenizer = load_chosen_tokenizer(choice, trust_remote_code=ck.trust_remote_code)
     except CheckpointError as exc:
         if base.source == "checkpoint.base_model" or f"base model {base.name!r}" not in str(exc):
             raise

@@ -6,6 +6,7 @@ The probe calls `entropy_experiments.sampling.sample_batch` with the policy engi
 from __future__ import annotations
 
 from .. import sampling
+from ..data.rewards.weighted import RewardSet
 from .sequence_processor import SequenceProcessor
 
 __all__ = ["sample_batch"]
@@ -14,5 +15,5 @@ __all__ = ["sample_batch"]
 def sample_batch(sp: SequenceProcessor, examples: list, prompt_indices: list[int], G: int, *, seed: int,
                  with_rewards: bool, reference: bool = False) -> dict:
     """`sampling.sample_batch` with the processor's `reward.name` when `with_rewards` (U), none otherwise (E)."""
-    return sampling.sample_batch(sp, examples, prompt_indices, G, seed=seed,
-                                 reward=sp.reward_spec if with_rewards else None, reference=reference)
+    rewards = RewardSet.resolve([sp.reward_spec]) if with_rewards else None
+    return sampling.sample_batch(sp, examples, prompt_indices, G, seed=seed, rewards=rewards, reference=reference)

@@ -50,6 +50,10 @@ __all__ = [
 
 JVP_PHASE = "teacher forcing (jvp, E directional derivatives)"
 _EXAMPLE_FIELDS = frozenset(f.name for f in dataclasses.fields(Example))
+# Fields an older saved record may lack (they have defaults): `prompt` and `columns` came with data sets in TRL's
+# conventions.
+_REQUIRED_EXAMPLE_FIELDS = frozenset(f.name for f in dataclasses.fields(Example)
+                                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 
 
 def probe_phase(with_grad: bool, compute_rb: bool, override: bool) -> str:
@@ -65,7 +69,7 @@ def example_from_dict(e: Any) -> Any:
     """A saved example record back as the data set's `Example` (other records as plain dicts)."""
     if not isinstance(e, Mapping):
         return e
-    return Example(**e) if set(e) == _EXAMPLE_FIELDS else dict(e)
+    return Example(**e) if _REQUIRED_EXAMPLE_FIELDS <= set(e) <= _EXAMPLE_FIELDS else dict(e)
 
 
 class BatchedSequences(_PolicyBatchedSequences):

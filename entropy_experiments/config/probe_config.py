@@ -29,6 +29,12 @@ from .sections import (
     _Section,
 )
 
+# How each trainer samples by default (TRAINERS.md; trl 1.16.0 GRPOConfig: temperature 1.0, top_p 1.0, top_k 0,
+# no stop strings; verl's rollout and OpenRLHF the same): the probe's generation keys the presets set.
+# The probe has no top-k (it samples from the full vocabulary, as top_k 0 does).
+TRAINER_GENERATION: dict[str, dict[str, Any]] = {
+    trainer: {"stop_strings": [], "temperature": 1.0, "top_p": 1.0} for trainer in ("trl", "verl", "openrlhf")}
+
 
 class ProbeConfig(_Section):
     """The whole probe configuration (see entropy_experiments/configs/default.yaml for every key)."""
@@ -49,6 +55,16 @@ class ProbeConfig(_Section):
     reward: RewardSection = Field(default_factory=RewardSection)
     distributed: DistributedSection = Field(default_factory=DistributedSection)
     output: OutputSection = Field(default_factory=OutputSection)
+
+    @model_validator(mode="after")
+    def _trainer_generation(self) -> ProbeConfig:
+        """`objective.trainer` sets the generation keys the user did not give to that trainer's sampling
+        (TRAINER_GENERATION); the resolved values are what config.yaml records."""
+        preset = TRAINER_GENERATION.get(self.objective.trainer or "", {})
+        for key, value in preset.items():
+            if key not in self.generation.model_fields_set:
+                setattr(self.generation, key, list(value) if isinstance(value, list) else value)
+        return self
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> ProbeConfig:
@@ -102,6 +118,10 @@ class ProbeConfig(_Section):
                             "neither objective.trainer nor objective.loss_type is set, so v is the step of the seeds' "
                             "Dr-GRPO loss (dr_grpo_per_prompt), not your trainer's; set objective.trainer: trl "
                             "(or verl / openrlhf) — see README 'Probing a TRL / verl / OpenRLHF run'")
+        preset = TRAINER_GENERATION.get(objective.trainer or "", {})
+        if preset and self.generation.stop_strings:
+            warnings.append(f"generation.stop_strings is {self.generation.stop_strings} but {objective.trainer} stops "
+                            "at EOS only (or max length): responses cut at a stop string are not the trainer's samples")
         options, max_new = self.objective_options(), self.generation.max_new_tokens
         if options.loss_type == "dr_grpo" and options.max_completion_length != max_new:
             warnings.append(f"objective.max_completion_length is {options.max_completion_length} (dr_grpo's constant "

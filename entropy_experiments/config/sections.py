@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Spellings accepted for dtypes. Model-loading dtypes use the short names; precision profiles use
 # torch attribute names (`getattr(torch, cfg.precision.tf_nograd.dtype)` must work).
@@ -80,6 +80,24 @@ class BatchSection(_Section):
     G: int = Field(4, ge=2)  # U needs a group of responses to form advantages
     E_sampling_mode: Literal["replacement", "distinct"] = "replacement"
     max_prompts_pool: int | None = Field(None, ge=1)
+    # dataset_name: hf (TRL's conventions, data/datasets/hf.py): the prompt and gold-answer columns, and the
+    # trainer's chat_template_kwargs (GRPOConfig.chat_template_kwargs) for conversational prompts.
+    prompt_column: str | None = Field(None, min_length=1)  # None: 'prompt'
+    answer_column: str | None = Field(None, min_length=1)  # None: 'answer' when present
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _columns_need_hf(self) -> BatchSection:
+        if self.dataset_name != "hf":
+            for key in ("prompt_column", "answer_column", "chat_template_kwargs"):
+                if getattr(self, key):
+                    raise ValueError(f"{key} applies to dataset_name: hf only (got dataset_name "
+                                     f"{self.dataset_name!r})")
+        return self
+
+    def column_options(self) -> tuple[str, str | None] | None:
+        """(prompt column, answer column) for `load_examples(columns=...)`; None for the other data sets."""
+        return (self.prompt_column or "prompt", self.answer_column) if self.dataset_name == "hf" else None
 
 
 class GenerationSection(_Section):
@@ -187,6 +205,9 @@ class ObjectiveSection(_Section):
     entropy_coef: float | None = None
     entropy_aggregation: Literal["loss", "token_mean"] | None = None
     max_grad_norm: float | None = Field(None, gt=0)
+    # Completions per optimizer step of the trainer (TRL: per_device_train_batch_size × processes ×
+    # gradient_accumulation_steps); a U batch of another size is stated in results.json (trainer_batch.py).
+    trainer_batch_completions: int | None = Field(None, ge=1)
     # What a single first on-policy step cannot represent: accepted only at their neutral values.
     num_iterations: int = 1
     vllm_importance_sampling_correction: bool = False
@@ -226,7 +247,8 @@ class ObjectiveSection(_Section):
     def explicit(self) -> dict[str, Any]:
         """The keys that feed the objective (None = unset), for `objectives.resolve`."""
         return self.model_dump(exclude={"num_iterations", "vllm_importance_sampling_correction",
-                                        "off_policy_mask_threshold", "top_entropy_quantile"})
+                                        "off_policy_mask_threshold", "top_entropy_quantile",
+                                        "trainer_batch_completions"})
 
 
 class ImportanceSection(_Section):
@@ -268,9 +290,25 @@ class PredictorsSection(_Section):
 
 
 class RewardSection(_Section):
-    """Reward for U: a registered name or "package.module:function"."""
+    """Reward for U: a registered name or "package.module:function" (`name`), or several functions with weights
+    summed as TRL's `reward_weights` (`functions`, `weights`; data/rewards/weighted.py)."""
 
     name: str = Field("tag_pref", min_length=1)
+    functions: list[str] | None = Field(None, min_length=1)
+    weights: list[float] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> RewardSection:
+        if self.functions is not None and self.name != "tag_pref":
+            raise ValueError("give reward.name (one function) or reward.functions (several), not both")
+        n = len(self.specs())
+        if self.weights is not None and len(self.weights) != n:
+            raise ValueError(f"reward.weights: {len(self.weights)} weights for {n} reward function(s)")
+        return self
+
+    def specs(self) -> list[str]:
+        """The reward functions, in order (`functions`, else [`name`])."""
+        return list(self.functions) if self.functions is not None else [self.name]
 
 
 class DistributedSection(_Section):

@@ -98,6 +98,9 @@ def subset_batch(batch: dict[str, Any], prompt_indices: list[int]) -> dict[str, 
     for key in ("prompt_lens", "gen_lens", "rewards", "max_lengths", "prompt_ids", "prompts", "responses_text"):
         if key in batch and batch[key] is not None:
             out[key] = take_rows(batch[key], prompt_indices)
+    if "rewards_per_function" in batch:
+        out["rewards_per_function"] = {name: take_rows(rows, prompt_indices)
+                                       for name, rows in batch["rewards_per_function"].items()}
     out["num_prompts"] = len(prompt_indices)
     return out
 
@@ -139,6 +142,10 @@ def concat_batches(parts: Sequence[dict], pad_id: int) -> dict:
     for key in ("gen_lens", "rewards", "max_lengths", "prompt_ids", "prompts", "responses_text"):
         if all(key in p and p[key] is not None for p in parts):
             out[key] = [x for p in parts for x in p[key]]
+    if all("rewards_per_function" in p for p in parts):  # U: each reward function's values, and the weights
+        out["rewards_per_function"] = {name: [row for p in parts for row in p["rewards_per_function"][name]]
+                                       for name in parts[0]["rewards_per_function"]}
+        out["reward_weights"] = parts[0]["reward_weights"]
     validate_batch(out, "gathered batch")
     return out
 

@@ -150,7 +150,8 @@ class PolicyEngine:
     def generate_batched(self, prompts: Sequence[str], G: int, gen_batch_size: int | None = None, *,
                          seed: int | None = None, seed_per_chunk: bool = False,
                          done_chunks: Mapping[int, Sequence[Sequence[int]]] | None = None,
-                         on_chunk: Callable[[int, list[list[int]]], None] | None = None) -> BatchedSequences:
+                         on_chunk: Callable[[int, list[list[int]]], None] | None = None,
+                         on_first_group: Callable[[list[list[int]]], None] | None = None) -> BatchedSequences:
         """G responses per prompt: all prompts left-padded to one length, rows generated in chunks.
 
         Rows are ordered prompt-major (row = b·G + g) and generated `gen_batch_size` at a time; the
@@ -158,7 +159,9 @@ class PolicyEngine:
         is used when None). With `seed_per_chunk` every chunk i is seeded on its own with
         `chunk_seed(seed, i)`; then `done_chunks` {i: responses} (saved by an earlier, killed run, or
         by the `chunk_store`) are reused instead of generated, and `on_chunk(i, responses)` is called as
-        each chunk completes (to save it), so a kill loses at most the chunk in flight.
+        each chunk completes (to save it), so a kill loses at most the chunk in flight. `on_first_group(rows)`
+        gets the first prompt's G responses as soon as they exist (a caller's early check). A prompt is a
+        string (tokenised here) or its token ids (rendered by the caller, e.g. with the trainer's chat template).
         Running out of memory halves the rows per forward (logged) down to 1, then DeviceError.
         """
         if G < 1:
@@ -177,7 +180,8 @@ class PolicyEngine:
                 self.logger.info("generation: reusing %d saved chunk(s) of %d", len(done_chunks), -(-R // chunk))
         responses = generate.generate_in_chunks(self.policy, ids, mask, G, chunk, seed=seed,
                                                 seed_per_chunk=seed_per_chunk, done_chunks=done_chunks,
-                                                on_chunk=on_chunk, span=self._generate_span)
+                                                on_chunk=on_chunk, span=self._generate_span,
+                                                on_first_group=on_first_group)
         grouped = [responses[b * G:(b + 1) * G] for b in range(B)]
         return self.pack(prompt_tokens, grouped, prompts)
 

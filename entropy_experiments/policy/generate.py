@@ -80,11 +80,18 @@ def max_prompt_tokens(policy: PolicyModel) -> int | None:
     return room
 
 
-def tokenize_prompts(policy: PolicyModel, prompts: Sequence[str]) -> list[list[int]]:
-    """Token ids of each prompt (no padding), checked against max_prompt_tokens."""
+def tokenize_prompts(policy: PolicyModel, prompts: Sequence[str | Sequence[int]]) -> list[list[int]]:
+    """Token ids of each prompt (no padding), checked against max_prompt_tokens.
+
+    A string is tokenised (the tokenizer adds its special tokens); a sequence of ints is taken as the
+    prompt's token ids (rendered by the caller, e.g. with the trainer's chat template)."""
     if isinstance(prompts, str):
         raise DataError("prompts: expected a list of strings, got a single string")
-    ids = [list(x) for x in policy.tokenizer(list(prompts), padding=False)["input_ids"]]
+    texts = [i for i, p in enumerate(prompts) if isinstance(p, str)]
+    encoded = policy.tokenizer([prompts[i] for i in texts], padding=False)["input_ids"] if texts else []
+    ids = [None if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+    for i, row in zip(texts, encoded, strict=True):
+        ids[i] = list(row)
     limit = max_prompt_tokens(policy)
     for i, row in enumerate(ids):
         if not row:
@@ -246,12 +253,14 @@ def pack(policy: PolicyModel, prompt_tokens: Sequence[Sequence[int]], responses:
 def generate_in_chunks(policy: PolicyModel, ids: Tensor, mask: Tensor, G: int, chunk: int, *, seed: int | None,
                        seed_per_chunk: bool, done_chunks: Mapping[int, Sequence[Sequence[int]]] | None,
                        on_chunk: Callable[[int, list[list[int]]], None] | None,
-                       span: SpanGenerator) -> list[list[int]]:
+                       span: SpanGenerator,
+                       on_first_group: Callable[[list[list[int]]], None] | None = None) -> list[list[int]]:
     """The B·G responses, row = b·G + g, generated `chunk` rows at a time by `span`.
 
     `seed` seeds torch for the whole call, or (with `seed_per_chunk`) each chunk i on its own with
     `chunk_seed(seed, i)`; then `done_chunks` {i: responses} are reused instead of generated and
-    `on_chunk(i, responses)` is called as each chunk completes.
+    `on_chunk(i, responses)` is called as each chunk completes. `on_first_group(rows)` is called once with
+    the first prompt's G responses as soon as they exist (a caller's early check, e.g. its rewards).
     """
     R = int(ids.shape[0]) * G
     responses: list[list[int]] = []
@@ -263,13 +272,16 @@ def generate_in_chunks(policy: PolicyModel, ids: Tensor, mask: Tensor, G: int, c
             saved = (done_chunks or {}).get(i) if seed_per_chunk else None
             if saved is not None and len(saved) == stop - start:
                 responses.extend([list(map(int, r)) for r in saved])
-                continue
-            reseed = chunk_seed(seed, i) if seed_per_chunk else None
-            with seeded(policy.device, reseed):
-                rows = span(ids, mask, start, stop, G, i, state, reseed)
-            if on_chunk is not None:
-                on_chunk(i, rows)
-            responses.extend(rows)
+            else:
+                reseed = chunk_seed(seed, i) if seed_per_chunk else None
+                with seeded(policy.device, reseed):
+                    rows = span(ids, mask, start, stop, G, i, state, reseed)
+                if on_chunk is not None:
+                    on_chunk(i, rows)
+                responses.extend(rows)
+            if on_first_group is not None and len(responses) >= G:
+                on_first_group(responses[:G])
+                on_first_group = None
     return responses
 
 

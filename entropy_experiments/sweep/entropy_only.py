@@ -41,9 +41,10 @@ def _sample_E(config: ProbeConfig, policy: Policy, run_dir: RunDirectory, logger
     examples = prompt_examples(config.batch_config)
     plan = draw_plan(config, len(examples), SINGLE)
     policy.engine.chunk_store = GenerationChunkStore(run_dir)
-    E = sample_sharded(policy.engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=config.seed + 1,
-                       reward=None, reference=not config.probe_rework.use_sequence_processor_sampling,
-                       dist=SINGLE, what="E")
+    E = sample_sharded(policy.engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt,
+                       seed=config.seed + 1, rewards=None,
+                       reference=not config.probe_rework.use_sequence_processor_sampling, dist=SINGLE, what="E",
+                       chat_template_kwargs=config.batch_config.chat_template_kwargs)
     run_dir.save_batch("E", E)
     GenerationChunkStore(run_dir).clear()
     return E

@@ -30,9 +30,16 @@ _CHAT_TEMPLATE = (
 )
 
 
-def build_tiny_tokenizer(vocab_size: int = 384):
-    """Train a byte-level BPE tokenizer in code; eos = pad = "<|im_end|>", left padding."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+_BOS_CHAT_TEMPLATE = "{{ bos_token }}" + _CHAT_TEMPLATE
+
+
+def build_tiny_tokenizer(vocab_size: int = 384, *, add_bos: bool = False):
+    """Train a byte-level BPE tokenizer in code; eos = pad = "<|im_end|>", left padding.
+
+    add_bos: the tokenizer adds a BOS ("<|endoftext|>") to every encoded text, and its chat template writes
+    one too (as Llama's do), so a chat rendered and then encoded with special tokens would start with two.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
@@ -45,6 +52,12 @@ def build_tiny_tokenizer(vocab_size: int = 384):
         show_progress=False,
     )
     core.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    bos = {}
+    if add_bos:
+        bos_id = core.token_to_id("<|endoftext|>")
+        core.post_processor = processors.TemplateProcessing(
+            single="<|endoftext|> $A", pair="<|endoftext|> $A $B", special_tokens=[("<|endoftext|>", bos_id)])
+        bos = {"bos_token": "<|endoftext|>"}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         eos_token="<|im_end|>",
@@ -52,8 +65,9 @@ def build_tiny_tokenizer(vocab_size: int = 384):
         unk_token=None,
         padding_side="left",
         additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
+        **bos,
     )
-    tokenizer.chat_template = _CHAT_TEMPLATE
+    tokenizer.chat_template = _BOS_CHAT_TEMPLATE if add_bos else _CHAT_TEMPLATE
     return tokenizer
 
 

@@ -1,7 +1,8 @@
 """Data sets: the `Example` record, DATASET_REGISTRY and `load_examples` (the one entry point).
 
 Registered names: `gsm_symbolic_r1_template` (default, generated offline), `gsm8k_r1_template`
-(local JSONL or the hub), `jsonl` (any local JSONL, prompts verbatim). Importing this package reads
+(local JSONL or the hub), `jsonl` (any local JSONL, prompts verbatim), `hf` (anything `datasets` reads, in TRL's column conventions:
+`hf.py`). Importing this package reads
 nothing from disk or the network; builders import their heavy dependencies when first called.
 """
 
@@ -15,7 +16,7 @@ from entropy_experiments.data.datasets.base import (
 from entropy_experiments.data.datasets.templates import r1_prompt
 
 # Imported for their registration side effect.
-from entropy_experiments.data.datasets import gsm8k, gsm_symbolic, jsonl  # noqa: F401  isort: skip
+from entropy_experiments.data.datasets import gsm8k, gsm_symbolic, hf, jsonl  # noqa: F401  isort: skip
 
 __all__ = [
     "DATASET_REGISTRY",

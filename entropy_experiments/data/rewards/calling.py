@@ -21,9 +21,14 @@ Every reward call goes through `call_reward`, once per prompt, with that prompt'
   fail); one that requires an argument the probe does not provide (e.g. TRL's `accuracy_reward` needs a
   `solution` column) is a RewardError naming it.
   An `async def` reward is awaited.
-- **None values** (TRL's "this function cannot score this completion") are a RewardError: the probe
-  has a single reward function and no way to leave a completion out of the U advantages, so it
-  refuses rather than guess a number.
+- **Data sets in TRL's conventions** (`hf`: examples with `prompt` and `columns`): `prompts` holds the
+  data set's own prompt (a string, or the list of messages), `completions` are
+  `[{"role": "assistant", "content": text}]` for conversational prompts, and the keywords are exactly the
+  data set's other columns (no question / answer / text / meta), as GRPOTrainer passes them.
+- **None values** (TRL's "this function cannot score this completion"): with several functions
+  (`weighted.py`) a None counts as NaN and the weighted sum skips it (TRL's `nansum`); a completion that
+  no function scores is a RewardError (TRL leaves it out of the group baseline and zeroes its advantage,
+  which the probe does not represent).
 
 The signature is read once per function (`reward_style`). An exception raised by the function becomes
 a one-line RewardError naming the reward, the exception and (from the caller) the prompt.
@@ -87,12 +92,34 @@ def _ignore(*args: Any, **kwargs: Any) -> None:
     """Stands in for TRL's `log_extra` / `log_metric`: the probe has no completions table to log to."""
 
 
+def trl_prompt_and_completions(prompt: str, responses: Sequence[str], example: Any) -> tuple[Any, list[Any]]:
+    """TRL's `prompts` entry and `completions` for one prompt: a data set in TRL's conventions (`hf`) gives
+    its own `prompt` (string, or messages); conversational prompts get completions as
+    [{"role": "assistant", "content": text}] (what GRPOTrainer decodes them to without a response parser)."""
+    trl_prompt = getattr(example, "prompt", None)
+    if trl_prompt is None:
+        return prompt, list(responses)
+    if isinstance(trl_prompt, list):
+        return trl_prompt, [[{"role": "assistant", "content": text}] for text in responses]
+    return trl_prompt, list(responses)
+
+
 def trl_arguments(prompt: str, responses: Sequence[str], example: Any,
                   completion_ids: Sequence[Sequence[int]] | None, name: str) -> dict[str, Any]:
     """Every keyword argument a TRL-style call gets (see the module docstring)."""
     G = len(responses)
     ids = None if completion_ids is None else [list(c) for c in completion_ids]
-    kwargs: dict[str, Any] = {"prompts": [prompt] * G, "completions": list(responses), "completion_ids": ids}
+    trl_prompt, completions = trl_prompt_and_completions(prompt, responses, example)
+    kwargs: dict[str, Any] = {"prompts": [trl_prompt] * G, "completions": completions, "completion_ids": ids}
+    columns = getattr(example, "columns", None)
+    if columns is not None:  # TRL's conventions: exactly the data set's other columns
+        for key, value in columns.items():
+            if key in TRL_FIXED_ARGUMENTS:
+                raise RewardError(f"reward '{name}': data-set column '{key}' clashes with the TRL reward argument "
+                                  "of that name")
+            kwargs[str(key)] = [value] * G
+        kwargs.update({"trainer_state": None, "log_extra": _ignore, "log_metric": _ignore})
+        return kwargs
     for field in EXAMPLE_COLUMNS:
         kwargs[field] = [getattr(example, field, None)] * G
     for key, value in (getattr(example, "meta", None) or {}).items():

@@ -89,9 +89,10 @@ def describe_reward(fn: RewardFn) -> str:
 
 
 def compute_rewards(reward_fn: RewardFn, prompt: str, responses: list[str], example: Example, *,
-                    completion_ids: list[list[int]] | None = None, where: str = "") -> list[float]:
+                    completion_ids: list[list[int]] | None = None, where: str = "",
+                    allow_none: bool = False) -> list[float]:
     """Call `reward_fn` (either convention, `calling.py`) and check its output: exactly len(responses)
-    finite numbers, returned as floats.
+    finite numbers, returned as floats (`allow_none`: a None becomes NaN, TRL's convention for "cannot score").
 
     `completion_ids`: the responses' token ids, for TRL-style functions (None when unknown). `where`
     ends every RewardError message, e.g. " (prompt 3 of 4, prompt id 17)". A function that raises or
@@ -111,6 +112,9 @@ def compute_rewards(reward_fn: RewardFn, prompt: str, responses: list[str], exam
         raise RewardError(f"reward '{name}' returned {count} values for {len(responses)} responses{where}")
     rewards = []
     for index, value in enumerate(values):
+        if value is None and allow_none:
+            rewards.append(math.nan)
+            continue
         if value is None:  # TRL's "cannot score this one"; the probe has no way to leave a response out of U
             raise RewardError(f"reward '{name}' returned None at index {index}{where}: the probe needs a "
                               "number for every response (TRL's None, 'not scorable', is not supported)")
