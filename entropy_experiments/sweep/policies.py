@@ -18,6 +18,7 @@ from ..checkpoint.layout import checkpoint_info, log_checkpoint_files
 from ..checkpoint.learning_rate import LearningRate
 from ..checkpoint.load import load_optimizer, load_policy
 from ..checkpoint.swap import saved_lr_ended, swap_adapter
+from ..checkpoint.tokenizer_source import TokenizerChoice, choose_tokenizer, tokenizer_info
 from ..config import ProbeConfig
 from ..estimators.objective_gradient import Trainable
 from ..phase_results import Policy, WarningLog
@@ -46,6 +47,7 @@ class SweepPolicies:
         self.model = None
         self.tokenizer = None
         self.base_name: str | None = None
+        self.tokenizer_choice: TokenizerChoice | None = None
 
     def _adapter(self, config: ProbeConfig, ck: SweepCheckpoint, notes: WarningLog):
         """The base model choice of `ck`, its adapter on the (loaded once) base model."""
@@ -59,6 +61,7 @@ class SweepPolicies:
             self.model, self.tokenizer = load_policy(config.checkpoint, str(files.adapter_dir), base,
                                                      config.checkpoint.device_map)
             self.base_name = base.name
+            self.tokenizer_choice = choose_tokenizer(files.adapter_dir, base)  # the first checkpoint's, if it has one
         else:
             swap_adapter(self.model, files.adapter_dir, base, self.base_name)
         return base
@@ -79,5 +82,7 @@ class SweepPolicies:
         else:
             lr = LearningRate(0.0, "optimizer param_groups lr (0.0: the schedule ended)")
         engine = PolicyEngine(self.model, self.tokenizer, config.policy_settings(), self.logger)
-        policy = Policy(engine, Trainable.of(self.model), optimizer, self.tokenizer, checkpoint_info(ck.files, base, lr))
+        info = checkpoint_info(ck.files, base, lr)
+        info["tokenizer"] = tokenizer_info(self.tokenizer_choice, self.tokenizer)
+        policy = Policy(engine, Trainable.of(self.model), optimizer, self.tokenizer, info)
         return CheckpointPolicy(policy, notes, no_step)
