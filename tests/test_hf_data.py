@@ -17,7 +17,6 @@ from entropy_experiments.data.prompt_rendering import check_chat_template, rende
 from entropy_experiments.errors import DataError
 from entropy_experiments.testing.tiny_model import build_tiny_tokenizer
 
-pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 datasets.disable_progress_bars()
 
@@ -54,7 +53,7 @@ def fresh_cache():
 
 def trl_prompt_ids(tokenizer, prompts: list, chat_template_kwargs: dict | None = None) -> list[list[int]]:
     """TRL's own prompt tokenisation (GRPOTrainer._tokenize_prompts) on a stand-in trainer."""
-    from trl import GRPOTrainer
+    GRPOTrainer = pytest.importorskip("trl").GRPOTrainer
 
     trainer = SimpleNamespace(processing_class=tokenizer, _is_vlm=False, environment_factories=None, tools=None,
                               chat_template=None, chat_template_kwargs=chat_template_kwargs or {})
@@ -69,7 +68,7 @@ def load_hf(path, split: str = "train", columns=("prompt", None)):
 @pytest.mark.parametrize("kind", ["standard", "conversational"])
 @pytest.mark.parametrize("tok", ["no_bos", "bos"])
 def test_rendered_ids_and_text_equal_trls(tmp_path, tokenizers, kind, tok):
-    from trl.data_utils import maybe_apply_chat_template
+    maybe_apply_chat_template = pytest.importorskip("trl.data_utils").maybe_apply_chat_template
 
     tokenizer = tokenizers[tok]
     rows = standard_rows() if kind == "standard" else conversational_rows()
@@ -87,7 +86,7 @@ def test_rendered_ids_and_text_equal_trls(tmp_path, tokenizers, kind, tok):
 
 
 def test_chat_template_kwargs_reach_the_template_as_in_trl(tmp_path, tokenizers):
-    from trl.data_utils import maybe_apply_chat_template
+    maybe_apply_chat_template = pytest.importorskip("trl.data_utils").maybe_apply_chat_template
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.chat_template = KWARG_TEMPLATE
