@@ -469,3 +469,17 @@ def test_meta_key_that_shadows_a_trl_argument():
     assert str(info.value).endswith(
         "<locals>.reward': data-set meta key 'completions' clashes with the TRL reward argument of that name")
     assert compute_rewards(lambda p, r, e: [2.0], "q", ["a"], bad) == [2.0]  # probe style: meta not unpacked
+
+
+def test_a_raising_reward_stops_at_the_first_u_prompts_responses(run_setup, tmp_path, monkeypatch, plugins_importable,
+                                                                 generate_calls):
+    """One generation chunk per U prompt (gen_batch_size = G = 2): the reward raises on the first prompt's
+    responses, so the second U prompt and E are never generated."""
+    from tests.trl_reward_plugins import RAISE_ENV
+
+    monkeypatch.setenv(RAISE_ENV, "1")
+    code, _, err = _cli(["run", "--config", str(run_setup), "--out", str(tmp_path / "run"),
+                         "--set", "reward.name=tests.trl_reward_plugins:flaky_count_a",
+                         "--set", "generation.gen_batch_size=2"])
+    assert code == 2 and "raised ZeroDivisionError" in err.strip().splitlines()[-1]
+    assert generate_calls == [2]  # U prompt 1 of 2 only
