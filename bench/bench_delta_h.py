@@ -26,18 +26,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from bench_probe import demo_probe, print_verdict
+from bench_probe import demo_probe, print_verdict, sample_E_U
 
 GOAL = 1.1
 
 
-def bare_forward_seconds(sp, E: dict, rows_per_forward: int) -> float:
+def bare_forward_seconds(engine, E: dict, rows_per_forward: int) -> float:
     """One no-grad forward of the live model over E, logits at the scored positions only."""
     from entropy_experiments.policy.score import forward_logits
     from entropy_experiments.policy.sequences import batch_to_sequences
     from entropy_experiments.policy.tf_batches import tf_batches
 
-    policy = sp.policy
+    policy = engine.policy
     t0 = time.perf_counter()
     with torch.no_grad():
         for batch in tf_batches(batch_to_sequences(E), rows_per_forward, policy.device):
@@ -61,22 +61,22 @@ def main() -> int:
     from entropy_experiments.estimators.delta_h import measure_delta_h
     from entropy_experiments.estimators.sequence_scores import score_sequences
 
-    probe = demo_probe(args)
-    sp = probe._ensure_sequence_processor()
-    E, _ = probe._sample_EU_via_sequence_processor(B_E=args.B_E, B_U=args.B_U, G_U=args.G)
-    rows = probe.config.estimator.microbatch_size
-    v = {n: torch.randn_like(p) for n, p in probe.model.named_parameters() if p.requires_grad}
+    demo = demo_probe(args)
+    engine = demo.policy.engine
+    E, _ = sample_E_U(demo)
+    rows = demo.config.estimator.microbatch_size
+    v = {n: torch.randn_like(p) for n, p in demo.policy.trainable.model.named_parameters() if p.requires_grad}
     print(f"E: {count_tokens(E)} response tokens, {tuple(E['sequences'].shape)}; {rows} rows per forward; "
           f"threads {torch.get_num_threads()}", flush=True)
-    base = score_sequences(sp, E, tf_batch_size=rows)  # phase 1's scores (not timed: the probe has them)
+    base = score_sequences(engine, E, tf_batch_size=rows)  # phase 1's scores (not timed: the probe has them)
     bare, scoring, per_eta = [], [], []
     for rep in range(args.repeats):
-        bare.append(bare_forward_seconds(sp, E, rows))
+        bare.append(bare_forward_seconds(engine, E, rows))
         t0 = time.perf_counter()
-        score_sequences(sp, E, tf_batch_size=rows)
+        score_sequences(engine, E, tf_batch_size=rows)
         scoring.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        measure_delta_h(sp, E, v, [args.eta], normalize=probe.config.estimator.normalize, base=base,
+        measure_delta_h(engine, E, v, [args.eta], normalize=demo.config.estimator.normalize, base=base,
                         tf_batch_size=rows)
         per_eta.append(time.perf_counter() - t0)
         print(f"repeat {rep + 1}: bare forward {bare[-1]:.2f} s, scoring at θ {scoring[-1]:.2f} s, "

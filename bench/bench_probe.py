@@ -30,7 +30,9 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -41,9 +43,18 @@ import torch
 TARGET = 1.2
 
 
-def demo_probe(args):
+@dataclass
+class DemoProbe:
+    """The demo checkpoint loaded for the probe (`probe.load_phase`) and the config it was loaded with."""
+
+    config: Any      # ProbeConfig
+    policy: Any      # phase_results.Policy: engine, trainable, optimizer
+
+
+def demo_probe(args) -> DemoProbe:
+    from entropy_experiments import probe
     from entropy_experiments.config import config_from_dict, load_config, packaged_config_path
-    from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
+    from entropy_experiments.parallel import SINGLE
     from entropy_experiments.training import ensure_demo_checkpoint
 
     config = load_config(packaged_config_path("demo"))
@@ -51,14 +62,21 @@ def demo_probe(args):
     d["batch_config"].update({"B_E": args.B_E, "B_U": args.B_U, "G": args.G})
     d["generation"]["max_new_tokens"] = args.max_new_tokens
     d["importance"]["enabled"] = False
+    ckpt = ensure_demo_checkpoint(config_from_dict(d))
+    d["checkpoint"].update({"checkpoint_path": str(ckpt), "adapter_path": None, "optimizer_path": None})
     config = config_from_dict(d)
-    ckpt = ensure_demo_checkpoint(config)
-    probe = OfflineEntropyProbe(config)
-    probe.load(str(ckpt))
-    return probe
+    return DemoProbe(config, probe.load_phase(config, SINGLE, probe.WarningLog()))
 
 
-def training_step_seconds(probe, E: dict, U: dict) -> dict[str, float]:
+def sample_E_U(demo: DemoProbe) -> tuple[dict, dict]:
+    """E and U as the probe samples them (`probe.sample_phase`) for the demo's batch_config."""
+    from entropy_experiments import probe
+
+    E, U, _ = probe.sample_phase(demo.config, demo.policy.engine)
+    return E, U
+
+
+def training_step_seconds(demo: DemoProbe, E: dict, U: dict) -> dict[str, float]:
     """Wall time of one Dr-GRPO step on a copy of the optimizer: a microbatched forward + backward over EVERY
     E ∪ U sequence (U with its Dr-GRPO advantages, E with advantage 1 so that it carries gradient; a trainer
     back-propagates all-zero-advantage prompts too), clipping and AdamW.step(). {"U", "E", "total"} seconds."""
@@ -71,20 +89,20 @@ def training_step_seconds(probe, E: dict, U: dict) -> dict[str, float]:
     )
     from entropy_experiments.estimators.objectives import SequenceTerms
 
-    sp, options = probe._ensure_sequence_processor(), probe.config.objective_options()
-    trainable = Trainable.of(probe.model)
+    engine, options = demo.policy.engine, demo.config.objective_options()
+    trainable = Trainable.of(demo.policy.trainable.model)
     E_terms = [[SequenceTerms(1.0, 1.0 / float(sum(map(sum, E["gen_lens"]))), 0.0)] * E["num_responses_per_prompt"]
                for _ in range(E["num_prompts"])]
     saved = [p.detach().clone() for p in trainable.params]
-    optimizer = copy.deepcopy(probe.optimizer)
+    optimizer = copy.deepcopy(demo.policy.optimizer)
     params_of_copy = [p for group in optimizer.param_groups for p in group["params"]]
     t0 = time.perf_counter()
     total, parts = trainable.zeros(torch.float64), {}
     for what, batch, terms in (("U", U, u_terms(U, options)), ("E", E, E_terms)):
         t_part = time.perf_counter()
-        per_mb = prompts_per_microbatch(probe.config.estimator.microbatch_size, batch["num_responses_per_prompt"])
+        per_mb = prompts_per_microbatch(demo.config.estimator.microbatch_size, batch["num_responses_per_prompt"])
         items = [(0, idx) for idx in chunked(list(range(batch["num_prompts"])), per_mb)]
-        sums, _ = objective_gradient_sums(sp, trainable, batch, items, terms, options, 1)
+        sums, _ = objective_gradient_sums(engine, trainable, batch, items, terms, options, 1)
         for name in total:
             total[name] += sums[0][name]
         parts[what] = time.perf_counter() - t_part
@@ -100,16 +118,16 @@ def training_step_seconds(probe, E: dict, U: dict) -> dict[str, float]:
     return parts
 
 
-def phases_1_3_seconds(probe, E: dict, U: dict, directional: str = "auto",
+def phases_1_3_seconds(demo: DemoProbe, E: dict, U: dict, directional: str = "auto",
                        variance: bool = True) -> tuple[float, dict]:
+    from entropy_experiments import probe
     from entropy_experiments.config import config_from_dict
 
-    d = probe.config.to_dict()
+    d = demo.config.to_dict()
     d["variance"]["directional"] = directional
     d["variance"]["enabled"] = variance
     d["second_order"]["enabled"] = False  # not part of phases 1–3 (and the timed run is phase1_3_total only)
-    probe.config = config_from_dict(d)
-    results = probe.run_mixed_probe(batches=(E, U))
+    results = probe.run(config_from_dict(d), policy=demo.policy, batches=(E, U)).results
     return results["timing"]["phase1_3_total"], results
 
 
@@ -126,7 +144,7 @@ def profile_lines(breakdown: dict, train_parts: dict) -> str:
             f"the ratio at {floor:.2f}")
 
 
-def pass_seconds(probe, E: dict) -> dict[str, float]:
+def pass_seconds(demo: DemoProbe, E: dict) -> dict[str, float]:
     """The passes over ONE E microbatch (second of two timings each): a no-grad forward, a forward with grad, the
     backward of L_α' and the backward of L_β — what a training step's forward + backward is made of, and why
     the exact pieces cost a second backward (r_i = D_v L_β,i exists only in a backward of L_β or a tangent)."""
@@ -140,17 +158,17 @@ def pass_seconds(probe, E: dict) -> dict[str, float]:
     )
     from entropy_experiments.policy.sequences import batch_to_sequences
 
-    sp, options = probe._ensure_sequence_processor(), probe.config.entropy_options()
-    params = Trainable.of(probe.model).params
+    engine, options = demo.policy.engine, demo.config.entropy_options()
+    params = Trainable.of(demo.policy.trainable.model).params
     idx = e_microbatches(E["num_prompts"], E["num_responses_per_prompt"], options.microbatch_size)[0]
     seqs = batch_to_sequences(subset_batch(E, idx))
     rows = len(idx) * E["num_responses_per_prompt"]
     out: dict[str, float] = {}
     for _ in range(2):
         t0 = time.perf_counter()
-        sp.teacher_force_logprobs(seqs, with_grad=False, compute_rb=True, tf_batch_size=rows)
+        engine.teacher_force_logprobs(seqs, with_grad=False, compute_rb=True, tf_batch_size=rows)
         t1 = time.perf_counter()
-        lp = sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True, tf_batch_size=rows)
+        lp = engine.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True, tf_batch_size=rows)
         ell = [x for row in lp.token_logqs for x in row]
         h = [x for row in lp.rb_entropies_torch for x in row]
         coefs = [sequence_coefficients(x, normalize=options.normalize, x_mode=options.x_mode) for x in h]
@@ -182,9 +200,9 @@ def main() -> int:
 
     from entropy_experiments.data.batch import count_tokens
 
-    probe = demo_probe(args)
+    demo = demo_probe(args)
     t0 = time.perf_counter()
-    E, U = probe._sample_EU_via_sequence_processor(B_E=args.B_E, B_U=args.B_U, G_U=args.G)
+    E, U = sample_E_U(demo)
     print(f"sampled E ({count_tokens(E)} response tokens, {E['sequences'].shape}) and U "
           f"({count_tokens(U)} response tokens, {U['sequences'].shape}) in {time.perf_counter() - t0:.0f} s; "
           f"threads {torch.get_num_threads()}", flush=True)
@@ -192,14 +210,14 @@ def main() -> int:
     baseline, ours, jvp = [], [], []
     breakdown, train_parts = {}, {}
     for rep in range(args.repeats):
-        train_parts = training_step_seconds(probe, E, U)
+        train_parts = training_step_seconds(demo, E, U)
         baseline.append(train_parts["total"])
-        seconds, results = phases_1_3_seconds(probe, E, U, variance=not args.no_variance)
+        seconds, results = phases_1_3_seconds(demo, E, U, variance=not args.no_variance)
         ours.append(seconds)
         breakdown = {k: round(v, 1) for k, v in results["timing"].items() if k.startswith("phase1_3")}
         line = f"repeat {rep + 1}: training step {baseline[-1]:.1f} s, phases 1–3 {ours[-1]:.1f} s"
         if args.compare_jvp:
-            jvp.append(phases_1_3_seconds(probe, E, U, "jvp")[0])
+            jvp.append(phases_1_3_seconds(demo, E, U, "jvp")[0])
             line += f", phases 1–3 with jvp pieces {jvp[-1]:.1f} s"
         print(line, flush=True)
 
@@ -210,7 +228,7 @@ def main() -> int:
     print(f"phases 1–3 breakdown (last repeat, s): {breakdown}")
     print(profile_lines(breakdown, train_parts))
     if args.passes:
-        passes = pass_seconds(probe, E)
+        passes = pass_seconds(demo, E)
         print("one E microbatch: " + ", ".join(f"{k} {v:.2f} s" for k, v in passes.items()))
     print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se'].get('total', float('nan')):.2e}, pieces: "
           f"{results['consistency'].get('pieces_method')}")

@@ -20,10 +20,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from entropy_experiments import probe
+from entropy_experiments.checkpoint.learning_rate import resolve_learning_rate
 from entropy_experiments.config import config_from_dict, load_config
 from entropy_experiments.estimators import update_direction as adam
-from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
-from entropy_experiments.probe_components import ProbeComponents
+from entropy_experiments.parallel import SINGLE
 from entropy_experiments.report.run_dir import RunDirectory
 
 
@@ -48,20 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     if E is None or U is None:
         print(f"error: {args.run_dir} holds no saved E/U batches", file=sys.stderr)
         return 2
-    probe = OfflineEntropyProbe(config)
-    probe.load()
-    sp = probe._ensure_sequence_processor()
+    policy = probe.load_phase(config, SINGLE, probe.WarningLog())
     t0 = time.perf_counter()
-    base = ProbeComponents(probe.model, config, sequence_processor=sp)
-    X, _, _, _ = base.accumulate_X_one_pass(E, None)
-    lr = base.learning_rate(probe.optimizer)
+    X, _, _, _ = probe.one_pass_phase(config, policy, E, {})
+    lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
     print(f"X̂ on E ({E['num_prompts']} sequences) in {time.perf_counter() - t0:.1f} s; lr = {lr:.3g}")
     directions = {}
     for spec in specs:
         t0 = time.perf_counter()
         cfg = config_from_dict({**config.to_dict(), "objective": parse_objective(spec)})
-        comps = ProbeComponents(probe.model, cfg, sequence_processor=sp)
-        v, info = comps.update_direction(comps.accumulate_sum_Y(U).total, probe.optimizer)
+        _, v, info = probe.update_phase(cfg, policy, U, None)
         directions[spec] = v
         obj = info["objective"]
         print(f"{spec:>28}: δH₁ = {lr * adam.named_dot(X, v):+.4e}  ‖v‖ = {info['norm']:.4g}  "

@@ -61,7 +61,7 @@ def truth_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result
     G, B = E["num_responses_per_prompt"], E["num_prompts"]
     local_E, rows_mine = scoring_share(config, E, dist, res.scores_tf_batch)
     t = policy.trainable
-    return measure_delta_h(policy.engine, local_E, res.Ybar, eta_grid(imp.eta_list, imp.symmetric),
+    return measure_delta_h(policy.engine, local_E, res.v, eta_grid(imp.eta_list, imp.symmetric),
                            normalize=config.estimator.normalize, units=units_of(B, G), mode=imp.mode,
                            optimizer=policy.optimizer, named_params=list(zip(t.names, t.params)),
                            grads=res.u_gradients.total, max_grad_norm=config.objective_options().max_grad_norm,
@@ -76,7 +76,7 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH
         return None
     G, B = E["num_responses_per_prompt"], E["num_prompts"]
     local_E, rows_mine = scoring_share(config, E, dist)
-    sums = second_order_sums(policy.engine, local_E, res.Ybar) if local_E is not None else None
+    sums = second_order_sums(policy.engine, local_E, res.v) if local_E is not None else None
     gather = dist.row_gatherer(rows_mine, B * G)
     cols = {k: gather(sums[k] if sums else [], f"second-order sums gather ({k})") for k in SECOND_ORDER_KEYS}
     d2 = second_derivative(cols["s"], cols["s2"], cols["dh"], cols["d2h"], cols["h"], cols["T"],
@@ -93,7 +93,7 @@ def direct_only_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1
     hooks = res.pieces_method == "backward_hooks"
     microbatches = e_microbatches(E["num_prompts"], E["num_responses_per_prompt"], options.microbatch_size)
     X_H, d = entropy_only_gradient_sum(policy.engine, policy.trainable, E, dist.chunk_slice(microbatches), options,
-                                       res.Ybar if hooks else None,
+                                       res.v if hooks else None,
                                        progress=lambda items: progress(items, "E backward (Σ H, direct_only)"))
     if dist.enabled:
         summed = dist.all_reduce_tree({"X_H": X_H, "d": d}, "direct_only all-reduce")
@@ -101,7 +101,7 @@ def direct_only_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1
     if res.pieces_method == "jvp":  # the E scores already carry D_v H_ik
         d = torch.stack([t.double().sum() for t in res.scores.d_entropy])
     X_H = {n: (t / res.coefficients.D).float() for n, t in X_H.items()}
-    return direct_only_estimate(X_H, d if res.pieces_method else None, res.scores, res.learning_rate, res.Ybar,
+    return direct_only_estimate(X_H, d if res.pieces_method else None, res.scores, res.learning_rate, res.v,
                                 bars.loo_directions, normalize=config.estimator.normalize)
 
 
@@ -113,10 +113,10 @@ def predictors_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1R
     lr, normalize = res.learning_rate, config.estimator.normalize
     out = {config.estimator.update_direction: estimate_entry(res.delta_h1, bars.se["E"], bars.se["U"],
                                                              bars.consistency.get("deltaH1_from_pieces"))}
-    fns = predictor_direction_fns(config, policy)
+    fns = predictor_direction_fns(config.step_options(), policy)
     for name, v_pred in res.predictor_directions.items():
         loo = jackknife.leave_one_group_out_directions(fns[name], res.u_gradients) if bars.loo_directions else []
-        out[name] = direction_estimate(res.Xbar, v_pred, res.predictor_pieces.get(name), res.scores, lr, loo,
+        out[name] = direction_estimate(res.X_hat, v_pred, res.predictor_pieces.get(name), res.scores, lr, loo,
                                        normalize=normalize)
     out["direct_only"] = direct_only_phase(config, policy, E, res, bars, dist)
     out = with_ratios(out, measured_reference(truth["true"], lr))

@@ -27,7 +27,7 @@ from .training import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint, make_checkp
 log = logging.getLogger("entropy_experiments")
 
 
-def _setup_logging(verbose: bool = False) -> None:
+def setup_logging(verbose: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger("entropy_experiments")
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse already printed its usage line; return its code like every other error
         return int(exc.code or 0)
-    _setup_logging(args.verbose)
+    setup_logging(args.verbose)
     return run_with_clean_errors(lambda: args.func(args))
 
 

@@ -178,11 +178,6 @@ class DistContext:
         summed = self.all_reduce_named(flat, what)
         return get("", tree)
 
-    def all_reduce_scalars(self, values: Sequence[float], what: str) -> list[float]:
-        if not self.enabled:
-            return [float(v) for v in values]
-        return self.all_reduce_tensor(torch.tensor(list(values), dtype=torch.float64), what).tolist()
-
     def broadcast_float(self, value: float | None, what: str) -> float | None:
         """rank 0's float (or None) on every rank."""
         return self.broadcast_object(value, what)
@@ -209,11 +204,6 @@ class DistContext:
         (exact: every element is non-zero on one rank at most)."""
         t = torch.as_tensor(np.asarray(values, dtype=np.float64))
         return self.all_reduce_tensor(t, what).numpy() if self.enabled else t.numpy()
-
-    def barrier(self, what: str) -> None:
-        if self.enabled:
-            import torch.distributed as dist
-            self._collective(what, dist.barrier)
 
     def _object_device(self):
         return self.comm_device if self.backend == "nccl" else None

@@ -51,8 +51,8 @@ class DeltaH1Result:
     delta_h1: float
     bars_dot: float
     learning_rate: float
-    Xbar: NamedTensors
-    Ybar: NamedTensors                      # v, the update direction per unit lr
+    X_hat: NamedTensors                     # X̂ = ∇L_X on E (fp32)
+    v: NamedTensors                         # the update direction per unit lr (estimator.update_direction)
     coefficients: SurrogateCoefficients
     scores: SequenceScores
     u_gradients: UGradients
@@ -64,3 +64,13 @@ class DeltaH1Result:
     predictor_directions: dict[str, NamedTensors] = field(default_factory=dict)  # competing predictors' v'
     predictor_pieces: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # their (a', r')
     predictors_unavailable: dict[str, str] = field(default_factory=dict)  # name → why it has no direction
+
+    @property
+    def Xbar(self) -> NamedTensors:
+        """X̂ under seed 001's name (compute_delta_h1_from_batches)."""
+        return self.X_hat
+
+    @property
+    def Ybar(self) -> NamedTensors:
+        """v under seed 001's name (it is v, not README's Ȳ: that is the no_momentum direction)."""
+        return self.v

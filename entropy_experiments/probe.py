@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 from torch import Tensor
 
@@ -60,7 +61,7 @@ from .policy.progress import progress as progress_bar
 from .preflight import preflight
 from .report.results_dict import ProbeOutcome, RunFacts, assemble_results
 from .sampling import prompt_examples, sample_batch, saved_batches, warn_zero_advantages
-from .step_directions import predictor_directions, step_direction
+from .step_directions import predictor_directions, probe_step, step_direction
 from .test_hooks import inject_fault_for_tests
 
 log = logging.getLogger("entropy_experiments.probe")
@@ -120,7 +121,7 @@ def update_phase(config: ProbeConfig, policy: Policy, U: dict, groups: list[list
                  dist: DistContext = SINGLE) -> tuple[UGradients, NamedTensors, dict]:
     """g (per group; one group by default) → v, the AdamW step per unit lr, and its description."""
     grads = update_gradients(config, policy, U, groups or [list(range(U["num_prompts"]))], dist)
-    v, info = step_direction(config, policy, grads.total)
+    v, info = step_direction(config.step_options(), policy, grads.total)
     info["u_loss"] = grads.loss
     return grads, v, info
 
@@ -196,7 +197,7 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
     when the pieces are wanted."""
     timings, t0 = {}, time.perf_counter()
     u_grads, v, info = update_phase(config, policy, U, u_groups, dist)
-    extra, unavailable = predictor_directions(config, policy, u_grads.total)
+    extra, unavailable = predictor_directions(config.step_options(), policy, u_grads.total)
     timings["U_gradient_and_direction"] = time.perf_counter() - t0
     method = pieces_method(policy.trainable, config.entropy_options(), per_sequence_pieces)
     directions = {MAIN: v, **extra}
@@ -213,7 +214,7 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
     main_pieces = pieces.pop(MAIN, None)
     G = E["num_responses_per_prompt"]
     one_pass_rows = prompts_per_microbatch(config.entropy_options().microbatch_size, G) * G
-    return DeltaH1Result(delta_h1=lr * bars_dot, bars_dot=bars_dot, learning_rate=lr, Xbar=X, Ybar=v,
+    return DeltaH1Result(delta_h1=lr * bars_dot, bars_dot=bars_dot, learning_rate=lr, X_hat=X, v=v,
                          coefficients=coefs, scores=scores, u_gradients=u_grads, update_info=info,
                          timings=timings, pieces=main_pieces,
                          pieces_method=method if method in ("backward_hooks", "jvp") else None,
@@ -228,7 +229,7 @@ def error_bars_phase(config: ProbeConfig, policy: Policy, res: DeltaH1Result, u_
     if not config.variance.enabled:
         return ErrorBars.unavailable()
     return error_bars(res, u_groups, normalize=config.estimator.normalize,
-                      direction_of=lambda g: step_direction(config, policy, g)[0], warn=notes.warn)
+                      direction_of=partial(probe_step, config.step_options(), policy), warn=notes.warn)
 
 
 # ---------------------------------------------------------------------- phase 0: sampling

@@ -56,7 +56,7 @@ def _saved_adapter_keys(adapter_dir: Path) -> set[str] | None:
     return None
 
 
-def _check_adapter_matches_base(model: Any, adapter_dir: Path, base_id: str) -> None:
+def check_adapter_matches_base(model: Any, adapter_dir: Path, base_id: str) -> None:
     """Every saved adapter tensor must have landed in the model and vice versa.
 
     peft only warns about adapter weights the base has no slot for (e.g. an adapter for a deeper
@@ -76,7 +76,7 @@ def _check_adapter_matches_base(model: Any, adapter_dir: Path, base_id: str) -> 
         raise CheckpointError(f"adapter {adapter_dir} does not match base model {base_id!r}: {detail}")
 
 
-def _check_adapter_finite(model: Any, adapter_dir: Path) -> None:
+def check_adapter_finite(model: Any, adapter_dir: Path) -> None:
     """Every loaded adapter tensor must be finite: NaN / inf weights would only surface later as
     "non-finite logits", far from their cause. The message names the tensor as stored in the file."""
     from peft.utils import get_peft_model_state_dict
@@ -192,8 +192,8 @@ def load_peft_for_probe(
                            trust_remote_code=trust_remote_code, quantization_config=quant_config)
     base = _prepare_base(base, use_qlora=use_qlora, use_checkpointing=use_checkpointing)
     model = _apply_adapter(base, adapter_dir, base_id)
-    _check_adapter_matches_base(model, adapter_dir, base_id)
-    _check_adapter_finite(model, adapter_dir)
+    check_adapter_matches_base(model, adapter_dir, base_id)
+    check_adapter_finite(model, adapter_dir)
 
     model.set_adapter("default")
     model.eval()

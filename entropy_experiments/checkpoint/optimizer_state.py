@@ -66,7 +66,7 @@ def fresh_adam_optimizer(
     return torch.optim.AdamW([p for _, p in named], lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
 
 
-def _read_optimizer_file(path: Path) -> dict[str, Any]:
+def read_optimizer_file(path: Path) -> dict[str, Any]:
     """torch.load with weights_only=True and one-line errors; validates the state_dict skeleton."""
     if not path.exists():
         raise OptimizerStateError(f"optimizer state file not found: {path}")
@@ -243,7 +243,7 @@ def load_adam_optimizer_from_path(
         back to a fresh optimizer).
     """
     path = Path(optimizer_path).expanduser()
-    saved = _read_optimizer_file(path)
+    saved = read_optimizer_file(path)
     named = _trainable_or_raise(model, OptimizerStateError, f"loading {path}")
     names_path = Path(param_names_path) if param_names_path is not None else path.with_name(PARAM_NAMES_FILE)
     positions, labels = _saved_positions(model, named, saved, path, names_path, position_order)

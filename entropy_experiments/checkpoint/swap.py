@@ -1,11 +1,11 @@
 """Another checkpoint of the same run onto a PeftModel already loaded: adapter weights swapped, AdamW loaded.
 
 `entropy-probe sweep` probes many checkpoints of one run; loading the base model once and replacing only
-the LoRA weights and the optimizer state is what makes that cheap. `load_checkpoint_onto` gives the model,
-optimizer and lr that `load.load_for_probe` would give for the same files (tests/test_sweep.py compares
-every tensor and the optimizer state_dict with a fresh load): the adapter must have the LoRA
-configuration (rank, alpha, target modules, ...) and the base model of the one loaded, else one line
-names the difference. `saved_lr_ended` tells a checkpoint whose saved lr is 0 (the end of a schedule)
+the LoRA weights and the optimizer state is what makes that cheap. `swap_adapter` followed by
+`load.load_optimizer` (sweep/policies.py) gives the model, optimizer and lr that `load.load_for_probe` would
+give for the same files (tests/test_sweep.py compares every tensor and the optimizer state_dict with a fresh
+load): the adapter must have the LoRA configuration (rank, alpha, target modules, ...) and the base model of
+the one loaded, else one line names the difference. `saved_lr_ended` tells a checkpoint whose saved lr is 0 (the end of a schedule)
 before its optimizer is loaded, so that the sweep can measure only its entropy there.
 """
 
@@ -19,14 +19,13 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from .adapter import _check_adapter_finite, _check_adapter_matches_base
+from .adapter import check_adapter_finite, check_adapter_matches_base
 from .base_model import BaseModelChoice
-from .layout import CheckpointFiles, checkpoint_info
+from .layout import CheckpointFiles
 from .learning_rate import schedule_hint
-from .load import LoadedCheckpoint, load_optimizer
-from .optimizer_state import _read_optimizer_file
+from .optimizer_state import read_optimizer_file
 
-__all__ = ["load_checkpoint_onto", "saved_lr_ended", "swap_adapter"]
+__all__ = ["saved_lr_ended", "swap_adapter"]
 
 log = logging.getLogger("entropy_experiments.probe")
 
@@ -71,27 +70,16 @@ def swap_adapter(model: nn.Module, adapter_dir: Path, base: BaseModelChoice, loa
         raise CheckpointError(f"adapter {adapter_dir}: base model {base.name!r} (from {base.source}) is not the "
                               f"base model loaded for this sweep ({loaded_base!r})")
     _check_same_lora(model, adapter_dir)
-    _check_adapter_matches_base(model, adapter_dir, base.name)  # the file's tensor names against the model's
+    check_adapter_matches_base(model, adapter_dir, base.name)  # the file's tensor names against the model's
     state = load_peft_weights(str(adapter_dir), device="cpu")
     with torch.no_grad():
         result = set_peft_model_state_dict(model, state, adapter_name="default")
     stray = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
     if stray:
         raise CheckpointError(f"adapter {adapter_dir}: {len(stray)} saved tensors did not land (first: {stray[0]})")
-    _check_adapter_finite(model, adapter_dir)
+    check_adapter_finite(model, adapter_dir)
     model.set_adapter("default")  # also keeps the LoRA parameters trainable
     model.eval()
-
-
-def load_checkpoint_onto(model: nn.Module, tokenizer: Any, ck: Any, files: CheckpointFiles, base: BaseModelChoice,
-                         loaded_base: str, config_lr: float | None,
-                         logger: logging.Logger = log) -> LoadedCheckpoint:
-    """`load.load_for_probe` for a model already loaded: swap the adapter, load this checkpoint's AdamW state
-    (same mapping, same lr rules) onto the same parameters. Returns the same `LoadedCheckpoint`."""
-    swap_adapter(model, files.adapter_dir, base, loaded_base)
-    optimizer, lr, fresh_warning = load_optimizer(ck, model, files, config_lr, logger)
-    return LoadedCheckpoint(model, tokenizer, optimizer, lr, files, checkpoint_info(files, base, lr),
-                            [fresh_warning] if fresh_warning else [])
 
 
 def saved_lr_ended(files: CheckpointFiles, config_lr: float | None) -> str | None:
@@ -99,7 +87,7 @@ def saved_lr_ended(files: CheckpointFiles, config_lr: float | None) -> str | Non
     learning_rate), or None. Reads only the optimizer file's param_groups; a missing file is left to the loader."""
     if config_lr is not None or files.optimizer_path is None or not Path(files.optimizer_path).is_file():
         return None
-    groups = [g for g in _read_optimizer_file(Path(files.optimizer_path))["param_groups"] if g.get("params")]
+    groups = [g for g in read_optimizer_file(Path(files.optimizer_path))["param_groups"] if g.get("params")]
     lrs = {float(g["lr"].item() if hasattr(g["lr"], "item") else g["lr"]) for g in groups if "lr" in g}
     if not lrs or lrs != {0.0}:
         return None

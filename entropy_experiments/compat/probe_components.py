@@ -58,7 +58,7 @@ class ProbeComponents:
 
     def update_direction(self, grads: NamedTensors, optimizer) -> tuple[NamedTensors, dict]:
         """v per unit lr from g and the optimizer's saved state (MATH.md §4) + a description of it."""
-        return step_direction(self.config, self._policy(optimizer), grads)
+        return step_direction(self.config.step_options(), self._policy(optimizer), grads)
 
     # ------------------------------------------------------------------ E side
     def score_E(self, E_batch: dict, v_named: NamedTensors | None = None) -> SequenceScores:

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ValidationError
 
 from entropy_experiments.errors import ConfigError, closest_match
 
-from .messages import _config_error, _show
+from .messages import config_error, show_value
 from .probe_config import ProbeConfig
-from .sections import _section_type
+from .sections import section_type
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -128,12 +128,12 @@ def _apply_override(raw: dict[str, Any], spec: str) -> None:
     node, model = raw, ProbeConfig
     for i, part in enumerate(parents):
         child = node.get(part)
-        known_scalar = model is not None and part in model.model_fields and _section_type(model, part) is None
+        known_scalar = model is not None and part in model.model_fields and section_type(model, part) is None
         if known_scalar or (child is not None and not isinstance(child, dict)):
             raise ConfigError(f"--set {spec.strip()}: '{'.'.join(parents[: i + 1])}' is not a section")
         if child is None:  # unknown names are created here and reported by validation
             child = node[part] = {}
-        node, model = child, (_section_type(model, part) if model is not None else None)
+        node, model = child, (section_type(model, part) if model is not None else None)
     node[leaf] = value
 
 
@@ -157,7 +157,7 @@ def _resolve_legacy_keys(raw: dict[str, Any]) -> None:
         if new is None:
             if old == "generation.do_sample" and value is not True:
                 raise ConfigError(
-                    f"generation.do_sample: the probe always samples, must be true, got {_show(value)}"
+                    f"generation.do_sample: the probe always samples, must be true, got {show_value(value)}"
                 )
             continue
         new_section, new_key = new.split(".")
@@ -168,7 +168,7 @@ def _resolve_legacy_keys(raw: dict[str, Any]) -> None:
             continue  # validation reports "expected a mapping"
         if new_key in target and target[new_key] != value:
             raise ConfigError(
-                f"{old} ({_show(value)}) conflicts with {new} ({_show(target[new_key])}); give only {new}"
+                f"{old} ({show_value(value)}) conflicts with {new} ({show_value(target[new_key])}); give only {new}"
             )
         target[new_key] = value
 
@@ -181,7 +181,7 @@ def _resolve_legacy_keys(raw: dict[str, Any]) -> None:
             continue
         known = [old.split(".")[1] for old in LEGACY_KEYS if old.startswith(section_name + ".")]
         if not isinstance(leftover, dict):
-            raise ConfigError(f"{section_name}: expected a mapping, got {_show(leftover)}")
+            raise ConfigError(f"{section_name}: expected a mapping, got {show_value(leftover)}")
         bad = str(next(iter(leftover)))
         hint = closest_match(bad, known)
         raise ConfigError(
@@ -193,7 +193,7 @@ def _resolve_legacy_keys(raw: dict[str, Any]) -> None:
 def _fill_empty_sections(raw: dict[str, Any], model: type[BaseModel]) -> None:
     """Treat `section:` with nothing under it (YAML null) as an empty section, recursively."""
     for name in model.model_fields:
-        sub = _section_type(model, name)
+        sub = section_type(model, name)
         if sub is None or name not in raw:
             continue
         if raw[name] is None:
@@ -217,7 +217,7 @@ def config_from_dict(d: dict[str, Any]) -> ProbeConfig:
     try:
         return ProbeConfig.model_validate(raw)
     except ValidationError as exc:
-        raise _config_error(exc) from None
+        raise config_error(exc) from None
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ProbeConfig:

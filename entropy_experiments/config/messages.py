@@ -9,10 +9,10 @@ from pydantic import BaseModel, ValidationError
 from entropy_experiments.errors import ConfigError, closest_match
 
 from .probe_config import ProbeConfig
-from .sections import _section_type
+from .sections import section_type
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """A value as the user wrote it in YAML (strings quoted), cut to a readable length."""
     if isinstance(value, bool):
         text = "true" if value else "false"
@@ -57,7 +57,7 @@ def _section_model(loc: tuple) -> type[BaseModel] | None:
     """The model class that holds the key at `loc` (ProbeConfig for a top-level key)."""
     model: type[BaseModel] | None = ProbeConfig
     for part in loc[:-1]:
-        model = _section_type(model, part) if isinstance(part, str) else None
+        model = section_type(model, part) if isinstance(part, str) else None
         if model is None:
             return None
     return model
@@ -68,7 +68,7 @@ def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     keys = []
     for name in model.model_fields:
         keys.append(prefix + name)
-        sub = _section_type(model, name)
+        sub = section_type(model, name)
         if sub is not None:
             keys.extend(_all_keys(sub, prefix + name + "."))
     return keys
@@ -111,10 +111,10 @@ def _error_message(err: dict[str, Any]) -> str:
         )
     else:
         reason = _EXPECTED.get(kind, err["msg"])
-    return f"{path}: {reason}, got {_show(err['input'])}"
+    return f"{path}: {reason}, got {show_value(err['input'])}"
 
 
-def _config_error(exc: ValidationError) -> ConfigError:
+def config_error(exc: ValidationError) -> ConfigError:
     errors = exc.errors()
     # An unknown key (often a typo) explains more than whatever else failed, so report it first.
     first = next((e for e in errors if e["type"] in ("extra_forbidden", "invalid_key")), errors[0])

@@ -98,6 +98,12 @@ class ProbeConfig(_Section):
         return EntropyOptions(normalize=est.normalize, x_mode=est.x_mode, baseline=est.baseline,
                               microbatch_size=est.microbatch_size, directional=self.variance.directional)
 
+    def step_options(self):
+        """The `step_directions.StepOptions`: estimator.update_direction, the resolved objective, predictors.enabled."""
+        from ..step_directions import StepOptions
+
+        return StepOptions(self.estimator.update_direction, self.objective_options(), self.predictors.enabled)
+
     def policy_settings(self):
         """The policy engine's `PolicySettings` (the generation and precision sections, validated)."""
         from ..policy.generation_config import parse_settings
@@ -106,7 +112,7 @@ class ProbeConfig(_Section):
         return parse_settings({k: d[k] for k in ("generation", "precision")})
 
     def sequence_processor_settings(self) -> dict[str, Any]:
-        """The sections the SequenceProcessor reads (generation, precision, reward, batch_config)."""
+        """The sections the seed façade `compat.SequenceProcessor` reads (generation, precision, reward, batch_config)."""
         d = self.to_dict()
         return {k: d[k] for k in ("generation", "precision", "reward", "batch_config")}
 

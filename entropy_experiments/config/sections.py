@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..policy.generation_config import GenerationConfig
+
 # Spellings accepted for dtypes. Model-loading dtypes use the short names; precision profiles use
 # torch attribute names (`getattr(torch, cfg.precision.tf_nograd.dtype)` must work).
 _SHORT_DTYPE = {
@@ -24,6 +26,7 @@ _SHORT_DTYPE = {
 }
 _TORCH_DTYPE = {short: torch_name for torch_name, short in _SHORT_DTYPE.items() if torch_name != short}
 _DEVICE_MAP_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
+GENERATION_DEFAULTS = GenerationConfig()  # the `generation` defaults are the policy's (policy/generation_config.py)
 
 
 def _normalise_dtype(value: Any, table: dict[str, str]) -> Any:
@@ -103,15 +106,15 @@ class BatchSection(_Section):
 class GenerationSection(_Section):
     """Sampling policy (temperature, nucleus) and generation / teacher-forcing batch sizes."""
 
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = 1.0
-    max_new_tokens: int = Field(128, ge=1)
-    gen_batch_size: int = Field(8, ge=1)  # sequences per generate() call
-    tf_batch_size: int = Field(8, ge=1)  # sequences per teacher-forcing forward
-    rb_requires_grad: bool = True
-    stop_strings: list[str] = Field(default_factory=lambda: ["</answer>"])
-    max_prompt_tokens: int | None = Field(None, ge=1)  # None: the model's context limit
-    prompt_overflow: Literal["error", "truncate"] = "error"
+    temperature: float = Field(GENERATION_DEFAULTS.temperature, gt=0)
+    top_p: float = GENERATION_DEFAULTS.top_p
+    max_new_tokens: int = Field(GENERATION_DEFAULTS.max_new_tokens, ge=1)
+    gen_batch_size: int = Field(GENERATION_DEFAULTS.gen_batch_size, ge=1)  # sequences per generate() call
+    tf_batch_size: int = Field(GENERATION_DEFAULTS.tf_batch_size, ge=1)  # sequences per teacher-forcing forward
+    rb_requires_grad: bool = GENERATION_DEFAULTS.rb_requires_grad
+    stop_strings: list[str] = Field(default_factory=lambda: list(GENERATION_DEFAULTS.stop_strings))
+    max_prompt_tokens: int | None = Field(GENERATION_DEFAULTS.max_prompt_tokens, ge=1)  # None: the context limit
+    prompt_overflow: Literal["error", "truncate"] = GENERATION_DEFAULTS.prompt_overflow  # type: ignore[assignment]
 
     @field_validator("top_p")
     @classmethod
@@ -162,7 +165,7 @@ class PrecisionSection(_Section):
     entropy_fp64: bool = True
     allow_tf32: bool = False
     matmul_precision: Literal["highest", "high", "medium"] = "highest"
-    token_chunk_size: int = Field(256, ge=1)  # tokens per chunk in vocab-sized maths (memory bound)
+    token_chunk_size: int = Field(GENERATION_DEFAULTS.token_chunk_size, ge=1)  # tokens per chunk (memory bound)
     func_override: FuncOverrideProfile = Field(default_factory=FuncOverrideProfile)
     tf_nograd: TeacherForcingProfile = Field(default_factory=TeacherForcingProfile)
     tf_withgrad: TeacherForcingProfile = Field(default_factory=TeacherForcingProfile)
@@ -174,7 +177,7 @@ class PrecisionSection(_Section):
 
 
 class ProbeReworkSection(_Section):
-    """Sampling backend toggle: SequenceProcessor (default) or the plain reference sampler."""
+    """Sampling backend toggle: batched generation by the policy engine (default) or the plain reference sampler."""
 
     use_sequence_processor_sampling: bool = True
 
@@ -329,7 +332,7 @@ class OutputSection(_Section):
     plot: bool = True
 
 
-def _section_type(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+def section_type(model: type[BaseModel], name: str) -> type[BaseModel] | None:
     """The model class of section `name` of `model`, or None when `name` is not a section."""
     field = model.model_fields.get(name)
     sub = field.annotation if field is not None else None

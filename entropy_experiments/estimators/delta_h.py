@@ -3,7 +3,8 @@
 For each η the E sequences (sampled at θ) are re-scored at θ' = θ + η·v — either as a parameter
 override through `functional_call` (`param_override`, the live model untouched) or after a real
 `optimizer.step()` with lr = η (`real_step`, parameters and optimizer state restored exactly after).
-log w_i = Σ_k (ℓ'_ik − ℓ_ik) in float64, h'_i = Σ_k H'_ik, and Ĥ' = Σ w h' / Σ w T (per_token).
+log w_i = Σ_k (ℓ'_ik − ℓ_ik) in float64, h'_i = Σ_k H'_ik, and Ĥ' = Σ w h' / Σ w T (per_token),
+by `snis.snis_delta_h`; Ĥ at θ is `surrogate.entropy_estimate`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import torch
 from torch import Tensor
 
 from ..policy.engine import PolicyEngine
-from . import snis as stats
+from . import snis
 from .sequence_scores import SequenceScores, log_weights, score_sequences, units_of
+from .surrogate import entropy_estimate
 
 NamedTensors = dict[str, Tensor]
 log = logging.getLogger("entropy_experiments.importance")
@@ -105,8 +107,7 @@ def measure_delta_h(engine: PolicyEngine, E_batch: dict | None, v_named: NamedTe
     base = base or (score_sequences(engine, E_batch, tf_batch_size=tf_batch_size) if local else None)
     T = gather([len(x) for x in base.token_logqs] if local else [], "E lengths gather")
     h = gather(base.seq_entropies.tolist() if local else [], "E entropies gather")
-    d = T if normalize == "per_token" else np.ones_like(T)
-    H_orig = float(h.sum() / d.sum())
+    H_orig = entropy_estimate(h, T, normalize)
     rows, per_seq = [], {}
     for eta in etas:
         new = (score_at_eta(engine, E_batch, v_named, eta, mode=mode, optimizer=optimizer, named_params=named_params,
@@ -114,11 +115,11 @@ def measure_delta_h(engine: PolicyEngine, E_batch: dict | None, v_named: NamedTe
                if local else None)
         logw = gather(log_weights(new, base) if local else [], f"log-weights gather (η={eta:g})")
         h_new = gather(new.seq_entropies.tolist() if local else [], f"new entropies gather (η={eta:g})")
-        est = stats.snis_delta_h(logw, h_new, h, T, normalize=normalize, units=units)
-        diag = stats.importance_diagnostics(logw)
+        est = snis.snis_delta_h(logw, h_new, h, T, normalize=normalize, units=units)
+        diag = snis.importance_diagnostics(logw)
         rows.append({"eta": eta, "deltaH_true": est.value, "H_upd": H_orig + est.value, "se": est.se, **diag})
         per_seq[eta] = {"logw": logw.tolist(), "h_new": h_new.tolist()}
         log.info("η=%+.3g  ΔH=%+.4e ± %.2e  ESS/N=%.3f  k̂=%.2f", eta, est.value, est.se,
                  diag["ess_frac"], diag["psis_khat"])
     return {"H_orig": H_orig, "true": rows, "per_sequence": per_seq, "base": {"h": h, "T": T},
-            "linearity": stats.linearity_fit([r["eta"] for r in rows], [r["deltaH_true"] for r in rows])}
+            "linearity": snis.linearity_fit([r["eta"] for r in rows], [r["deltaH_true"] for r in rows])}

@@ -51,7 +51,7 @@ def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: 
     se_U, loo = NAN, []
     if len(u_groups) >= 2:
         loo = jackknife.leave_one_group_out_directions(direction_of, res.u_gradients)
-        se_U, _ = jackknife.se_U(res.Xbar, loo, learning_rate=res.learning_rate)
+        se_U, _ = jackknife.se_U(res.X_hat, loo, learning_rate=res.learning_rate)
     else:
         warn("SE_U unavailable: U has a single prompt (need ≥ 2 groups)")
     se_total = jackknife.se_total(se_E, se_U) if math.isfinite(se_U) else se_E

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, closest_match
+from ..registry import registrar
 
 ADVANTAGE_SCALINGS = ("none", "group", "batch")
 KL_ESTIMATORS = ("k3", "low_var_kl")
@@ -119,13 +120,14 @@ def advantages(rewards: Tensor, scale_rewards: str = "none", eps: float = 1e-4) 
     return centred / (std + eps)
 
 
-# ----------------------------------------------------------------------------- token weights
-
-
 def batch_advantages(rewards: list[list[float]]) -> Tensor:
     """The packed U batch's advantages (ARCHITECTURE.md contract): A = r − mean_g r, float32 [B, G]; the
     trainer objective forms its own, possibly std-scaled, advantages from the rewards (`advantages`)."""
     return advantages(torch.tensor(rewards, dtype=torch.float32)).float()
+
+
+# ----------------------------------------------------------------------------- token weights
+
 
 def micro_batch_token_counts(lengths: Tensor, micro_batches: int) -> Tensor:
     """Σ T over the micro-batch of each sequence. lengths [B, G] → [B, G] float64.
@@ -140,52 +142,45 @@ def micro_batch_token_counts(lengths: Tensor, micro_batches: int) -> Tensor:
     return per.sum(dim=1, keepdim=True).expand_as(per).reshape(lengths.shape)
 
 
+# An aggregation: weights(lengths [B, G], options) -> w [B, G] (float64, no graph).
 WeightFn = Callable[[Tensor, ObjectiveOptions], Tensor]
+LOSS_WEIGHTS: dict[str, WeightFn] = {}
+# Decorator: `@register_loss_type("name")` on the weight function, where it is defined (registry.py's style).
+register_loss_type: Callable[[str], Callable[[WeightFn], WeightFn]] = registrar(LOSS_WEIGHTS, "loss_type")
 
 
-def _dr_grpo_per_prompt(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+@register_loss_type("dr_grpo_per_prompt")
+def dr_grpo_per_prompt_weights(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
     B, G = lengths.shape
     l_max = lengths.to(torch.float64).amax(dim=1, keepdim=True)
     return (1.0 / (B * G * l_max)).expand(B, G)
 
 
-def _grpo(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+@register_loss_type("grpo")
+def grpo_weights(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
     return 1.0 / (lengths.numel() * lengths.to(torch.float64))
 
 
-def _bnpo(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+@register_loss_type("bnpo")
+def bnpo_weights(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
     return 1.0 / (options.micro_batches * micro_batch_token_counts(lengths, options.micro_batches))
 
 
-def _dapo(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+@register_loss_type("dapo")
+def dapo_weights(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
     return torch.full(lengths.shape, 1.0 / float(lengths.sum()), dtype=torch.float64)
 
 
-def _dr_grpo(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+@register_loss_type("dr_grpo")
+def dr_grpo_weights(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
     if options.max_completion_length is None:
         raise ConfigError("objective.max_completion_length: dr_grpo needs the trainer's constant length")
     return torch.full(lengths.shape, 1.0 / (lengths.numel() * options.max_completion_length), dtype=torch.float64)
 
 
-def _luspo(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
+@register_loss_type("luspo")
+def luspo_weights(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
     return torch.full(lengths.shape, 1.0 / lengths.numel(), dtype=torch.float64)
-
-
-LOSS_WEIGHTS: dict[str, WeightFn] = {
-    "dr_grpo_per_prompt": _dr_grpo_per_prompt,
-    "grpo": _grpo,
-    "bnpo": _bnpo,
-    "dapo": _dapo,
-    "dr_grpo": _dr_grpo,
-    "luspo": _luspo,
-}
-
-
-def register_loss_type(name: str, weights: WeightFn) -> None:
-    """Add an aggregation: `weights(lengths [B, G], options) -> w [B, G]` (float64, no graph)."""
-    if name in LOSS_WEIGHTS and LOSS_WEIGHTS[name] is not weights:
-        raise ValueError(f"loss_type {name!r} is already registered")
-    LOSS_WEIGHTS[name] = weights
 
 
 def canonical_loss_type(name: str) -> str:

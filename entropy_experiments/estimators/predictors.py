@@ -5,7 +5,7 @@ Each predicts the entropy change of one step of the run's lr, from the X̂ and U
     adamw_step     lr·X̂·v     v = the trainer's exact AdamW step per unit lr (the probe's δH₁)
     no_momentum    lr·X̂·v_P   v_P = −g / (√(s/(1−β₂ᵗ)) + ε): this U's gradient alone through the SAVED second
                               moments s at the saved step t — no momentum, no weight decay, no clipping (the
-                              seeds' historical Ȳ, update_direction.preconditioned_gradient_direction)
+                              seeds' historical Ȳ): `no_momentum_direction` below
     sgd_same_norm  lr·X̂·v_S   v_S = −g·‖v‖/‖g‖: the SGD direction scaled to the AdamW step's length
     direct_only    lr·X_H·v   X_H = ∇_θ(Σ_ik H_ik)/D: only the explicit dependence of the per-token entropies
                               on θ along the real step — no score-function term (the α·ℓ part of L_X: the
@@ -23,28 +23,53 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from ..registry import registrar
 from . import jackknife
-from .update_direction import named_dot, named_norm
+from .adam_state import adam_state_by_name, hyper_by_name
+from .update_direction import named_dot, named_norm, preconditioned_gradient_direction
 
 NamedTensors = dict[str, Tensor]
-StepOf = Callable[[str, NamedTensors], NamedTensors]   # (update_direction kind or "probe", g) ↦ direction
 NAN = float("nan")
 
 
+@dataclass(frozen=True)
+class StepContext:
+    """What a direction predictor may use besides g: the loaded AdamW (its saved state and param groups), the
+    trainable parameter names in optimizer order, and g ↦ the probe's own v (step_directions.probe_step)."""
+
+    optimizer: Any
+    names: list[str]
+    probe_direction: Callable[[NamedTensors], NamedTensors]
+
+
+# Predictors that are a direction v' in parameter space (the prediction is lr·X̂·v'): (g, context) ↦ v'.
+DirectionFn = Callable[[NamedTensors, StepContext], NamedTensors]
+DIRECTION_PREDICTORS: dict[str, DirectionFn] = {}
+# Decorator: `@register_direction_predictor("name")` where the direction is defined (registry.py's style).
+register_direction_predictor: Callable[[str], Callable[[DirectionFn], DirectionFn]] = registrar(
+    DIRECTION_PREDICTORS, "predictor")
+
+
 # ----------------------------------------------------------------------------- the directions
-def no_momentum_direction(grads: NamedTensors, step_of: StepOf) -> NamedTensors:
-    """v_P = −g/(√(s/(1−β₂ᵗ)) + ε) from the saved second moments (no momentum, decay or clipping)."""
-    return step_of("preconditioned_gradient", grads)
+@register_direction_predictor("no_momentum")
+def no_momentum_direction(grads: NamedTensors, ctx: StepContext) -> NamedTensors:
+    """v_P = −g/(√(s/(1−β₂ᵗ)) + ε) with the SAVED second moments s and step t of the loaded AdamW
+    (no momentum, decay or clipping; AdamStateError on a fresh state, step 0)."""
+    return preconditioned_gradient_direction(grads, adam_state_by_name(ctx.optimizer, ctx.names),
+                                             hyper_by_name(ctx.optimizer, ctx.names))
 
 
-def sgd_same_norm_direction(grads: NamedTensors, step_of: StepOf) -> NamedTensors:
+@register_direction_predictor("sgd_same_norm")
+def sgd_same_norm_direction(grads: NamedTensors, ctx: StepContext) -> NamedTensors:
     """v_S = −g·‖v‖/‖g‖, v = the probe's own step from the same g (zero when g = 0)."""
     g_norm = named_norm(grads)
-    scale = named_norm(step_of("probe", grads)) / g_norm if g_norm > 0 else 0.0
+    scale = named_norm(ctx.probe_direction(grads)) / g_norm if g_norm > 0 else 0.0
     return {n: -g.detach().float() * scale for n, g in grads.items()}
 
 
@@ -60,13 +85,6 @@ def zero_second_moment_caveat(grads: NamedTensors, exp_avg_sq: NamedTensors) -> 
         return None
     return (f"{zero} of {total} trainable entries have a saved second moment of exactly 0 and a nonzero "
             "gradient; there v_P = −g/ε, so this predictor is dominated by them")
-
-
-# Predictors that are a direction v' in parameter space (the prediction is lr·X̂·v'); g ↦ v'.
-DIRECTION_PREDICTORS: dict[str, Callable[[NamedTensors, StepOf], NamedTensors]] = {
-    "no_momentum": no_momentum_direction,
-    "sgd_same_norm": sgd_same_norm_direction,
-}
 
 
 # ----------------------------------------------------------------------------- the estimates

@@ -33,10 +33,18 @@ def tokens_to_go(length: int, *, dtype=torch.float64, device=None) -> Tensor:
 
 
 def entropy_estimate(seq_entropies: Tensor, lengths: Tensor, normalize: str) -> float:
-    """Ĥ: Σ h_i / Σ T_i (per_token) or mean h_i (per_sequence).  [N], [N] → float."""
+    """Ĥ: Σ h_i / Σ T_i (per_token) or mean h_i (per_sequence).  [N], [N] (tensors or arrays) → float.
+
+    The one definition of Ĥ: the surrogate's coefficients, results.json `H_orig`, ΔH(η)'s base and the
+    sweep's entropy-only measurement all call it."""
     if normalize == "per_token":
         return float(seq_entropies.sum() / lengths.sum())
     return float(seq_entropies.mean())
+
+
+def entropy_estimates(seq_entropies: Tensor, lengths: Tensor) -> dict[str, float]:
+    """{normalize: Ĥ} for both modes (results.json `H_orig`, entropy_only.json `H`)."""
+    return {mode: entropy_estimate(seq_entropies, lengths, mode) for mode in NORMALIZE_MODES}
 
 
 def normalizer(lengths: Tensor, normalize: str) -> float:

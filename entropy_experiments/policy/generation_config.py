@@ -21,16 +21,19 @@ __all__ = ["GenerationConfig", "PolicySettings", "as_plain_dict", "parse_config"
 
 @dataclass
 class GenerationConfig:
-    """Sampling and scoring settings (the config's `generation` section). Sampling never applies top-k."""
+    """Sampling and scoring settings (the config's `generation` section). Sampling never applies top-k.
+
+    The one definition of the generation defaults: the config schema's `generation` section
+    (config/sections.py) takes its defaults from here."""
 
     temperature: float = 1.0
     top_p: float = 1.0
-    max_new_tokens: int = 200
+    max_new_tokens: int = 128
     do_sample: bool = True
     num_return_sequences: int = 8
-    gen_batch_size: int = 32
+    gen_batch_size: int = 8
     tf_batch_size: int = 8
-    rb_requires_grad: bool = False
+    rb_requires_grad: bool = True
     pad_token_id: int | None = None          # None ⇒ the tokenizer's pad (else its EOS)
     eos_token_id: int | list[int] | None = None  # None ⇒ tokenizer EOS ∪ the model's generation_config EOS
     stop_strings: list[str] = field(default_factory=lambda: ["</answer>"])

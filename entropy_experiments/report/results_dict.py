@@ -14,6 +14,7 @@ from torch import nn
 
 from ..data.batch import count_tokens
 from ..data.rewards import reward_warnings
+from ..estimators.surrogate import entropy_estimates
 
 
 @dataclass
@@ -43,7 +44,7 @@ class ProbeOutcome:
     per_sequence_rows: list[dict]
     update_vector: dict[str, torch.Tensor]
     plan: Any = None                      # the IndexPlan of a fresh sampling
-    policy: Any = None                    # probe.Policy: the loaded model, optimizer and SequenceProcessor
+    policy: Any = None                    # probe.Policy: the policy engine, the trainable model, the optimizer
 
 
 def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[dict], second_order: dict | None,
@@ -51,11 +52,10 @@ def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[d
     """The results dict from the phases' typed results (`probe.DeltaH1Result`, `probe.ErrorBars`, truth and
     its paired residuals, one per η, the second-order report and the competing predictors)."""
     scores = res.scores
-    lengths, seq_h = scores.lengths, scores.seq_entropies
     results = {
         "deltaH1": res.delta_h1, "bars_dot": res.bars_dot, "learning_rate": res.learning_rate,
         "normalize": facts.normalize, "se": bars.se,
-        "H_orig": {"per_token": float(seq_h.sum() / lengths.sum()), "per_sequence": float(seq_h.mean())},
+        "H_orig": entropy_estimates(scores.seq_entropies, scores.lengths),
         "true": [{**row, "residual": resid,
                   "second_order_prediction": None if second_order is None else second_order["predictions"][f"{row['eta']:g}"]}
                  for row, resid in zip(truth["true"], residuals)],
@@ -75,7 +75,7 @@ def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[d
         "warnings": facts.warnings + list(dict.fromkeys(facts.sampling_warnings + list(reward_warnings()))),
     }
     rows = per_sequence_rows(E, scores, bars.a, bars.r, truth["per_sequence"])
-    return ProbeOutcome(results, rows, res.Ybar, facts.plan)
+    return ProbeOutcome(results, rows, res.v, facts.plan)
 
 
 def per_sequence_rows(E: dict, scores, a, r, per_eta: dict) -> list[dict]:

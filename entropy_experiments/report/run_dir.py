@@ -212,14 +212,6 @@ class RunDirectory:
     def log_path(self) -> Path:
         return self.path / LOG_FILE
 
-    @property
-    def results_path(self) -> Path:
-        return self.path / RESULTS_FILE
-
-    @property
-    def plot_path(self) -> Path:
-        return self.path / PLOT_FILE
-
     def _write_text(self, name: str, text: str) -> Path:
         """Write `text` as UTF-8 to the file `name` in the run directory, atomically."""
         path = self.path / name

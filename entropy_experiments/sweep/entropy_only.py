@@ -18,6 +18,7 @@ from .. import io_utils
 from ..config import ProbeConfig
 from ..errors import output_error_on_os_error
 from ..estimators.sequence_scores import score_sequences
+from ..estimators.surrogate import entropy_estimates
 from ..parallel import SINGLE
 from ..phase_results import Policy
 from ..probe import draw_plan, sample_sharded
@@ -63,7 +64,7 @@ def measure_entropy_only(config: ProbeConfig, policy: Policy, out: Path, reason:
         h, T = scores.seq_entropies.double(), scores.lengths
         rows = per_sequence_rows(E, scores, None, None, {})
         doc = {"kind": "entropy_only", "reason": reason, "normalize": config.estimator.normalize,
-               "H": {"per_token": float(h.sum() / T.sum()), "per_sequence": float(h.mean())},
+               "H": entropy_estimates(h, T),
                "learning_rate": 0.0, "checkpoint": policy.checkpoint_info, "config_hash": config.config_hash(),
                "counts": {"E_sequences": len(rows), "E_tokens": int(T.sum()),
                           "unique_E_prompts": len(set(E["prompt_ids"]))}}

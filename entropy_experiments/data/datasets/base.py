@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from entropy_experiments.errors import DataError, closest_match
+from entropy_experiments.registry import registrar
 
 
 @dataclass(frozen=True)
@@ -54,16 +55,8 @@ DATASET_REGISTRY: dict[str, Builder] = {}
 _CACHE: dict[tuple, tuple[Example, ...]] = {}
 
 
-def register_dataset(name: str) -> Callable[[Builder], Builder]:
-    """Decorator: register `builder` under `name` in DATASET_REGISTRY."""
-
-    def decorator(builder: Builder) -> Builder:
-        if name in DATASET_REGISTRY and DATASET_REGISTRY[name] is not builder:
-            raise ValueError(f"data set name {name!r} is already registered")
-        DATASET_REGISTRY[name] = builder
-        return builder
-
-    return decorator
+# Decorator: `@register_dataset("name")` on the builder, where it is defined (registry.py's style).
+register_dataset: Callable[[str], Callable[[Builder], Builder]] = registrar(DATASET_REGISTRY, "data set")
 
 
 def make_meta(dataset: str, split: str, global_prompt_id: int, **extra: Any) -> dict[str, Any]:

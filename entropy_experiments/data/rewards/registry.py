@@ -17,6 +17,7 @@ from typing import Any
 from entropy_experiments.data.datasets.base import Example
 from entropy_experiments.data.rewards.calling import call_reward, exception_line
 from entropy_experiments.errors import RewardError, closest_match
+from entropy_experiments.registry import registrar
 
 # fn(prompt, responses, example) -> list[float], or TRL style fn(prompts, completions, **kwargs) (calling.py).
 RewardFn = Callable[..., Any]
@@ -24,16 +25,8 @@ RewardFn = Callable[..., Any]
 REWARD_REGISTRY: dict[str, RewardFn] = {}
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator: register `fn` under `name` in REWARD_REGISTRY."""
-
-    def decorator(fn: RewardFn) -> RewardFn:
-        if name in REWARD_REGISTRY and REWARD_REGISTRY[name] is not fn:
-            raise ValueError(f"reward name {name!r} is already registered")
-        REWARD_REGISTRY[name] = fn
-        return fn
-
-    return decorator
+# Decorator: `@register_reward("name")` on the reward function, where it is defined (registry.py's style).
+register_reward: Callable[[str], Callable[[RewardFn], RewardFn]] = registrar(REWARD_REGISTRY, "reward")
 
 
 def _import_reward(spec: str) -> RewardFn:
