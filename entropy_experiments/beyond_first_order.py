@@ -19,8 +19,10 @@ from .config import ProbeConfig
 from .data.batch import subset_batch
 from .estimators import jackknife
 from .estimators.delta_h import eta_grid, measure_delta_h
+from .estimators.displacement import displacement_entry, step_comparison
 from .estimators.entropy_gradient import e_microbatches, entropy_only_gradient_sum
 from .estimators.error_bars import ErrorBars, paired_residuals
+from .estimators.jackknife import Estimate
 from .estimators.predictors import (
     direct_only_estimate,
     direction_estimate,
@@ -33,7 +35,7 @@ from .estimators.second_order import second_derivative, second_order_report
 from .estimators.sequence_scores import SECOND_ORDER_KEYS, second_order_sums, units_of
 from .estimators.snis import linearity_fit
 from .parallel import SINGLE, DistContext
-from .phase_results import DeltaH1Result, Policy
+from .phase_results import DeltaH1Result, NamedTensors, Policy
 from .policy.progress import progress
 from .step_directions import no_momentum_caveat, predictor_direction_fns
 
@@ -69,20 +71,47 @@ def truth_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result
                            tf_batch_size=res.scores_tf_batch, gather=dist.row_gatherer(rows_mine, B * G))
 
 
+def second_derivative_along(config: ProbeConfig, policy: Policy, E: dict, direction: NamedTensors,
+                            dist: DistContext = SINGLE) -> tuple[Estimate, dict[str, list[float]]]:
+    """(D² Ĥ along `direction` of the SNIS estimate on E with its SE, the per-sequence sums it came from),
+    by the nested jvp; sharded like ΔH."""
+    G, B = E["num_responses_per_prompt"], E["num_prompts"]
+    local_E, rows_mine = scoring_share(config, E, dist)
+    sums = second_order_sums(policy.engine, local_E, direction) if local_E is not None else None
+    gather = dist.row_gatherer(rows_mine, B * G)
+    cols = {k: gather(sums[k] if sums else [], f"second-order sums gather ({k})") for k in SECOND_ORDER_KEYS}
+    d2 = second_derivative(cols["s"], cols["s2"], cols["dh"], cols["d2h"], cols["h"], cols["T"],
+                           normalize=config.estimator.normalize, units=units_of(B, G))
+    return d2, cols
+
+
 def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result,
                        dist: DistContext = SINGLE) -> dict | None:
     """d2 = D²_v H of the SNIS estimate on E with its SE, η* and the prediction per η (None: off); sharded like ΔH."""
     if not config.second_order.enabled:
         return None
-    G, B = E["num_responses_per_prompt"], E["num_prompts"]
-    local_E, rows_mine = scoring_share(config, E, dist)
-    sums = second_order_sums(policy.engine, local_E, res.v) if local_E is not None else None
-    gather = dist.row_gatherer(rows_mine, B * G)
-    cols = {k: gather(sums[k] if sums else [], f"second-order sums gather ({k})") for k in SECOND_ORDER_KEYS}
-    d2 = second_derivative(cols["s"], cols["s2"], cols["dh"], cols["d2h"], cols["h"], cols["T"],
-                           normalize=config.estimator.normalize, units=units_of(B, G))
+    d2, _ = second_derivative_along(config, policy, E, res.v, dist)
     etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
     return second_order_report(d2, res.bars_dot, etas, "forward-over-forward jvp")
+
+
+def displacement_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result,
+                       dist: DistContext = SINGLE) -> dict:
+    """The `displacement` predictor: δH_Δθ = X̂·Δθ with SE_E from the pieces along Δθ (same E pass as v),
+    ½·D²_Δθ H by the nested jvp, and how the probe's own step lr·v compares with Δθ. Its per-sequence pieces
+    and second-order sums go to per_sequence.jsonl (`res.per_sequence_extra`) for the sweep's joint jackknife."""
+    delta = policy.displacement
+    pieces = res.predictor_pieces.get("displacement")
+    d2, cols = second_derivative_along(config, policy, E, delta, dist)
+    entry = displacement_entry(res.X_hat, delta, pieces, res.scores, normalize=config.estimator.normalize,
+                               second=d2)
+    entry.update(step_comparison(res.v, res.learning_rate, delta))
+    entry["next_checkpoint"] = config.predictors.next_checkpoint
+    extra = {k: [float(x) for x in cols[k]] for k in ("s", "s2", "dh", "d2h")}
+    if pieces is not None:
+        extra.update(a=[float(x) for x in pieces[0]], r=[float(x) for x in pieces[1]])
+    res.per_sequence_extra["displacement"] = extra
+    return entry
 
 
 def direct_only_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, bars: ErrorBars,
@@ -119,6 +148,8 @@ def predictors_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1R
         out[name] = direction_estimate(res.X_hat, v_pred, res.predictor_pieces.get(name), res.scores, lr, loo,
                                        normalize=normalize)
     out["direct_only"] = direct_only_phase(config, policy, E, res, bars, dist)
+    if policy.displacement is not None:
+        out = {"displacement": displacement_phase(config, policy, E, res, dist), **out}
     out = with_ratios(out, measured_reference(truth["true"], lr))
     if "no_momentum" in out:
         caveat = no_momentum_caveat(policy, res.u_gradients.total)

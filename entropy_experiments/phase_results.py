@@ -42,6 +42,7 @@ class Policy:
     optimizer: Any
     tokenizer: Any = None
     checkpoint_info: dict | None = None       # layout, files, base model, lr source (results.json)
+    displacement: NamedTensors | None = None  # Δθ = θ_next − θ (predictors.next_checkpoint; None: not set)
 
 
 @dataclass
@@ -64,6 +65,8 @@ class DeltaH1Result:
     predictor_directions: dict[str, NamedTensors] = field(default_factory=dict)  # competing predictors' v'
     predictor_pieces: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # their (a', r')
     predictors_unavailable: dict[str, str] = field(default_factory=dict)  # name → why it has no direction
+    # extra per-sequence columns for per_sequence.jsonl, {name: {column: [N]}} (filled by later phases)
+    per_sequence_extra: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
     @property
     def Xbar(self) -> NamedTensors:

@@ -23,6 +23,7 @@ from functools import partial
 from torch import Tensor
 
 from .beyond_first_order import beyond_first_order_phase, scoring_share
+from .checkpoint.displacement import NEXT_CHECKPOINT_KEY, displacement_to
 from .checkpoint.learning_rate import resolve_learning_rate
 from .checkpoint.load import load_for_probe, locate_checkpoint
 from .checkpoint.trainer_batch import trainer_batch_record
@@ -31,7 +32,7 @@ from .data.batch import concat_batches
 from .data.plan import IndexPlan, draw_index_plan
 from .data.rewards import clear_reward_warnings
 from .data.rewards.weighted import RewardSet
-from .errors import ProbeError
+from .errors import ConfigError, ProbeError
 from .estimators.entropy_gradient import (
     coefficients,
     e_microbatches,
@@ -53,7 +54,7 @@ from .estimators.objective_gradient import (
 )
 from .estimators.sequence_scores import SequenceScores, score_sequences, units_of
 from .estimators.surrogate import SurrogateCoefficients, directional_pieces
-from .estimators.update_direction import named_dot
+from .estimators.update_direction import named_dot, named_norm
 from .parallel import SINGLE, DistContext, init_from_env, rank_seed
 from .phase_results import DeltaH1Result, Policy, WarningLog
 from .policy.engine import PolicyEngine
@@ -67,6 +68,7 @@ from .test_hooks import inject_fault_for_tests
 log = logging.getLogger("entropy_experiments.probe")
 NamedTensors = dict[str, Tensor]
 MAIN = "v"  # the key of the probe's own direction among the directions the E pass takes pieces along
+DISPLACEMENT = "displacement"  # the key of Δθ = θ_next − θ among them (predictors.next_checkpoint)
 
 
 def progress(desc: str):
@@ -99,6 +101,21 @@ def load_phase(config: ProbeConfig, dist: DistContext, notes: WarningLog, logger
         notes.warn(batch_warning)
     engine = PolicyEngine(loaded.model, loaded.tokenizer, config.policy_settings(), logger)
     return Policy(engine, Trainable.of(loaded.model), loaded.optimizer, loaded.tokenizer, loaded.info)
+
+
+def displacement_phase(config: ProbeConfig, policy: Policy, notes: WarningLog) -> NamedTensors | None:
+    """Δθ = θ_next − θ to `predictors.next_checkpoint` (None: not set); Δθ = 0 is recorded as a warning."""
+    path = config.predictors.next_checkpoint
+    if path is None:
+        return None
+    if not config.predictors.enabled:
+        raise ConfigError(f"{NEXT_CHECKPOINT_KEY} is set but predictors.enabled is false: the displacement "
+                          "predictor is one of the predictors")
+    t = policy.trainable
+    delta = displacement_to(t.model, path, list(t.names), list(t.params))
+    if named_norm(delta) == 0:
+        notes.warn(f"{NEXT_CHECKPOINT_KEY} {path}: the adapter is unchanged (Δθ = 0), so δH_Δθ = 0")
+    return delta
 
 
 # ---------------------------------------------------------------------- phases 1–3: update and entropy
@@ -201,6 +218,8 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
     timings["U_gradient_and_direction"] = time.perf_counter() - t0
     method = pieces_method(policy.trainable, config.entropy_options(), per_sequence_pieces)
     directions = {MAIN: v, **extra}
+    if policy.displacement is not None:
+        directions[DISPLACEMENT] = policy.displacement
     if method == "backward_hooks":
         t0 = time.perf_counter()
         X, scores, coefs, pieces = one_pass_phase(config, policy, E, directions, dist)
@@ -329,6 +348,10 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     if policy is None:
         policy = load_phase(config, dist, notes, logger)
         timing["load"] = time.perf_counter() - t_start
+    t0 = time.perf_counter()
+    policy.displacement = displacement_phase(config, policy, notes)
+    if policy.displacement is not None:
+        timing["load_displacement"] = time.perf_counter() - t0
     if chunk_store is not None:
         policy.engine.chunk_store = chunk_store
     t0 = time.perf_counter()

@@ -23,7 +23,8 @@ from ..library_noise import quiet_library_loading
 from .layout import ADAPTER_CONFIG_FILE
 from .messages import first_line
 
-__all__ = ["BaseModelChoice", "load_base_model", "load_tokenizer", "resolve_base_model", "resolve_base_model_id"]
+__all__ = ["BaseModelChoice", "load_base_model", "load_tokenizer", "resolve_base_model", "resolve_base_model_id",
+           "same_base_model"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ def _canonical_base(name: str) -> str:
         return str(embedded_model_dir().expanduser().resolve())
     local = Path(text).expanduser()
     return str(local.resolve()) if local.is_dir() else text.rstrip("/")
+
+
+def same_base_model(a: str, b: str) -> bool:
+    """Whether two base model names name the same model (local directories compared as resolved paths)."""
+    return _canonical_base(a) == _canonical_base(b)
 
 
 def resolve_base_model_id(config_base_model: str | None, adapter_dir: Path | None) -> BaseModelChoice:

@@ -25,7 +25,7 @@ from .layout import CheckpointFiles
 from .learning_rate import schedule_hint
 from .optimizer_state import read_optimizer_file
 
-__all__ = ["saved_lr_ended", "swap_adapter"]
+__all__ = ["check_same_lora", "put_adapter_weights", "saved_lr_ended", "swap_adapter"]
 
 log = logging.getLogger("entropy_experiments.probe")
 
@@ -41,7 +41,7 @@ def _comparable(value: Any) -> Any:
     return value
 
 
-def _check_same_lora(model: nn.Module, adapter_dir: Path) -> None:
+def check_same_lora(model: nn.Module, adapter_dir: Path) -> None:
     """CheckpointError naming the first LoRA setting in which `adapter_dir` differs from the loaded adapter."""
     from peft import PeftConfig
 
@@ -55,7 +55,7 @@ def _check_same_lora(model: nn.Module, adapter_dir: Path) -> None:
         mine, theirs = _comparable(getattr(loaded, key, None)), _comparable(getattr(saved, key, None))
         if mine != theirs:
             raise CheckpointError(f"adapter {adapter_dir}: {key} = {theirs!r} differs from the adapter already "
-                                  f"loaded ({mine!r}); every checkpoint of a sweep must share one LoRA configuration")
+                                  f"loaded ({mine!r}); the checkpoints of one run must share one LoRA configuration")
 
 
 def swap_adapter(model: nn.Module, adapter_dir: Path, base: BaseModelChoice, loaded_base: str) -> None:
@@ -64,13 +64,19 @@ def swap_adapter(model: nn.Module, adapter_dir: Path, base: BaseModelChoice, loa
     The same checks as a fresh load: the base model named for this checkpoint must be the one loaded, the
     LoRA configuration the same, every saved tensor must land and every weight be finite.
     """
-    from peft.utils import load_peft_weights, set_peft_model_state_dict
-
     if base.name != loaded_base:
         raise CheckpointError(f"adapter {adapter_dir}: base model {base.name!r} (from {base.source}) is not the "
                               f"base model loaded for this sweep ({loaded_base!r})")
-    _check_same_lora(model, adapter_dir)
-    check_adapter_matches_base(model, adapter_dir, base.name)  # the file's tensor names against the model's
+    check_same_lora(model, adapter_dir)
+    put_adapter_weights(model, adapter_dir, base.name)
+
+
+def put_adapter_weights(model: nn.Module, adapter_dir: Path, base_name: str) -> None:
+    """The LoRA weights saved in `adapter_dir` into `model` (same LoRA configuration: `check_same_lora`): every
+    saved tensor must land, every weight be finite (CheckpointError naming `adapter_dir` otherwise)."""
+    from peft.utils import load_peft_weights, set_peft_model_state_dict
+
+    check_adapter_matches_base(model, adapter_dir, base_name)  # the file's tensor names against the model's
     state = load_peft_weights(str(adapter_dir), device="cpu")
     with torch.no_grad():
         result = set_peft_model_state_dict(model, state, adapter_name="default")

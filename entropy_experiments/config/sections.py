@@ -287,9 +287,12 @@ class SecondOrderSection(_Section):
 
 
 class PredictorsSection(_Section):
-    """Competing predictors of the same step beside the AdamW step (README "Competing predictors")."""
+    """Competing predictors of the same step beside the AdamW step (README "Competing predictors").
+    next_checkpoint: the checkpoint the run reached next; set, it adds the `displacement` predictor
+    δH_Δθ = X̂·(θ_next − θ) (README "Across a run"; the sweep sets it from the next swept checkpoint)."""
 
     enabled: bool = True
+    next_checkpoint: str | None = None
 
 
 class RewardSection(_Section):

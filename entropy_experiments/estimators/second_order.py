@@ -30,7 +30,7 @@ import numpy as np
 
 from .jackknife import Estimate, Normalize, as_float64, check_normalize, jackknife_estimate, sum_by_unit
 
-__all__ = ["second_derivative", "second_order_report", "snis_derivatives"]
+__all__ = ["second_derivative", "second_order_report", "snis_columns", "snis_derivatives"]
 
 FIRST_ORDER_TOLERANCE = 0.1   # η*: where ½η²|d2| reaches this fraction of |η·X̂·v|
 
@@ -43,7 +43,8 @@ def snis_derivatives(sums: np.ndarray) -> tuple[float, float]:
     return float(first), float(second)
 
 
-def _columns(s: Any, s2: Any, dh: Any, d2h: Any, h: Any, T: Any, normalize: Normalize) -> list[np.ndarray]:
+def snis_columns(s: Any, s2: Any, dh: Any, d2h: Any, h: Any, T: Any, normalize: Normalize) -> list[np.ndarray]:
+    """The six per-sequence columns whose sums are (N, D, N', D', N'', D'') of the module docstring."""
     s, s2, dh, d2h, h, t = (as_float64(x) for x in (s, s2, dh, d2h, h, T))
     d = t if normalize == "per_token" else np.ones_like(t)
     curv = s2 + s ** 2
@@ -57,7 +58,7 @@ def second_derivative(s: Any, s2: Any, dh: Any, d2h: Any, h: Any, T: Any, *, nor
     s, s2, dh, d2h: per-sequence sums of D_v ℓ, D²_v ℓ, D_v H, D²_v H; h, T: entropies and lengths; all [N].
     """
     check_normalize(normalize)
-    return jackknife_estimate(sum_by_unit(_columns(s, s2, dh, d2h, h, T, normalize), units),
+    return jackknife_estimate(sum_by_unit(snis_columns(s, s2, dh, d2h, h, T, normalize), units),
                               lambda sums: snis_derivatives(sums)[1])
 
 

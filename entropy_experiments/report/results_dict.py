@@ -74,12 +74,13 @@ def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[d
         "checkpoint": facts.checkpoint_info,  # layout, files and their sources, base model, lr source
         "warnings": facts.warnings + list(dict.fromkeys(facts.sampling_warnings + list(reward_warnings()))),
     }
-    rows = per_sequence_rows(E, scores, bars.a, bars.r, truth["per_sequence"])
+    rows = per_sequence_rows(E, scores, bars.a, bars.r, truth["per_sequence"], res.per_sequence_extra)
     return ProbeOutcome(results, rows, res.v, facts.plan)
 
 
-def per_sequence_rows(E: dict, scores, a, r, per_eta: dict) -> list[dict]:
-    """One row per E sequence: its prompt, T, h, Σℓ, the pieces a, r and log w at every η (when computed)."""
+def per_sequence_rows(E: dict, scores, a, r, per_eta: dict, extra: dict | None = None) -> list[dict]:
+    """One row per E sequence: its prompt, T, h, Σℓ, the pieces a, r, log w at every η (when computed) and the
+    `extra` columns {name: {column: [N]}} as row[name] = {column: value} (e.g. the displacement's pieces)."""
     G = E["num_responses_per_prompt"]
     rows = []
     for n, (logq, ent) in enumerate(zip(scores.token_logqs, scores.token_entropies)):
@@ -90,6 +91,8 @@ def per_sequence_rows(E: dict, scores, a, r, per_eta: dict) -> list[dict]:
             row.update({"a": float(a[n]), "r": float(r[n])})
         if per_eta:
             row["logw"] = {f"{eta:g}": d["logw"][n] for eta, d in per_eta.items()}
+        for name, columns in (extra or {}).items():
+            row[name] = {k: col[n] for k, col in columns.items()}
         rows.append(row)
     return rows
 
