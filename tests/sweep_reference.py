@@ -42,17 +42,21 @@ def ref_bootstrap(x, y, fn):
         else [None, None]
 
 
-def ref_metrics(x, y, z):
+def ref_metrics(x, y, z, se):
     def spear(a, b):
         return ref_pearson(ref_ranks(a), ref_ranks(b))
 
     zs = [v for v in z if v is not None]
+    resolved = [(a, b) for a, b, e in zip(x, y, se) if e is not None and abs(b) > 2 * e]
     ratios = sorted(a / b for a, b in zip(x, y) if b != 0)
     med = None if not ratios else (ratios[len(ratios) // 2] if len(ratios) % 2 else
                                    0.5 * (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]))
     return {"n": len(x),
             "sign_agreement": sum((a > 0) == (b > 0) and (a < 0) == (b < 0) for a, b in zip(x, y)) / len(x)
             if x else None,
+            "n_resolved": len(resolved),
+            "sign_agreement_resolved": sum((a > 0) == (b > 0) and (a < 0) == (b < 0) for a, b in resolved)
+            / len(resolved) if resolved else None,
             "pearson": {"r": ref_pearson(x, y), "ci95": ref_bootstrap(x, y, ref_pearson)},
             "spearman": {"r": spear(x, y), "ci95": ref_bootstrap(x, y, spear)},
             "coverage": {"value": sum(abs(v) < 1.96 for v in zs) / len(zs) if zs else None, "n": len(zs)},
@@ -61,13 +65,14 @@ def ref_metrics(x, y, z):
 
 def ref_calibration(doc):
     names = list(dict.fromkeys(n for r in doc["rows"] for n in r["predictors"]))
+    names = [n for n in names if n == "displacement"] + [n for n in names if n != "displacement"]
     out = {}
     for name in names:
-        own = [(r["predictors"][name]["delta_h1"], r["deltaH_true"]["scaled"], r["predictors"][name]["z_own"])
-               for r in doc["rows"] if name in r["predictors"] and r["deltaH_true"]]
-        real = [(r["predictors"][name]["dH_predicted"], r["dH_realised"], r["predictors"][name]["z"])
+        own = [(r["predictors"][name]["delta_h1"], r["deltaH_true"]["scaled"], r["predictors"][name]["z_own"],
+                r["deltaH_true"]["se_scaled"]) for r in doc["rows"] if name in r["predictors"] and r["deltaH_true"]]
+        real = [(r["predictors"][name]["dH_predicted"], r["dH_realised"], r["predictors"][name]["z"], r["se"])
                 for r in doc["realised"] if name in r["predictors"]]
-        out[name] = {k: ref_metrics([p[0] for p in v], [p[1] for p in v], [p[2] for p in v])
+        out[name] = {k: ref_metrics([p[0] for p in v], [p[1] for p in v], [p[2] for p in v], [p[3] for p in v])
                      for k, v in (("own", own), ("realised", real))}
     return out
 

@@ -35,7 +35,7 @@ from entropy_experiments.sweep.discovery import find_checkpoints, select_every
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
 from tests.run_helpers import cli_command, logging_restored, subprocess_env
 from tests.sweep_helpers import exact_entropy, load_checkpoint_model, train_run
-from tests.sweep_reference import assert_close, ref_calibration
+from tests.sweep_reference import assert_close, jackknife, ref_calibration
 
 # Costly module fixtures: one worker runs this whole file (scripts/test.sh distributes by xdist_group).
 pytestmark = pytest.mark.xdist_group("test_sweep")
@@ -143,6 +143,9 @@ def test_sweep_calibration_matches_an_independent_implementation(swept):
     for real in doc["realised"]:
         row = next(r for r in doc["rows"] if r["step"] == real["from_step"])
         for name, p in real["predictors"].items():
+            if name == "displacement":  # its z is the first-order residual's: test_first_order_residual_...
+                assert p["z"] == real["first_order"]["z"] and p["dH_predicted"] == real["displacement"]["value"]
+                continue
             se = math.sqrt(real["se"] ** 2 + row["predictors"][name]["se"] ** 2 + row["se_U"] ** 2)
             assert p["z"] == pytest.approx((real["dH_realised"] - row["predictors"][name]["delta_h1"]) / se)
 
@@ -283,3 +286,44 @@ def test_every_must_match_on_resume_and_config_errors_name_the_value(swept, trai
         select_every(find_checkpoints(run), 0)
     with pytest.raises(OutputError, match="that sweep has every 1, this one 2"):
         run_sweep(config_from_dict(config), run, resume=str(swept[0]), every=2)
+
+
+# ---------------------------------------------------------------------------------- the step the run took
+def _per_sequence(path: Path) -> list[dict]:
+    return [json.loads(line) for line in (path / "per_sequence.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_first_order_residual_is_one_jackknife_over_both_batches(swept):
+    """realised − δH_Δθ and its SE against a delete-one jackknife written out over the units (draw:prompt) of
+    BOTH batches: deleting a unit removes it from Ĥ(to), Ĥ(from) and δH_Δθ = (A − Ĥ·B)/ΣT at once."""
+    out, doc = swept
+    real = doc["realised"][0]
+    assert real["displacement"]["steps_spanned"] == 1 and "one step" in real["displacement"]["span"]
+    rows_from = _per_sequence(out / "runs" / real["from_checkpoint"])
+    rows_to = _per_sequence(out / "runs" / real["to_checkpoint"])
+
+    def key(r):
+        return f"{r['prompt_index']}:{r['prompt_id']}"
+
+    units = sorted({key(r) for r in rows_from} | {key(r) for r in rows_to})
+
+    def residual(without=None):
+        f = [r for r in rows_from if key(r) != without]
+        t = [r for r in rows_to if key(r) != without]
+        h_f, T_f = sum(r["h"] for r in f), sum(r["T"] for r in f)
+        A, B = sum(r["displacement"]["a"] for r in f), sum(r["displacement"]["r"] for r in f)
+        return sum(r["h"] for r in t) / sum(r["T"] for r in t) - h_f / T_f - (A - h_f / T_f * B) / T_f
+
+    first = real["first_order"]
+    assert first["residual"] == pytest.approx(residual(), rel=1e-9, abs=1e-12)
+    assert first["residual"] == pytest.approx(real["dH_realised"] - real["displacement"]["value"], rel=1e-3, abs=1e-6)
+    assert first["se"] == pytest.approx(jackknife([residual(u) for u in units]), rel=1e-9)
+    assert first["z"] == pytest.approx(first["residual"] / first["se"])
+    # the joint SE is not the two SEs added in quadrature: the realised change and δH_Δθ share E_N
+    assert first["se"] != pytest.approx(math.hypot(real["se"], real["displacement"]["se"]), rel=1e-3)
+    noise = real["u_noise"]
+    row = doc["rows"][0]
+    assert noise["trainer_batch_sequences"] == noise["probe_U_sequences"] == 32  # make_checkpoint: B_U·G = 8·4
+    assert noise["se"] == pytest.approx(math.sqrt(2 * row["se_U"] ** 2 + noise["se_E"] ** 2))
+    assert noise["value"] == pytest.approx(row["deltaH1"] - real["displacement"]["value"], rel=1e-3, abs=1e-6)
+    assert doc["decomposition"]["first_order"]["n"] == len(doc["realised"])

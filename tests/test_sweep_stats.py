@@ -29,14 +29,17 @@ def test_calibration_on_many_rows_matches_an_independent_implementation():
     rows, realised = [], []
     for i, t in enumerate(truth):
         preds = {"adamw_step": {"delta_h1": float(t + rng.normal(0, 3e-3)), "z_own": float(rng.normal())},
-                 "sgd_same_norm": {"delta_h1": float(round(t * 300) / 300), "z_own": None}}
-        rows.append({"predictors": preds, "deltaH_true": {"scaled": float(t)}})
-        realised.append({"dH_realised": float(t + rng.normal(0, 5e-3)),
+                 "sgd_same_norm": {"delta_h1": float(round(t * 300) / 300), "z_own": None},
+                 "displacement": {"delta_h1": float(t + rng.normal(0, 2e-3)), "z_own": None}}
+        rows.append({"predictors": preds, "deltaH_true": {"scaled": float(t), "se_scaled": 4e-3 if i % 3 else None}})
+        realised.append({"dH_realised": float(t + rng.normal(0, 5e-3)), "se": float(rng.uniform(1e-3, 8e-3)),
                          "predictors": {k: {"dH_predicted": v["delta_h1"], "z": float(rng.normal(0, 1.5))}
                                         for k, v in preds.items()}})
     doc = {"rows": rows, "realised": realised}
     mine = calibration(rows, realised)
     assert_close(mine, ref_calibration(doc))
+    assert next(iter(mine)) == "displacement"
+    assert 0 < mine["displacement"]["realised"]["n_resolved"] < 12
     assert 0.5 < mine["adamw_step"]["own"]["pearson"]["r"] < 1.0
     lo, hi = mine["adamw_step"]["own"]["pearson"]["ci95"]
     assert lo < mine["adamw_step"]["own"]["pearson"]["r"] < hi

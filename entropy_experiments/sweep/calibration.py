@@ -6,9 +6,14 @@ Two comparisons per predictor (names as in results.json `predictors`; `adamw_ste
   positive η, scaled to the checkpoint's lr (ΔH(η)·lr/η), with z = the row's `z_own`;
 * `realised`: over the `realised` rows, dH_predicted against dH_realised = H(to) − H(from), with the row's z.
 
-Each: n, sign agreement, Pearson and Spearman r with 95 % percentile-bootstrap intervals, coverage (the
-fraction of finite z with |z| < 1.96, i.e. of ±1.96·SE intervals that cover the measured value, with the
-number of finite z) and the median of predicted / measured.
+Each: n, sign agreement (over all pairs, and `sign_agreement_resolved` over the `n_resolved` pairs whose measured
+value is resolved, |measured| > 2·SE), Pearson and Spearman r with 95 % percentile-bootstrap intervals (pairs that
+share a checkpoint share its E: the bootstrap over pairs is approximate), coverage (the fraction of finite z with
+|z| < 1.96, i.e. of ±1.96·SE intervals that cover the measured value, with the number of finite z) and the median
+of predicted / measured. The `displacement` predictor comes first; its realised z is the first-order residual's.
+
+`decomposition` (sweep.json): the coverage of the realised intervals' first-order, second-order and U-noise z
+(sweep/decomposition.py).
 """
 
 from __future__ import annotations
@@ -17,17 +22,23 @@ import math
 
 from .stats import bootstrap_ci, coverage, median_ratio, pearson, sign_agreement, spearman
 
-__all__ = ["calibration", "metrics"]
+__all__ = ["calibration", "decomposition_coverage", "metrics"]
 
 
 def _finite_or_none(x: float) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def metrics(predicted: list[float], measured: list[float], z: list[float | None]) -> dict:
+def metrics(predicted: list[float], measured: list[float], z: list[float | None],
+            se_measured: list[float | None]) -> dict:
     """The calibration summary of one comparison (see the module docstring); None where undefined."""
     zs = [float("nan") if v is None else v for v in z]
-    out = {"n": len(predicted), "sign_agreement": _finite_or_none(sign_agreement(predicted, measured))}
+    resolved = [i for i, (y, se) in enumerate(zip(measured, se_measured, strict=True))
+                if se is not None and math.isfinite(se) and abs(y) > 2 * se]
+    out = {"n": len(predicted), "sign_agreement": _finite_or_none(sign_agreement(predicted, measured)),
+           "n_resolved": len(resolved),
+           "sign_agreement_resolved": _finite_or_none(sign_agreement([predicted[i] for i in resolved],
+                                                                     [measured[i] for i in resolved]))}
     for name, fn in (("pearson", pearson), ("spearman", spearman)):
         lo, hi = bootstrap_ci(predicted, measured, fn)
         out[name] = {"r": _finite_or_none(fn(predicted, measured)),
@@ -37,8 +48,8 @@ def metrics(predicted: list[float], measured: list[float], z: list[float | None]
     return out
 
 
-def _own_pairs(rows: list[dict], name: str) -> tuple[list[float], list[float], list[float | None]]:
-    xs, ys, zs = [], [], []
+def _own_pairs(rows: list[dict], name: str) -> tuple[list, list, list, list]:
+    xs, ys, zs, ses = [], [], [], []
     for row in rows:
         pred, true = row["predictors"].get(name), row["deltaH_true"]
         if pred is None or true is None or pred["delta_h1"] is None or true["scaled"] is None:
@@ -46,11 +57,12 @@ def _own_pairs(rows: list[dict], name: str) -> tuple[list[float], list[float], l
         xs.append(pred["delta_h1"])
         ys.append(true["scaled"])
         zs.append(pred["z_own"])
-    return xs, ys, zs
+        ses.append(true["se_scaled"])
+    return xs, ys, zs, ses
 
 
-def _realised_pairs(realised: list[dict], name: str) -> tuple[list[float], list[float], list[float | None]]:
-    xs, ys, zs = [], [], []
+def _realised_pairs(realised: list[dict], name: str) -> tuple[list, list, list, list]:
+    xs, ys, zs, ses = [], [], [], []
     for row in realised:
         pred = row["predictors"].get(name)
         if pred is None or pred["dH_predicted"] is None or row["dH_realised"] is None:
@@ -58,7 +70,8 @@ def _realised_pairs(realised: list[dict], name: str) -> tuple[list[float], list[
         xs.append(pred["dH_predicted"])
         ys.append(row["dH_realised"])
         zs.append(pred["z"])
-    return xs, ys, zs
+        ses.append(row["se"])
+    return xs, ys, zs, ses
 
 
 def calibration(rows: list[dict], realised: list[dict]) -> dict:
@@ -66,5 +79,15 @@ def calibration(rows: list[dict], realised: list[dict]) -> dict:
     names: list[str] = []
     for row in rows:
         names += [n for n in row["predictors"] if n not in names]
+    names.sort(key=lambda n: n != "displacement")  # stable: the displacement first, the others as found
     return {name: {"own": metrics(*_own_pairs(rows, name)), "realised": metrics(*_realised_pairs(realised, name))}
             for name in names}
+
+
+def decomposition_coverage(realised: list[dict]) -> dict:
+    """{first_order, with_second_order, u_noise}: {coverage, n} of those z over the realised intervals."""
+    out = {}
+    for key in ("first_order", "with_second_order", "u_noise"):
+        zs = [row[key]["z"] for row in realised if row.get(key) and row[key]["z"] is not None]
+        out[key] = {"coverage": _finite_or_none(coverage(zs)) if zs else None, "n": len(zs)}
+    return out

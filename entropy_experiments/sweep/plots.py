@@ -2,7 +2,8 @@
 
 * trajectory.png — left: Ĥ per step with ±1.96·SE bars; from each probed checkpoint a dashed segment to
   (next step, Ĥ + δH₁) (the predicted change of the next step); the line through the Ĥ points is what the run
-  did. Right: per realised interval, dH_realised ± 1.96·SE against dH_predicted ± 1.96·√(se_pred² + se_batch²).
+  did. Right: per realised interval, dH_realised ± 1.96·SE against dH_predicted ± 1.96·√(se_pred² + se_batch²)
+  and the displacement predictor δH_Δθ ± 1.96·SE_E (the step the run took; calibration.png shows it too).
 * calibration.png — predicted against measured, 1:1 line, one colour per predictor; left the probe against its
   own ΔH(η)·lr/η, right the prediction against the realised change; both axes span the measured values, and a
   prediction far outside is drawn as ◀ / ▶ at the edge (counted in the legend).
@@ -67,6 +68,11 @@ def _realised_panel(ax, doc: dict) -> None:
         err = [Z95 * math.hypot(r["se_predicted"] or 0.0, r["se_batch"] or 0.0) for _, r in pred]
         ax.errorbar([m + 0.08 for m, _ in pred], [r["dH_predicted"] for _, r in pred], yerr=err, fmt="s",
                     color="tab:red", capsize=3, label="predicted (δH₁) ± 1.96·√(se² + se_batch²)")
+    disp = [(m, r["displacement"]) for m, r in zip(mids, rows) if r.get("displacement") and _ok(r["displacement"]["value"])]
+    if disp:
+        ax.errorbar([m - 0.08 for m, _ in disp], [d["value"] for _, d in disp],
+                    yerr=[Z95 * (d["se"] or 0.0) for _, d in disp], fmt="D", color="tab:green", capsize=3,
+                    label="displacement δH_Δθ = X̂·Δθ ± 1.96·SE_E")
     ax.set_xlabel("training step (interval midpoint)")
     ax.set_ylabel(f"ΔH ({doc['units']})")
     ax.set_title("per-interval change: realised vs predicted")

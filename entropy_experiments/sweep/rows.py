@@ -10,13 +10,14 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import OutputError
 from ..report.run_dir import PER_SEQUENCE_FILE
+from .decomposition import interval_decomposition, trainer_batch
 from .discovery import SweepCheckpoint
 from .stats import entropy_with_se, paired_difference
 
@@ -38,6 +39,7 @@ class CheckpointRun:
     T: np.ndarray             # tokens
     slots: list[int]          # the E prompt draw (prompt_index) of each sequence: the probe's jackknife unit
     prompt_ids: list          # the data set prompt of that draw
+    columns: dict[str, np.ndarray] = field(default_factory=dict)  # optional per-sequence columns (_columns_of)
 
     def d(self, normalize: str) -> np.ndarray:
         """The denominator of Ĥ per sequence: T (per_token) or 1 (per_sequence)."""
@@ -56,6 +58,18 @@ def _read_json(path: Path) -> dict:
         raise OutputError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
 
 
+def _columns_of(lines: list[dict]) -> dict[str, np.ndarray]:
+    """The pieces a, r along v ("a", "r") and the displacement's per-sequence columns ("displacement.a", …),
+    where every row has them."""
+    out = {}
+    if all("a" in r for r in lines):
+        out.update(a=np.array([float(r["a"]) for r in lines]), r=np.array([float(r["r"]) for r in lines]))
+    if all("displacement" in r for r in lines):
+        for key in lines[0]["displacement"]:
+            out[f"displacement.{key}"] = np.array([float(r["displacement"][key]) for r in lines])
+    return out
+
+
 def read_run(run_dir: Path) -> CheckpointRun:
     """The finished run in `run_dir` (OutputError naming the file when something is missing or unreadable)."""
     if (run_dir / RESULTS_FILE).is_file():
@@ -71,11 +85,12 @@ def read_run(run_dir: Path) -> CheckpointRun:
         T = np.array([float(r["T"]) for r in lines])
         slots = [int(r["prompt_index"]) for r in lines]
         prompts = [r["prompt_id"] for r in lines]
+        columns = _columns_of(lines)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise OutputError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
     if not lines:
         raise OutputError(f"{path} holds no sequences")
-    return CheckpointRun(run_dir, kind, results, h, T, slots, prompts)
+    return CheckpointRun(run_dir, kind, results, h, T, slots, prompts, columns)
 
 
 def _num(x) -> float | None:
@@ -133,6 +148,7 @@ def checkpoint_row(ck: SweepCheckpoint, run: CheckpointRun, normalize: str, swee
            "run_dir": str(run.path.relative_to(sweep_dir)), "H": _num(H.value), "H_se": _num(H.se),
            "n_sequences": int(run.h.size), "n_units": len(set(run.slots)),
            "n_distinct_prompts": len(set(map(str, run.prompt_ids)))}
+    row["trainer_batch_sequences"], row["trainer_batch_source"] = trainer_batch(ck.path)
     res = run.results
     if run.kind == "entropy_only":
         return {**row, "lr": _num(res.get("learning_rate")), "deltaH1": None, "se_total": None, "se_E": None,
@@ -152,6 +168,8 @@ def _prediction(row_from: dict, steps: int) -> dict[str, dict]:
     se_batch = None if row_from["se_U"] is None else row_from["se_U"] * math.sqrt(steps)
     out = {}
     for name, p in row_from["predictors"].items():
+        if name == "displacement":  # a change over the interval already (Δθ spans its steps): realised_rows
+            continue
         pred = None if p["delta_h1"] is None else steps * p["delta_h1"]
         se_pred = None if p["se"] is None else steps * p["se"]
         out[name] = {"dH_predicted": pred, "se": se_pred, "se_batch": se_batch, "z": None}
@@ -160,7 +178,9 @@ def _prediction(row_from: dict, steps: int) -> dict[str, dict]:
 
 def realised_rows(rows: list[dict], runs: list[CheckpointRun], normalize: str) -> list[dict]:
     """One entry per consecutive pair (from, to) of swept checkpoints: the realised change with its paired SE,
-    the prediction(s) from `from` and z = (realised − predicted)/√(se² + se_pred² + se_batch²)."""
+    the prediction(s) from `from` and z = (realised − predicted)/√(se² + se_pred² + se_batch²); the displacement
+    predictor's z is the first-order residual's (one jackknife over both batches), and the decomposition
+    (decomposition.py) rides along."""
     out = []
     for (a, run_a), (b, run_b) in itertools.pairwise(zip(rows, runs, strict=True)):
         diff = paired_difference(run_a.h, run_a.d(normalize), run_a.pair_keys,
@@ -171,6 +191,12 @@ def realised_rows(rows: list[dict], runs: list[CheckpointRun], normalize: str) -
         for p in preds.values():
             p["z"] = _z(None if p["dH_predicted"] is None or real is None else real - p["dH_predicted"],
                         se_real, p["se"], p["se_batch"])
+        parts = interval_decomposition(a, run_a, run_b, steps, normalize)
+        if parts["displacement"] is not None:
+            first = parts["first_order"] or {}
+            preds = {"displacement": {"dH_predicted": parts["displacement"]["value"],
+                                      "se": parts["displacement"]["se"], "se_batch": None, "z": first.get("z")},
+                     **preds}
         main = preds.get("adamw_step", {})
         out.append({"from_checkpoint": a["checkpoint"], "to_checkpoint": b["checkpoint"], "from_step": a["step"],
                     "to_step": b["step"], "steps": steps, "dH_realised": real, "se": se_real,
@@ -178,5 +204,5 @@ def realised_rows(rows: list[dict], runs: list[CheckpointRun], normalize: str) -
                     "dH_predicted": main.get("dH_predicted"), "se_predicted": main.get("se"),
                     "se_batch": main.get("se_batch"), "z": main.get("z"),
                     "extrapolated_steps": max(steps - 1, 0) if preds else 0,
-                    "predictors": preds, "no_prediction": a["no_prediction"]})
+                    "predictors": preds, "no_prediction": a["no_prediction"], **parts})
     return out

@@ -21,7 +21,7 @@ from ..config import ProbeConfig
 from ..errors import ConfigError
 from ..policy.progress import progress
 from ..run import run_probe
-from .calibration import calibration
+from .calibration import calibration, decomposition_coverage
 from .discovery import SweepCheckpoint, find_checkpoints, select_every
 from .entropy_only import measure_entropy_only
 from .plots import plot_calibration, plot_trajectory
@@ -37,10 +37,13 @@ log = logging.getLogger("entropy_experiments.sweep")
 UNITS = {"per_token": "nats per token", "per_sequence": "nats per sequence"}
 
 
-def checkpoint_config(config: ProbeConfig, ck: SweepCheckpoint) -> ProbeConfig:
-    """The sweep's config for one checkpoint: checkpoint.checkpoint_path = its directory, nothing else changed."""
+def checkpoint_config(config: ProbeConfig, ck: SweepCheckpoint, next_ck: SweepCheckpoint | None = None) -> ProbeConfig:
+    """The sweep's config for one checkpoint: checkpoint.checkpoint_path = its directory and, when predictors
+    are on, predictors.next_checkpoint = the next swept checkpoint's (the displacement predictor)."""
     ckpt = config.checkpoint.model_copy(update={"checkpoint_path": str(ck.path.resolve())})
-    return config.model_copy(update={"checkpoint": ckpt})
+    nxt = str(next_ck.path.resolve()) if next_ck is not None and config.predictors.enabled else None
+    predictors = config.predictors.model_copy(update={"next_checkpoint": nxt})
+    return config.model_copy(update={"checkpoint": ckpt, "predictors": predictors})
 
 
 def _refuse_torchrun() -> None:
@@ -88,7 +91,7 @@ def build_sweep_json(config: ProbeConfig, chosen: list[SweepCheckpoint], sweep: 
     return {"kind": SWEEP_KIND, "checkpoints_dir": str(checkpoints_dir.resolve()), "every": every,
             "config_hash": sweep_config_hash(config), "normalize": normalize, "units": UNITS[normalize],
             "n_checkpoints": len(rows), "rows": rows, "realised": realised,
-            "calibration": calibration(rows, realised)}
+            "calibration": calibration(rows, realised), "decomposition": decomposition_coverage(realised)}
 
 
 def run_sweep(config: ProbeConfig, checkpoints_dir: str | Path, *, out: str | None = None,
@@ -110,7 +113,8 @@ def run_sweep(config: ProbeConfig, checkpoints_dir: str | Path, *, out: str | No
         policies = SweepPolicies(logger)
         for i, ck in enumerate(progress(chosen, "sweep (checkpoints)")):
             logger.info("sweep: checkpoint %d/%d: %s (step %d)", i + 1, len(chosen), ck.name, ck.step)
-            probe_checkpoint(checkpoint_config(config, ck), ck, sweep, policies, logger)
+            next_ck = chosen[i + 1] if i + 1 < len(chosen) else None
+            probe_checkpoint(checkpoint_config(config, ck, next_ck), ck, sweep, policies, logger)
         doc = build_sweep_json(config, chosen, sweep, checkpoints_dir, every)
         sweep.write_sweep(doc)
         plot_trajectory(doc, sweep.path / "trajectory.png")

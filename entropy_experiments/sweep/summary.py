@@ -20,8 +20,32 @@ def _ci(entry: dict) -> str:
     return f"{_f(entry['r'], '+.2f')} [{_f(lo, '+.2f')}, {_f(hi, '+.2f')}]"
 
 
+def _z(entry: dict | None, key: str = "z") -> str:
+    return _f(None if not entry else entry.get(key), "+.2f")
+
+
+def _print_decomposition(doc: dict) -> None:
+    """Per interval: the displacement predictor and what first order leaves (sweep/decomposition.py)."""
+    rows = [r for r in doc["realised"] if r.get("displacement")]
+    if not rows:
+        return
+    print(f"\n{'interval':>12} {'K':>3} {'realised':>11} {'δH_Δθ ± SE':>22} {'½D²_Δθ H':>11} {'z₁':>6} {'z₂':>6} "
+          f"{'K·lr·X̂v − δH_Δθ':>17} {'z_U':>6} {'cos':>6} {'‖K·lr·v‖/‖Δθ‖':>14}")
+    for r in rows:
+        d, noise = r["displacement"], r["u_noise"] or {}
+        half = (d.get("second_order") or {}).get("value")
+        print(f"{str(r['from_step']) + '→' + str(r['to_step']):>12} {d['steps_spanned']:>3} {_f(r['dH_realised']):>11} "
+              f"{_pm(d['value'], d['se']):>22} {_f(half):>11} {_z(r['first_order']):>6} "
+              f"{_z(r['with_second_order']):>6} {_f(noise.get('value')):>17} {_z(noise):>6} "
+              f"{_f(d['cos_with_probe_step'], '+.2f'):>6} {_f(d['probe_step_norm_ratio'], '.3g'):>14}")
+    cov = doc.get("decomposition") or {}
+    print("coverage of |z| < 1.96: " + ", ".join(
+        f"{k} {_f((cov.get(k) or {}).get('coverage'), '.2f')} (n = {(cov.get(k) or {}).get('n', 0)})"
+        for k in ("first_order", "with_second_order", "u_noise")))
+
+
 def print_sweep_summary(doc: dict) -> None:
-    """Three plain-text tables (units: sweep.json `units`)."""
+    """Four plain-text tables (units: sweep.json `units`)."""
     print(f"\nEntropy sweep: {doc['n_checkpoints']} checkpoints ({doc['units']})")
     print(f"{'checkpoint':>18} {'step':>5} {'lr':>9} {'Ĥ ± SE':>22} {'δH₁ ± SE':>22} {'ΔH(η)·lr/η':>12} {'z':>6}")
     for r in doc["rows"]:
@@ -33,9 +57,12 @@ def print_sweep_summary(doc: dict) -> None:
     for r in doc["realised"]:
         print(f"{str(r['from_step']) + '→' + str(r['to_step']):>12} {_pm(r['dH_realised'], r['se']):>22} "
               f"{_pm(r['dH_predicted'], r['se_predicted']):>22} {_f(r['z'], '+.2f'):>6}")
-    print(f"\n{'predictor':>14} {'vs':>9} {'n':>3} {'sign':>5} {'Pearson r [95% CI]':>24} "
+    _print_decomposition(doc)
+    print(f"\n{'predictor':>14} {'vs':>9} {'n':>3} {'sign':>5} {'resolved':>12} {'Pearson r [95% CI]':>24} "
           f"{'Spearman r [95% CI]':>24} {'coverage':>9} {'median ratio':>13}")
     for name, both in doc["calibration"].items():
         for which, m in both.items():
-            print(f"{name:>14} {which:>9} {m['n']:>3} {_f(m['sign_agreement'], '.2f'):>5} {_ci(m['pearson']):>24} "
-                  f"{_ci(m['spearman']):>24} {_f(m['coverage']['value'], '.2f'):>9} {_f(m['median_ratio'], '.3g'):>13}")
+            resolved = f"{_f(m.get('sign_agreement_resolved'), '.2f')} ({m.get('n_resolved', 0)})"
+            print(f"{name:>14} {which:>9} {m['n']:>3} {_f(m['sign_agreement'], '.2f'):>5} {resolved:>12} "
+                  f"{_ci(m['pearson']):>24} {_ci(m['spearman']):>24} {_f(m['coverage']['value'], '.2f'):>9} "
+                  f"{_f(m['median_ratio'], '.3g'):>13}")

@@ -36,14 +36,15 @@ SWEEP_KIND = "entropy-probe sweep"
 
 
 def sweep_config_hash(config: ProbeConfig) -> str:
-    """The config hash of the sweep: its config with checkpoint.checkpoint_path unset (set per checkpoint)."""
+    """The config hash of the sweep: its config with the per-checkpoint paths unset (`without_checkpoint_path`)."""
     return without_checkpoint_path(config).config_hash()
 
 
 def without_checkpoint_path(config: ProbeConfig) -> ProbeConfig:
-    """`config` with checkpoint.checkpoint_path = None."""
+    """`config` with checkpoint.checkpoint_path and predictors.next_checkpoint = None (set per checkpoint)."""
     ck = config.checkpoint.model_copy(update={"checkpoint_path": None})
-    return config.model_copy(update={"checkpoint": ck})
+    predictors = config.predictors.model_copy(update={"next_checkpoint": None})
+    return config.model_copy(update={"checkpoint": ck, "predictors": predictors})
 
 
 class SweepDirectory:
