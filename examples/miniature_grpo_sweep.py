@@ -1,0 +1,146 @@
+"""Does first order explain what a real GRPO run did? A miniature TRL run with statistical power, swept.
+
+    .venv/bin/python examples/miniature_grpo_sweep.py [--out runs/miniature_grpo] [--steps 30] [--lr 1e-2]
+                                                      [--B-E 1024]
+
+A real `trl.GRPOTrainer` run at miniature scale, then `entropy-probe sweep` on every checkpoint:
+
+* the policy is the project's tiny random Qwen2 (2 layers, hidden 64, a byte-level BPE tokenizer of 384 tokens
+  trained in code: `entropy_experiments.testing.tiny_model`) under a LoRA r = 8 on q/k/v/o — no hub, no network;
+* the prompts are 64 arithmetic questions made here (`OUT/prompts.jsonl`, the probe reads the same file);
+  the reward is the registered `math_density` (share of digits and operators), which the random policy can
+  learn, so the entropy really moves;
+* TRL trains with its default loss (dapo, group-scaled advantages), G = 8 completions of ≤ 12 tokens for 8
+  prompts per step (64 sequences per optimizer step), a constant lr, `save_steps = 1`: OUT/run/checkpoint-1 …
+  checkpoint-N;
+* the sweep probes each checkpoint with E = `--B-E` sequences (default 1024) and U = the trainer's batch
+  (8 prompts × 8), and — because every checkpoint's next one is known — the `displacement` predictor
+  δH_Δθ = X̂·(θ_{N+1} − θ_N) with its second-order term, the first-order residual per interval and the
+  U-noise test (README "Across a run").
+
+Sizes are chosen for about 15 minutes on 2 CPU cores (training ~1 min, ~25 s per checkpoint). The same sweep
+by hand: `entropy-probe sweep --config OUT/probe.yaml --checkpoints OUT/run --out OUT/sweep`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PROMPTS_PER_STEP, G, MAX_NEW, SEED, N_PROMPTS, INIT_RANGE = 8, 8, 8, 3, 64, 0.3
+
+
+def prompts() -> list[str]:
+    """64 short arithmetic prompts (the probe's jsonl and TRL's data set hold the same strings)."""
+    ops = ["+", "-", "*"]
+    return [f"User: {a} {ops[i % 3]} {b} = ? Assistant:" for i, (a, b) in
+            enumerate((x, y) for x in range(2, 10) for y in range(1, 9))][:N_PROMPTS]
+
+
+def build_model_dir(path: Path) -> Path:
+    """The tiny Qwen2 with weights drawn at std INIT_RANGE (peaked next-token distributions: responses drawn with
+    the same generator seed then stay paired across nearby checkpoints) and its tokenizer, saved to `path`."""
+    from entropy_experiments.testing.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, seed=SEED, initializer_range=INIT_RANGE)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def math_density_reward(prompts, completions, **kwargs) -> list[float]:
+    """TRL's calling convention around the probe's registered `math_density` reward (the same numbers)."""
+    from entropy_experiments.data.rewards.basic import math_density
+
+    return math_density("", list(completions), None)
+
+
+def train(out: Path, model_dir: Path, *, steps: int, lr: float) -> Path:
+    """GRPO with TRL on the tiny model, a checkpoint after every step; returns the output_dir."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    args = GRPOConfig(output_dir=str(out), use_cpu=True, report_to="none", max_steps=steps, save_strategy="steps",
+                      save_steps=1, logging_steps=1, disable_tqdm=True, seed=SEED, bf16=False, fp16=False,
+                      per_device_train_batch_size=PROMPTS_PER_STEP * G, num_generations=G,
+                      max_completion_length=MAX_NEW, learning_rate=lr, lr_scheduler_type="constant",
+                      warmup_steps=0, temperature=1.0, top_p=1.0, top_k=0, log_completions=False,
+                      dataloader_num_workers=0, gradient_checkpointing=False)
+    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                      task_type="CAUSAL_LM")
+    data = Dataset.from_dict({"prompt": prompts() * max(1, steps * PROMPTS_PER_STEP // N_PROMPTS + 1)})
+    trainer = GRPOTrainer(model=model, reward_funcs=math_density_reward, args=args, processing_class=tokenizer,
+                          train_dataset=data, peft_config=lora)
+    trainer.train()
+    return out
+
+
+def probe_config(model_dir: Path, data: Path, lr: float, B_E: int) -> dict:
+    """The sweep's probe config: the run's prompts, reward, sampling and loss; U = the trainer's batch."""
+    return {
+        "seed": SEED,
+        "checkpoint": {"base_model": str(model_dir), "device_map": "cpu"},
+        "batch_config": {"dataset_name": "jsonl", "dataset_path": str(data), "B_E": B_E,
+                         "B_U": PROMPTS_PER_STEP, "G": G},
+        "generation": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": MAX_NEW, "stop_strings": [],
+                       "gen_batch_size": 256, "tf_batch_size": 256},
+        "reward": {"name": "math_density"},
+        "objective": {"trainer": "trl"},
+        "estimator": {"microbatch_size": 256},
+        "importance": {"eta_list": [lr], "symmetric": False},
+        "second_order": {"enabled": False},
+        "output": {"plot": False},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/miniature_grpo")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--B-E", dest="B_E", type=int, default=1024)
+    args = parser.parse_args(argv)
+    from entropy_experiments.cli import _setup_logging
+    from entropy_experiments.config import config_from_dict
+    from entropy_experiments.sweep import run_sweep
+
+    _setup_logging()
+    for noisy in ("transformers", "trl", "accelerate"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        sys.exit(f"error: {out} is not empty; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"question": p, "answer": ""}) + "\n" for p in prompts()))
+    t0 = time.perf_counter()
+    model_dir = build_model_dir(out / "tiny_base")
+    run_dir = train(out / "run", model_dir, steps=args.steps, lr=args.lr)
+    t_train = time.perf_counter() - t0
+    config = probe_config(model_dir, data, args.lr, args.B_E)
+    (out / "probe.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    run_sweep(config_from_dict(config), run_dir, out=str(out / "sweep"))
+    print(f"\ntraining {t_train:.0f} s, sweep {time.perf_counter() - t0 - t_train:.0f} s; "
+          f"sweep directory: {out / 'sweep'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
