@@ -319,6 +319,10 @@ def test_first_order_residual_is_one_jackknife_over_both_batches(swept):
     assert first["residual"] == pytest.approx(real["dH_realised"] - real["displacement"]["value"], rel=1e-3, abs=1e-6)
     assert first["se"] == pytest.approx(jackknife([residual(u) for u in units]), rel=1e-9)
     assert first["z"] == pytest.approx(first["residual"] / first["se"])
+    second = real["with_second_order"]
+    assert second["residual"] == pytest.approx(first["residual"] - real["displacement"]["second_order"]["value"],
+                                               rel=1e-9, abs=1e-12)
+    assert second["se"] > 0 and second["z"] == pytest.approx(second["residual"] / second["se"])
     # the joint SE is not the two SEs added in quadrature: the realised change and δH_Δθ share E_N
     assert first["se"] != pytest.approx(math.hypot(real["se"], real["displacement"]["se"]), rel=1e-3)
     noise = real["u_noise"]
