@@ -87,3 +87,60 @@ def test_entropy_and_paired_difference_against_written_outjackknife():
     both = paired_difference(h_a, T_a, units_a, h_b, T_b, units_a)
     se_b = entropy_with_se(h_b, T_b, units_a).se
     assert both.n_paired == n and both.se < 0.2 * math.hypot(est.se, se_b)
+
+
+def test_interval_residuals_and_u_noise_against_written_out_jackknives():
+    """Synthetic batches (some draws in one batch only, one unit of two sequences): the second-order residual's SE
+    against a delete-one loop over the union of units with the SNIS second derivative written out, and the U-noise
+    variance over K = 3 steps with a trainer batch half the probe's U."""
+    from entropy_experiments.estimators.displacement import (
+        BatchColumns,
+        DisplacementPieces,
+        interval_residuals,
+        u_noise,
+    )
+
+    rng = np.random.default_rng(3)
+    n = 30
+    keys_f = [f"{i}:p" for i in range(n)]
+    keys_f[1] = keys_f[0]  # one unit of two sequences
+    keys_t = [f"{i}:p" for i in range(2, n + 3)]
+    T_f, T_t = rng.integers(1, 9, n).astype(float), rng.integers(1, 9, n + 1).astype(float)
+    h_f, h_t = T_f * rng.uniform(0.5, 1.5, n), T_t * rng.uniform(0.5, 1.5, n + 1)
+    a, r, s, s2, dh, d2h = (rng.normal(size=n) for _ in range(6))
+    a_v, r_v = rng.normal(size=n), rng.normal(size=n)
+    frm, to = BatchColumns(h_f, T_f, keys_f), BatchColumns(h_t, T_t, keys_t)
+    pieces = DisplacementPieces(a, r, (s, s2, dh, d2h), a_v, r_v)
+    out = interval_residuals(frm, pieces, to, "per_token")
+
+    def stat(drop=None):
+        f = [i for i in range(n) if keys_f[i] != drop]
+        t = [i for i in range(n + 1) if keys_t[i] != drop]
+        hf, df, ht, dt = h_f[f].sum(), T_f[f].sum(), h_t[t].sum(), T_t[t].sum()
+        H = hf / df
+        first = ht / dt - H - (a[f].sum() - H * r[f].sum()) / df
+        N1, D1 = (s * h_f + dh)[f].sum(), (s * T_f)[f].sum()
+        N2 = ((s2 + s ** 2) * h_f + 2 * s * dh + d2h)[f].sum()
+        D2 = ((s2 + s ** 2) * T_f)[f].sum()
+        d2 = (N2 * df - hf * D2) / df ** 2 - 2 * D1 * (N1 * df - hf * D1) / df ** 3
+        return first, first - 0.5 * d2
+
+    units = sorted(set(keys_f) | set(keys_t))
+    assert out["first_order"].value == pytest.approx(stat()[0], rel=1e-12)
+    assert out["second_order"].value == pytest.approx(stat()[1], rel=1e-12)
+    assert out["first_order"].se == pytest.approx(jackknife([stat(u)[0] for u in units]), rel=1e-10)
+    assert out["second_order"].se == pytest.approx(jackknife([stat(u)[1] for u in units]), rel=1e-10)
+
+    lr, steps, se_U = 0.01, 3, 0.002
+    noise = u_noise(frm, pieces, step_lr=lr, steps=steps, se_U=se_U, u_batch_ratio=2.0)
+    A, B = steps * lr * a_v - a, steps * lr * r_v - r
+
+    def diff(drop=None):
+        f = [i for i in range(n) if keys_f[i] != drop]
+        H = h_f[f].sum() / T_f[f].sum()
+        return (A[f].sum() - H * B[f].sum()) / T_f[f].sum()
+
+    se_E = jackknife([diff(u) for u in sorted(set(keys_f))])
+    assert noise["value"] == pytest.approx(diff(), rel=1e-12) and noise["se_E"] == pytest.approx(se_E, rel=1e-10)
+    assert noise["se"] == pytest.approx(math.sqrt((9 + 3 * 2.0) * se_U ** 2 + se_E ** 2), rel=1e-12)
+    assert noise["z"] == pytest.approx(noise["value"] / noise["se"])
