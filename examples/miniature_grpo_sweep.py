@@ -10,16 +10,17 @@ A real `trl.GRPOTrainer` run at miniature scale, then `entropy-probe sweep` on e
 * the prompts are 64 arithmetic questions made here (`OUT/prompts.jsonl`, the probe reads the same file);
   the reward is the registered `math_density` (share of digits and operators), which the random policy can
   learn, so the entropy really moves;
-* TRL trains with its default loss (dapo, group-scaled advantages), G = 8 completions of ≤ 12 tokens for 8
-  prompts per step (64 sequences per optimizer step), a constant lr, `save_steps = 1`: OUT/run/checkpoint-1 …
+* TRL trains with its default loss (dapo, group-scaled advantages), G = 8 completions of ≤ 8 tokens for 8
+  prompts per step (64 sequences per optimizer step), a constant lr (1e-2: per-step entropy changes from ≈ 1 to
+  ≈ 40 paired SEs), `save_steps = 1`: OUT/run/checkpoint-1 …
   checkpoint-N;
 * the sweep probes each checkpoint with E = `--B-E` sequences (default 1024) and U = the trainer's batch
   (8 prompts × 8), and — because every checkpoint's next one is known — the `displacement` predictor
   δH_Δθ = X̂·(θ_{N+1} − θ_N) with its second-order term, the first-order residual per interval and the
   U-noise test (README "Across a run").
 
-Sizes are chosen for about 15 minutes on 2 CPU cores (training ~1 min, ~25 s per checkpoint). The same sweep
-by hand: `entropy-probe sweep --config OUT/probe.yaml --checkpoints OUT/run --out OUT/sweep`.
+Sizes were chosen for about 20 minutes on 2 otherwise idle CPU cores; the README's run, on a machine shared with
+other jobs (load average 9–15), took 3 min to train and 3–12 min per checkpoint. The same sweep by hand: `entropy-probe sweep --config OUT/probe.yaml --checkpoints OUT/run --out OUT/sweep`.
 """
 
 from __future__ import annotations
