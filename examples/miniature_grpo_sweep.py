@@ -118,11 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--B-E", dest="B_E", type=int, default=1024)
     args = parser.parse_args(argv)
-    from entropy_experiments.cli import _setup_logging
+    from entropy_experiments.cli import setup_logging
     from entropy_experiments.config import config_from_dict
     from entropy_experiments.sweep import run_sweep
 
-    _setup_logging()
+    setup_logging()
     for noisy in ("transformers", "trl", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     out = Path(args.out)
