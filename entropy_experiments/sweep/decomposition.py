@@ -10,9 +10,10 @@ For an interval N → N' whose `from` run measured the `displacement` predictor 
   `with_second_order` the same for ρ₂ = ρ₁ − ½·D²_Δθ H (estimators/displacement.py);
 * `u_noise` {value, se_E, se, z, variance, probe_U_sequences, trainer_batch_sequences, trainer_batch_source}:
   K·lr·X̂·v − δH_Δθ against √(K²·SE_U² + K·(n_U/n_trainer)·SE_U² + SE_E²) — 2·SE_U² + SE_E² when K = 1 and the
-  probe's U has the trainer's batch size. The trainer's batch (sequences per optimizer step) is read from the
-  checkpoint (checkpoint.json `data` B_U·G, or trainer_state.json `train_batch_size`, which does not count
-  gradient accumulation); when neither says, it is taken equal to the probe's and the row says so.
+  probe's U has the trainer's batch size. The trainer's batch (sequences per optimizer step) is
+  `objective.trainer_batch_completions` when set, else read from the checkpoint (checkpoint.json `data` B_U·G,
+  or trainer_state.json `train_batch_size`, which does not count gradient accumulation); when none says, it
+  is taken equal to the probe's and the row says so.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def _u_noise_entry(run_a, row_a: dict, frm: BatchColumns, pieces: DisplacementPi
     counts = run_a.results.get("counts") or {}
     n_probe = int(counts.get("B_U", 0)) * int(counts.get("G", 0)) or None
     n_trainer, source = row_a.get("trainer_batch_sequences"), row_a.get("trainer_batch_source")
+    configured = ((run_a.results.get("checkpoint") or {}).get("trainer_batch") or {}).get("trainer_step_completions")
+    if configured:  # objective.trainer_batch_completions (checkpoint/trainer_batch.py) wins over the files
+        n_trainer, source = int(configured), "objective.trainer_batch_completions"
     if n_trainer is None or n_probe is None:
         n_trainer, source = n_probe, f"{source}: taken equal to the probe's U"
     ratio = 1.0 if not n_probe or not n_trainer else n_probe / n_trainer
