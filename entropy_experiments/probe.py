@@ -284,11 +284,12 @@ def sample_sharded(engine: PolicyEngine, examples: list, prompt_indices: list[in
     return concat_batches(dist.all_gather_object(local, f"gather sampled {what}"), engine.pad_token_id)
 
 
-def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = SINGLE,
-                 logger: logging.Logger = log) -> tuple[dict, dict, IndexPlan]:
-    """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G."""
+def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = SINGLE, logger: logging.Logger = log,
+                 *, examples: list | None = None, rewards: RewardSet | None = None) -> tuple[dict, dict, IndexPlan]:
+    """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G. `examples` and
+    `rewards` (a live trainer's: integrations/) replace the config's data set and reward functions."""
     bc, seed = config.batch_config, config.seed
-    examples = prompt_examples(config.batch_config)
+    examples = examples if examples is not None else prompt_examples(config.batch_config)
     plan = draw_plan(config, len(examples), dist)
     reference = not config.probe_rework.use_sequence_processor_sampling
     desc = plan.describe()
@@ -301,7 +302,7 @@ def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = 
                     len(dist.prompt_slice(len(plan.U_prompt_indices))))
     # U first (its own seed, so the batches are those of E first): a reward that raises stops the run at the
     # first U prompt's responses, before the rest is sampled.
-    rewards = RewardSet.resolve(config.reward.specs(), config.reward.weights, examples[0])
+    rewards = rewards or RewardSet.resolve(config.reward.specs(), config.reward.weights, examples[0])
     U = sample_sharded(engine, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, rewards=rewards,
                        reference=reference, dist=dist, what="U", chat_template_kwargs=bc.chat_template_kwargs)
     E = sample_sharded(engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,

@@ -85,13 +85,24 @@ def run_tiny_grpo(out_dir: str | Path, **kwargs) -> Path:
     return train_tiny_grpo(out_dir, **kwargs)[1]
 
 
-def train_tiny_grpo(out_dir: str | Path, *, steps: int = 2, model_dir: str | Path | None = None,
-                    loss_type: str | None = None, num_generations: int = 2, prompts_per_step: int = 2,
-                    gradient_accumulation_steps: int = 1, learning_rate: float = 1e-3,
-                    lora_targets: tuple[str, ...] | str = ("q_proj", "v_proj"), seed: int = 0,
-                    train_dataset=None, reward_funcs=None, **config_overrides):
+def train_tiny_grpo(out_dir: str | Path, *, steps: int = 2, **options):
     """Train the tiny Qwen2 + LoRA with `trl.GRPOTrainer` for `steps` optimizer steps → (the trainer, its last
-    checkpoint).
+    checkpoint: `out_dir/checkpoint-{steps}`, with adapter, optimizer.pt, scheduler.pt, trainer_state.json, ...).
+    The options are `tiny_grpo_trainer`'s."""
+    trainer = tiny_grpo_trainer(out_dir, steps=steps, **options)
+    trainer.train()
+    checkpoint = Path(out_dir) / f"checkpoint-{steps}"
+    if not checkpoint.is_dir():
+        raise RuntimeError(f"GRPOTrainer finished but wrote no {checkpoint}")
+    return trainer, checkpoint
+
+
+def tiny_grpo_trainer(out_dir: str | Path, *, steps: int = 2, model_dir: str | Path | None = None,
+                      loss_type: str | None = None, num_generations: int = 2, prompts_per_step: int = 2,
+                      gradient_accumulation_steps: int = 1, learning_rate: float = 1e-3,
+                      lora_targets: tuple[str, ...] | str = ("q_proj", "v_proj"), seed: int = 0,
+                      train_dataset=None, reward_funcs=None, **config_overrides):
+    """The tiny Qwen2 + LoRA under a `trl.GRPOTrainer`, built but not trained (callbacks can be added first).
 
     Args:
         out_dir: the Trainer's output_dir; it receives `checkpoint-1/` … `checkpoint-{steps}/`.
@@ -103,9 +114,6 @@ def train_tiny_grpo(out_dir: str | Path, *, steps: int = 2, model_dir: str | Pat
         train_dataset, reward_funcs: the data set and reward function(s) (default: `tiny_prompt_dataset`, plain
             prompts, and `count_vowels_reward`).
         config_overrides: further GRPOConfig fields (e.g. beta=0.04, scale_rewards="none", reward_weights=[...]).
-
-    Returns:
-        (the GRPOTrainer, `out_dir/checkpoint-{steps}`: adapter, optimizer.pt, scheduler.pt, trainer_state.json, ...).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -127,11 +135,6 @@ def train_tiny_grpo(out_dir: str | Path, *, steps: int = 2, model_dir: str | Pat
                         prompts_per_step=prompts_per_step, gradient_accumulation_steps=gradient_accumulation_steps,
                         learning_rate=learning_rate, seed=seed, extra=config_overrides)
     n_prompts = max(8, steps * prompts_per_step * gradient_accumulation_steps)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs or count_vowels_reward, args=args,
-                          train_dataset=train_dataset if train_dataset is not None else tiny_prompt_dataset(n_prompts),
-                          processing_class=tokenizer, peft_config=peft_config)
-    trainer.train()
-    checkpoint = out_dir / f"checkpoint-{steps}"
-    if not checkpoint.is_dir():
-        raise RuntimeError(f"GRPOTrainer finished but wrote no {checkpoint}")
-    return trainer, checkpoint
+    return GRPOTrainer(model=model, reward_funcs=reward_funcs or count_vowels_reward, args=args,
+                       train_dataset=train_dataset if train_dataset is not None else tiny_prompt_dataset(n_prompts),
+                       processing_class=tokenizer, peft_config=peft_config)

@@ -137,8 +137,14 @@ def hf_dataset(split: str, *, dataset_path: str | None = None, pool_size: int | 
     if dataset_path is None:
         raise DataError(f"data set '{NAME}' needs {PATH_KEY} (a save_to_disk directory, a parquet / JSON / "
                         "JSON-lines / CSV file or '{split}' pattern, or a hub name)")
-    prompt_column, answer_column = columns
     dataset, source = open_split(dataset_path, split)
+    return dataset_examples(dataset, split, source=source, columns=columns, pool_size=pool_size)
+
+
+def dataset_examples(dataset: Any, split: str, *, source: str, columns: tuple[str, str | None] = ("prompt", None),
+                     pool_size: int | None = None) -> list[Example]:
+    """The first `pool_size` rows of an opened `datasets.Dataset` as Examples (every row checked)."""
+    prompt_column, answer_column = columns
     names = list(getattr(dataset, "column_names", None) or [])
     if prompt_column not in names:
         raise DataError(f"{source}: no column '{prompt_column}' (columns: {names}); TRL reads the prompt from "

@@ -1,0 +1,145 @@
+"""`EntropyProbeCallback`: the probe inside a TRL GRPOTrainer run, every K optimizer steps.
+
+    trainer = GRPOTrainer(model=..., reward_funcs=[...], args=GRPOConfig(...), train_dataset=..., peft_config=...)
+    trainer.add_callback(EntropyProbeCallback(trainer, every=5))
+    trainer.train()
+
+At a probed step (the 1st, (1+K)-th, … optimizer step) the callback, before the step, samples its own E and U
+from the live policy (the trainer's prompts, chat template, reward functions and sampling settings), predicts
+δH₁ ± SE for the step about to be taken (the trainer's objective, the live AdamW state, the lr the scheduler set
+for it) and keeps a copy of the adapter; after the step it scores the same E under the new parameters
+(`trl_step_probe.py`). Each probed step's row is logged through the trainer's own `log` under `entropy_probe/`
+(so it reaches every `report_to`; TRL's `log` adds the metrics it averaged since its last log line to the
+same line) and appended to `OUTPUT_DIR/entropy_probe.jsonl`.
+
+The trainer's step is untouched: random streams, train/eval mode and gradient buffers are restored
+(`live_state.py`), the optimizer is only read, and parameters moved for a measurement are copied back exactly —
+a run with the callback takes bit-identical steps to one without it (tests/test_trl_callback.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from entropy_experiments.errors import ConfigError, ProbeError
+from entropy_experiments.integrations import trl_trainer_view as view
+from entropy_experiments.integrations.live_state import untouched
+from entropy_experiments.integrations.trl_step_probe import check_step, predict_step
+from entropy_experiments.io_utils import atomic_write
+
+log = logging.getLogger("entropy_experiments.callback")
+PREFIX = "entropy_probe/"
+LOG_FILE = "entropy_probe.jsonl"
+BATCH_DIR = "entropy_probe"
+
+
+@dataclass(frozen=True)
+class CallbackOptions:
+    """Sizes of the callback's probe (small by default: it runs inside training)."""
+
+    every: int = 5              # K: probe the 1st, (1+K)-th, … optimizer step
+    B_E: int = 16               # E sequences (prompts drawn with replacement, one response each)
+    B_U: int = 4                # U prompts (distinct) ...
+    G: int | None = None        # ... × G responses (None: the trainer's num_generations)
+    seed: int = 1234            # the probe's sampling seed (+ the step number): never the trainer's streams
+    microbatch_size: int = 4    # sequences per backward microbatch
+    save_batches: bool = False  # keep each probed step's E and U in OUTPUT_DIR/entropy_probe/step_N/ (offline
+                                # re-analysis: `torch.load(..., weights_only=True)`, the run directory's format)
+
+    def check(self) -> None:
+        """ConfigError naming the option unless every size can give an error bar."""
+        if not isinstance(self.every, int) or self.every < 1:
+            raise ConfigError(f"{view.KEY}: every must be an integer >= 1, got {self.every!r}")
+        if self.B_E < 4:
+            raise ConfigError(f"{view.KEY}: B_E must be >= 4 (the jackknife SE_E needs several E units), "
+                              f"got {self.B_E}")
+        if self.B_U < 2:
+            raise ConfigError(f"{view.KEY}: B_U must be >= 2 (SE_U leaves one U group out), got {self.B_U}")
+        if self.G is not None and self.G < 2:
+            raise ConfigError(f"{view.KEY}: G must be >= 2 (group advantages), got {self.G}")
+
+
+class EntropyProbeCallback(TrainerCallback):
+    """Predicts each probed step's entropy change before it and checks it one step later (module docstring)."""
+
+    def __init__(self, trainer: Any, every: int = 5, **options: Any):
+        self.options = CallbackOptions(every=every, **options)
+        self.options.check()
+        view.check_trainer(trainer)
+        self.trainer = trainer
+        args = trainer.args
+        self.config = view.probe_config(args, B_E=self.options.B_E, B_U=self.options.B_U, G=self.options.G,
+                                        seed=self.options.seed, microbatch_size=self.options.microbatch_size)
+        self.examples = view.trainer_examples(trainer)
+        self.rewards = view.trainer_rewards(trainer)
+        bc = self.config.batch_config
+        trainer_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        self.u_batch_ratio = bc.B_U * bc.G / trainer_batch
+        self.rows: list[dict] = []
+        self.pending = None
+        self.probe_seconds = 0.0
+        self.train_start: float | None = None
+        self.policy = None
+
+    # ------------------------------------------------------------------ trainer events
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.train_start = time.perf_counter()
+        self.policy = view.live_policy(self.trainer, self.config)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step % self.options.every:
+            return
+        step = state.global_step + 1
+        config = self.config.model_copy(update={"seed": self.options.seed + step})
+        t0 = time.perf_counter()
+        with untouched(self.policy.trainable.model):
+            try:
+                self.pending = predict_step(config, self.policy, self.examples, self.rewards, step)
+            except ProbeError as exc:  # e.g. an lr of 0 (warm-up): no prediction, training goes on
+                self._record({"step": step, "error": str(exc)})
+        if self.pending is not None and self.options.save_batches:
+            self._save_batches(step, self.pending)
+        self.probe_seconds += time.perf_counter() - t0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.pending is None:
+            return
+        pending, self.pending = self.pending, None
+        t0 = time.perf_counter()
+        with untouched(self.policy.trainable.model):
+            row = check_step(self.config, self.policy, pending, self.u_batch_ratio)
+        self.probe_seconds += time.perf_counter() - t0
+        self._record(row)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        total = time.perf_counter() - (self.train_start or time.perf_counter())
+        share = self.probe_seconds / total if total > 0 else float("nan")
+        print(f"[entropy probe] {len(self.rows)} probed step(s): {self.probe_seconds:.1f} s of {total:.1f} s "
+              f"of training ({100 * share:.1f} %)")
+
+    # ------------------------------------------------------------------ output
+    def _save_batches(self, step: int, pending) -> None:
+        folder = Path(self.trainer.args.output_dir) / BATCH_DIR / f"step_{step}"
+        for name, batch in (("E_batch.pt", pending.E), ("U_batch.pt", pending.U)):
+            atomic_write(folder / name, lambda fh, b=batch: torch.save(b, fh), make_parents=True)
+
+    def _record(self, row: dict) -> None:
+        self.rows.append(row)
+        out = Path(self.trainer.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / LOG_FILE, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row, allow_nan=True) + "\n")
+        if "error" in row:
+            log.warning("entropy probe at step %s: %s", row["step"], row["error"])
+        numbers = {PREFIX + k: float(v) for k, v in row.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k != "step"}
+        self.trainer.log(numbers)

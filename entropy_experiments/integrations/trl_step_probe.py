@@ -1,0 +1,110 @@
+"""One probed training step: the prediction before it, the check after it (the callback's maths).
+
+Before the trainer's step (parameters θ, the live AdamW state, the lr the step will use):
+
+    E, U       sampled from the live policy by the probe's own plan (the trainer's prompts and rewards)
+    δH₁        = lr·X̂·v ± SE (SE_E, SE_U), exactly as `entropy-probe run` on a checkpoint of θ
+    θ          kept (an exact copy of the adapter parameters)
+
+After it (parameters θ' = θ + Δθ, the step the trainer really took):
+
+    δH_Δθ      = X̂·Δθ ± SE_E, the pieces along Δθ by one jvp pass over E at θ (θ swapped back in for it)
+    ΔH_real    = Ĥ(θ') − Ĥ(θ) on the SAME E by SNIS (log w = ℓ(θ') − ℓ(θ)), with its jackknife SE
+    residual   = ΔH_real − δH_Δθ, its SE from one jackknife over the E units (both share E): what first order
+                 misses of the real step
+    U noise    = δH₁ − δH_Δθ: the probe's step from its own U against the trainer's, z against √2·SE_U
+                 (`estimators/displacement.u_noise`; the probe's U size against the trainer's batch)
+
+These are the offline probe's numbers for the checkpoint pair (θ, θ') on the same samples: the same phase
+functions (probe.py), the same estimators.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from entropy_experiments.config import ProbeConfig
+from entropy_experiments.estimators.delta_h import measure_delta_h
+from entropy_experiments.estimators.displacement import (
+    BatchColumns,
+    DisplacementPieces,
+    displacement_entry,
+    step_comparison,
+    u_noise,
+)
+from entropy_experiments.estimators.error_bars import ErrorBars
+from entropy_experiments.estimators.paired import paired_residual
+from entropy_experiments.estimators.surrogate import directional_pieces
+from entropy_experiments.integrations.live_state import copy_of, parameters_set_to
+from entropy_experiments.phase_results import DeltaH1Result, Policy, WarningLog
+from entropy_experiments.probe import estimate_phase, sample_phase, score_E
+
+NamedTensors = dict
+
+
+@dataclass
+class PendingStep:
+    """What the probe knows before the step, to be checked after it."""
+
+    step: int
+    E: dict
+    U: dict
+    res: DeltaH1Result
+    bars: ErrorBars
+    theta: NamedTensors
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+
+def predict_step(config: ProbeConfig, policy: Policy, examples: list, rewards, step: int) -> PendingStep:
+    """Sample E and U from the live policy, δH₁ ± SE for the step about to be taken, and keep θ."""
+    t0 = time.perf_counter()
+    notes = WarningLog()
+    E, U, _ = sample_phase(config, policy.engine, examples=examples, rewards=rewards)
+    res, bars, _ = estimate_phase(config, policy, E, U, notes)
+    theta = copy_of(dict(zip(policy.trainable.names, policy.trainable.params)))
+    return PendingStep(step, E, U, res, bars, theta, time.perf_counter() - t0, list(notes.messages))
+
+
+def displacement_pieces(config: ProbeConfig, policy: Policy, pending: PendingStep, delta: NamedTensors):
+    """(a, r) along Δθ on E at θ: one jvp scoring pass (θ swapped in, then θ' restored bit for bit)."""
+    params = dict(zip(policy.trainable.names, policy.trainable.params))
+    with parameters_set_to(params, pending.theta):
+        scores = score_E(config, policy, pending.E, delta)
+        realised = measure_delta_h(policy.engine, pending.E, delta, [1.0], normalize=config.estimator.normalize,
+                                   base=pending.res.scores, tf_batch_size=pending.res.scores_tf_batch)
+    return directional_pieces(scores.d_logq, scores.d_entropy, pending.res.coefficients), realised
+
+
+def check_step(config: ProbeConfig, policy: Policy, pending: PendingStep, u_batch_ratio: float) -> dict:
+    """The row of one probed step: prediction, realised change on the same E, displacement and residuals."""
+    t0 = time.perf_counter()
+    params = dict(zip(policy.trainable.names, policy.trainable.params))
+    delta = {n: p.detach() - pending.theta[n] for n, p in params.items()}
+    pieces, realised = displacement_pieces(config, policy, pending, delta)
+    res, bars, normalize = pending.res, pending.bars, config.estimator.normalize
+    entry = displacement_entry(res.Xbar, delta, pieces, res.scores, normalize=normalize, second=None)
+    per = realised["per_sequence"][1.0]
+    units = res.scores.unit_of_sequence
+    residual = paired_residual(per["logw"], per["h_new"], realised["base"]["h"], realised["base"]["T"],
+                               pieces[0].numpy(), pieces[1].numpy(), 1.0, normalize=normalize, units=units)
+    d = realised["base"]["T"] if normalize == "per_token" else np.ones_like(realised["base"]["T"])
+    columns = BatchColumns(h=realised["base"]["h"], d=d, keys=[str(u) for u in units])
+    noise = u_noise(columns, DisplacementPieces(a=pieces[0].numpy(), r=pieces[1].numpy(),
+                                                a_v=None if bars.a is None else bars.a.numpy(),
+                                                r_v=None if bars.r is None else bars.r.numpy()),
+                    step_lr=res.learning_rate, steps=1, se_U=bars.se["U"], u_batch_ratio=u_batch_ratio)
+    true = realised["true"][0]
+    return {"step": pending.step, "lr": res.learning_rate, "H": realised["H_orig"],
+            "delta_h1": res.delta_h1, "se": bars.se["total"], "se_E": bars.se["E"], "se_U": bars.se["U"],
+            "realised": true["deltaH_true"], "realised_se": true["se"], "ess_frac": true["ess_frac"],
+            "displacement": entry["delta_h1"], "displacement_se": entry["se"],
+            "first_order_residual": residual.value, "first_order_residual_se": residual.se,
+            "first_order_z": residual.value / residual.se if residual.se else None,
+            "u_noise": None if noise is None else noise["value"], "u_noise_z": None if noise is None else noise["z"],
+            **step_comparison(res.Ybar, res.learning_rate, delta), "delta_theta_norm": entry["delta_theta_norm"],
+            "n_E": len(units), "n_U": pending.U["num_prompts"] * pending.U["num_responses_per_prompt"],
+            "seconds": pending.seconds + time.perf_counter() - t0, "warnings": pending.warnings}
