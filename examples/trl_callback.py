@@ -1,6 +1,6 @@
 """Worked example of `EntropyProbeCallback`: TRL GRPO on the embedded model with the probe inside the loop.
 
-    .venv/bin/python examples/trl_callback.py [--out runs/trl_callback_example] [--steps 25] [--every 5]
+    .venv/bin/python examples/trl_callback.py [--out runs/trl_callback_example] [--steps 20] [--every 5]
                                               [--lr 1e-4]
 
 Needs the `trl` extra and nothing from the network: the embedded SmolLM2-135M-Instruct under a LoRA r = 8 on
@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 PROMPTS_PER_STEP, G, MAX_NEW, SEED = 2, 4, 16, 7
-PROBE = {"B_E": 32, "B_U": 2, "G": 4, "microbatch_size": 8}
+PROBE = {"B_E": 16, "B_U": 2, "G": 4, "microbatch_size": 4}
 
 
 def math_density_reward(prompts, completions, **kwargs) -> list[float]:
@@ -86,7 +86,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/trl_callback_example")
-    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-4)
     args = parser.parse_args(argv)

@@ -82,7 +82,7 @@ def test_callback_equals_an_offline_probe_of_the_checkpoint_pair(runs):
     row = next(r for r in callback.rows if r["step"] == step)
     E = torch.load(base / "probed" / "entropy_probe" / f"step_{step}" / "E_batch.pt", weights_only=True)
     U = torch.load(base / "probed" / "entropy_probe" / f"step_{step}" / "U_batch.pt", weights_only=True)
-    config = callback.config.model_copy(update={"seed": OPTIONS["seed"] + step})
+    config = callback.config.model_copy(update={"seed": callback.step_seed(step)})
     config = config.model_copy(update={"checkpoint": config.checkpoint.model_copy(
         update={"checkpoint_path": str(base / "probed" / f"checkpoint-{step - 1}")})})
     policy = load_phase(config, _single(), WarningLog())

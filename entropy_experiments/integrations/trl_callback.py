@@ -90,6 +90,10 @@ class EntropyProbeCallback(TrainerCallback):
         self.train_start: float | None = None
         self.policy = None
 
+    def step_seed(self, step: int) -> int:
+        """The probe's seed at `step` (E draws seed + 1, U seed + 2: steps 1000 apart never share a stream)."""
+        return self.options.seed + 1000 * step
+
     # ------------------------------------------------------------------ trainer events
     def on_train_begin(self, args, state, control, **kwargs):
         self.train_start = time.perf_counter()
@@ -99,7 +103,7 @@ class EntropyProbeCallback(TrainerCallback):
         if state.global_step % self.options.every:
             return
         step = state.global_step + 1
-        config = self.config.model_copy(update={"seed": self.options.seed + step})
+        config = self.config.model_copy(update={"seed": self.step_seed(step)})
         t0 = time.perf_counter()
         with untouched(self.policy.trainable.model):
             try:

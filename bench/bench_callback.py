@@ -1,0 +1,82 @@
+"""Benchmark of EntropyProbeCallback (issue 31): the overhead of one probed step as a ratio to a training step.
+
+    .venv/bin/python bench/bench_callback.py [--model-dir DIR | --embedded] [--steps 4] [--repeats 2]
+                                             [--B-E 16 --B-U 2] [--max-new-tokens 16]
+
+Side by side and alternating, the same TRL GRPOTrainer run (same seed, same model, same data) is trained for
+`--steps` optimizer steps without the callback and with it probing EVERY step (every=1). The callback's own
+timer gives the probe's seconds; the ratio reported is
+
+    overhead per probed step / training step = (probe seconds / steps) / (plain run's seconds / steps)
+
+and, as a check that the timer accounts for the difference, the wall-time difference of the two runs per step.
+The default model is the tiny random Qwen2 of the tests (fast, overhead-dominated); `--embedded` uses the
+embedded SmolLM2-135M (LoRA on q/v, as the tests' runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def one_run(model_dir: Path, out: Path, args, with_callback: bool) -> tuple[float, float]:
+    """(wall seconds of trainer.train(), the callback's probe seconds or 0)."""
+    from entropy_experiments.integrations.trl_callback import EntropyProbeCallback
+    from entropy_experiments.testing.trl_run import tiny_grpo_trainer
+
+    trainer = tiny_grpo_trainer(out, steps=args.steps, model_dir=model_dir, learning_rate=1e-4,
+                                max_completion_length=args.max_new_tokens, num_generations=4, prompts_per_step=2,
+                                save_strategy="no", gradient_checkpointing=False)
+    callback = None
+    if with_callback:
+        callback = EntropyProbeCallback(trainer, every=1, B_E=args.B_E, B_U=args.B_U)
+        trainer.add_callback(callback)
+    t0 = time.perf_counter()
+    trainer.train()
+    return time.perf_counter() - t0, (callback.probe_seconds if callback else 0.0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--embedded", action="store_true")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--B-E", dest="B_E", type=int, default=16)
+    parser.add_argument("--B-U", dest="B_U", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if args.embedded:
+            from entropy_experiments.embedded import ensure_embedded_model
+            model_dir = ensure_embedded_model()
+        elif args.model_dir:
+            model_dir = Path(args.model_dir)
+        else:
+            from entropy_experiments.testing.tiny_model import build_tiny_model_dir
+            model_dir = build_tiny_model_dir(tmp / "tiny")
+        ratios, walls = [], []
+        for r in range(args.repeats):
+            plain, _ = one_run(model_dir, tmp / f"plain{r}", args, with_callback=False)
+            probed, probe_s = one_run(model_dir, tmp / f"probed{r}", args, with_callback=True)
+            step = plain / args.steps
+            ratios.append(probe_s / args.steps / step)
+            walls.append((probed - plain) / args.steps / step)
+            print(f"repeat {r + 1}: training step {step:.2f} s; probe {probe_s / args.steps:.2f} s per probed step; "
+                  f"wall-time difference {(probed - plain) / args.steps:.2f} s per step")
+    print(f"overhead per probed step / training step = {statistics.median(ratios):.2f} "
+          f"(median of {[round(x, 2) for x in ratios]}; from wall times {statistics.median(walls):.2f}; "
+          f"{torch.get_num_threads()} threads, B_E {args.B_E}, B_U {args.B_U}, {args.max_new_tokens} new tokens)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
