@@ -82,8 +82,7 @@ class EntropyProbeCallback(TrainerCallback):
         self.examples = view.trainer_examples(trainer)
         self.rewards = view.trainer_rewards(trainer)
         bc = self.config.batch_config
-        trainer_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        self.u_batch_ratio = bc.B_U * bc.G / trainer_batch
+        self.u_batch_ratio = bc.B_U * bc.G / view.trainer_batch(args)
         self.rows: list[dict] = []
         self.pending = None
         self.probe_seconds = 0.0

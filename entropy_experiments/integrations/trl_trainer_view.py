@@ -69,10 +69,15 @@ def objective_keys(args: Any) -> dict[str, Any]:
             "vllm_importance_sampling_correction": bool(args.use_vllm and args.vllm_importance_sampling_correction)}
 
 
+def trainer_batch(args: Any) -> int:
+    """Completions per optimizer step of the trainer (one process): per-device batch × accumulation steps."""
+    return int(args.per_device_train_batch_size * args.gradient_accumulation_steps)
+
+
 def probe_config(args: Any, *, B_E: int, B_U: int, G: int | None, seed: int, microbatch_size: int) -> ProbeConfig:
     """A ProbeConfig mirroring the trainer (`objective_keys`, its sampling) at the callback's batch sizes."""
     G = G or args.num_generations
-    keys = objective_keys(args)
+    keys = {**objective_keys(args), "trainer_batch_completions": trainer_batch(args)}
     data = {"seed": seed,
             "batch_config": {"B_E": B_E, "B_U": B_U, "G": G, "chat_template_kwargs": args.chat_template_kwargs or {}},
             "generation": {"temperature": args.temperature, "top_p": args.top_p, "stop_strings": [],
