@@ -86,7 +86,7 @@ def check_step(config: ProbeConfig, policy: Policy, pending: PendingStep, u_batc
     delta = {n: p.detach() - pending.theta[n] for n, p in params.items()}
     pieces, realised = displacement_pieces(config, policy, pending, delta)
     res, bars, normalize = pending.res, pending.bars, config.estimator.normalize
-    entry = displacement_entry(res.Xbar, delta, pieces, res.scores, normalize=normalize, second=None)
+    entry = displacement_entry(res.X_hat, delta, pieces, res.scores, normalize=normalize, second=None)
     per = realised["per_sequence"][1.0]
     units = res.scores.unit_of_sequence
     residual = paired_residual(per["logw"], per["h_new"], realised["base"]["h"], realised["base"]["T"],
@@ -105,6 +105,6 @@ def check_step(config: ProbeConfig, policy: Policy, pending: PendingStep, u_batc
             "first_order_residual": residual.value, "first_order_residual_se": residual.se,
             "first_order_z": residual.value / residual.se if residual.se else None,
             "u_noise": None if noise is None else noise["value"], "u_noise_z": None if noise is None else noise["z"],
-            **step_comparison(res.Ybar, res.learning_rate, delta), "delta_theta_norm": entry["delta_theta_norm"],
+            **step_comparison(res.v, res.learning_rate, delta), "delta_theta_norm": entry["delta_theta_norm"],
             "n_E": len(units), "n_U": pending.U["num_prompts"] * pending.U["num_responses_per_prompt"],
             "seconds": pending.seconds + time.perf_counter() - t0, "warnings": pending.warnings}
