@@ -22,6 +22,8 @@ from .report.summary import print_summary
 from .run import run_probe
 from .sweep import run_sweep
 from .sweep.sweep_dir import SweepDirectory
+from .synthetic_checkpoint import synthetic_base_dir, with_synthetic_base
+from .testing.synthetic import SYNTHETIC_SPECS
 from .training import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint, make_checkpoint
 
 log = logging.getLogger("entropy_experiments")
@@ -90,7 +92,10 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_make_checkpoint(args) -> None:
-    make_checkpoint(args.out, _load(args), steps=args.steps, save_every=args.save_every)
+    config = _load(args)
+    if args.synthetic:  # a random model of a real architecture as the base (synthetic_checkpoint.py)
+        config = with_synthetic_base(config, synthetic_base_dir(args.out, args.synthetic, seed=config.seed))
+    make_checkpoint(args.out, config, steps=args.steps, save_every=args.save_every)
 
 
 def cmd_demo(args) -> None:
@@ -153,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write OUT/step_K, step_2K, … and the last step instead of one checkpoint in OUT")
     mk.add_argument("--config")
     mk.add_argument("--set", action="append", metavar="KEY=VALUE")
+    mk.add_argument("--synthetic", metavar="NAME", choices=sorted(SYNTHETIC_SPECS),
+                    help="base model: random weights in the published architecture of NAME, built in OUT/"
+                         "synthetic_base (" + ", ".join(sorted(SYNTHETIC_SPECS)) + ")")
     mk.set_defaults(func=cmd_make_checkpoint)
 
     report = sub.add_parser("report", help="re-render the summary and plot from RUN_DIR/results.json")
