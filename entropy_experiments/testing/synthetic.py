@@ -97,13 +97,14 @@ def hf_config(spec: SyntheticSpec, eos_token_id: int):
     """The transformers config of `spec` (eager attention: forward-mode AD needs it)."""
     from transformers import LlamaConfig, Qwen2Config
 
-    common = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-                  num_hidden_layers=spec.num_hidden_layers, num_attention_heads=spec.num_attention_heads,
-                  num_key_value_heads=spec.num_key_value_heads, rms_norm_eps=spec.rms_norm_eps,
-                  max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=spec.tie_word_embeddings,
-                  initializer_range=spec.initializer_range, hidden_act="silu", eos_token_id=eos_token_id,
-                  pad_token_id=eos_token_id, bos_token_id=None, attn_implementation="eager",
-                  rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta})
+    common = {"vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size,
+              "intermediate_size": spec.intermediate_size, "num_hidden_layers": spec.num_hidden_layers,
+              "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.num_key_value_heads,
+              "rms_norm_eps": spec.rms_norm_eps, "max_position_embeddings": spec.max_position_embeddings,
+              "tie_word_embeddings": spec.tie_word_embeddings, "initializer_range": spec.initializer_range,
+              "hidden_act": "silu", "eos_token_id": eos_token_id, "pad_token_id": eos_token_id, "bos_token_id": None,
+              "attn_implementation": "eager",
+              "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta}}
     if spec.architecture == "qwen2":
         return Qwen2Config(use_sliding_window=False, **common)
     return LlamaConfig(attention_bias=False, mlp_bias=False, **common)
