@@ -27,6 +27,7 @@ from .checkpoint.displacement import NEXT_CHECKPOINT_KEY, displacement_to
 from .checkpoint.learning_rate import resolve_learning_rate
 from .checkpoint.load import load_for_probe, locate_checkpoint
 from .checkpoint.trainer_batch import trainer_batch_record
+from .checkpoint.runtime_precision import runtime_precision_warnings
 from .config import ProbeConfig
 from .data.batch import concat_batches
 from .data.plan import IndexPlan, draw_index_plan
@@ -91,7 +92,8 @@ def load_phase(config: ProbeConfig, dist: DistContext, notes: WarningLog, logger
     for message in config.objective_warnings(files.layout):
         notes.warn(message)
     device_map = f"cuda:{dist.local_rank}" if dist.backend == "nccl" else None
-    loaded = load_for_probe(ck, files, base, config.learning_rate, device_map=device_map, logger=logger)
+    loaded = load_for_probe(ck, files, base, config.learning_rate, device_map=device_map,
+                            runtime_dtype=config.precision.runtime_dtype, logger=logger)
     for message in loaded.warnings:
         notes.warn(message)
     bc = config.batch_config
@@ -349,6 +351,8 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     if policy is None:
         policy = load_phase(config, dist, notes, logger)
         timing["load"] = time.perf_counter() - t_start
+    for message in runtime_precision_warnings(policy.trainable.model, config, policy.optimizer):
+        notes.warn(message)  # a model handed in at the wrong precision is refused (ConfigError) here
     t0 = time.perf_counter()
     policy.displacement = displacement_phase(config, policy, notes)
     if policy.displacement is not None:

@@ -23,6 +23,7 @@ from .layout import CheckpointFiles, checkpoint_info, log_checkpoint_files, reso
 from .learning_rate import LearningRate, resolve_learning_rate, schedule_hint
 from .optimizer_state import fresh_adam_optimizer, load_adam_optimizer_from_path
 from .tokenizer_source import choose_tokenizer, load_chosen_tokenizer, tokenizer_info
+from .runtime_precision import to_runtime_precision
 
 log = logging.getLogger("entropy_experiments.probe")
 
@@ -50,10 +51,11 @@ def locate_checkpoint(ck: Any, logger: logging.Logger = log) -> tuple[Checkpoint
 
 
 def load_for_probe(ck: Any, files: CheckpointFiles, base: BaseModelChoice, config_lr: float | None, *,
-                   device_map: str | None = None, logger: logging.Logger = log) -> LoadedCheckpoint:
+                   device_map: str | None = None, runtime_dtype: str = "fp32",
+                   logger: logging.Logger = log) -> LoadedCheckpoint:
     """Load what `locate_checkpoint` found; `config_lr` is the config's learning_rate (None: the optimizer's
     saved lr); `device_map` replaces ck.device_map (one GPU per rank). The warnings are returned, not logged."""
-    model, tokenizer = load_policy(ck, str(files.adapter_dir), base, device_map or ck.device_map)
+    model, tokenizer = load_policy(ck, str(files.adapter_dir), base, device_map or ck.device_map, runtime_dtype)
     optimizer, lr, fresh_warning = load_optimizer(ck, model, files, config_lr, logger)
     info = checkpoint_info(files, base, lr)
     info["tokenizer"] = tokenizer_info(choose_tokenizer(files.adapter_dir, base), tokenizer)
@@ -61,8 +63,10 @@ def load_for_probe(ck: Any, files: CheckpointFiles, base: BaseModelChoice, confi
     return LoadedCheckpoint(model, tokenizer, optimizer, lr, files, info, [fresh_warning] if fresh_warning else [])
 
 
-def load_policy(ck: Any, adapter_dir: str, base: BaseModelChoice, device_map: str | None) -> tuple[nn.Module, Any]:
-    """Base model + LoRA adapter (trainable, active), upcast to fp32, eval mode (MATH.md §7), and the tokenizer."""
+def load_policy(ck: Any, adapter_dir: str, base: BaseModelChoice, device_map: str | None,
+                runtime_dtype: str = "fp32") -> tuple[nn.Module, Any]:
+    """Base model + LoRA adapter (trainable, active) at `runtime_dtype` (fp32: all upcast; bf16: base bf16,
+    adapter fp32 — checkpoint/runtime_precision.py), eval mode (MATH.md §7), and the tokenizer."""
     try:
         model = load_peft_for_probe(base.name, adapter_dir, use_qlora=ck.use_qlora, dtype=ck.dtype,
                                     device_map=device_map, trust_remote_code=ck.trust_remote_code)
@@ -73,11 +77,9 @@ def load_policy(ck: Any, adapter_dir: str, base: BaseModelChoice, device_map: st
             raise
         raise CheckpointError(f"{exc} (the base model came from {base.source}; set checkpoint.base_model "
                               "to load another)") from exc
-    if not ck.use_qlora and ck.dtype != "fp32":
-        # Stored in bf16/fp16, computed in fp32: bf16 runtimes quantise the log-prob changes away.
-        model = model.float()
     if not ck.use_qlora:
-        model.eval()
+        # Stored in bf16/fp16, computed in fp32 unless runtime_dtype says bf16 (then the adapter still in fp32).
+        model = to_runtime_precision(model, runtime_dtype).eval()
     return model, tokenizer
 
 

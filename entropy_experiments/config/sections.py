@@ -161,7 +161,7 @@ class TeacherForcingProfile(_AutocastProfile):
 class PrecisionSection(_Section):
     """Numerics: fp32 runtime, fp64 entropy maths, TF32 and matmul precision, token chunking."""
 
-    runtime_dtype: Literal["fp32"] = "fp32"
+    runtime_dtype: Literal["fp32", "bf16"] = "fp32"  # bf16: base weights bf16, adapter fp32 (README "Scaling")
     entropy_fp64: bool = True
     allow_tf32: bool = False
     matmul_precision: Literal["highest", "high", "medium"] = "highest"

@@ -59,7 +59,7 @@ class SweepPolicies:
         if self.model is None:
             self.logger.info("base model: %s (from %s), loaded once for the sweep", base.name, base.source)
             self.model, self.tokenizer = load_policy(config.checkpoint, str(files.adapter_dir), base,
-                                                     config.checkpoint.device_map)
+                                                     config.checkpoint.device_map, config.precision.runtime_dtype)
             self.base_name = base.name
             self.tokenizer_choice = choose_tokenizer(files.adapter_dir, base)  # the first checkpoint's, if it has one
         else:
