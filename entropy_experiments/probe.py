@@ -56,6 +56,7 @@ from .estimators.objective_gradient import (
 from .estimators.sequence_scores import SequenceScores, score_sequences, units_of
 from .estimators.surrogate import SurrogateCoefficients, directional_pieces
 from .estimators.update_direction import named_dot, named_norm
+from .memory_plan import budgeted_config
 from .parallel import SINGLE, DistContext, init_from_env, rank_seed
 from .phase_results import DeltaH1Result, Policy, WarningLog
 from .policy.engine import PolicyEngine
@@ -366,9 +367,10 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     if on_batches is not None:
         on_batches(E, U)
     n_zero = warn_zero_advantages(U, notes.warn, logger)
-    res, bars, estimate_timing = estimate_phase(config, policy, E, U, notes, dist, logger)
+    work = budgeted_config(config, policy.trainable.model, (E, U), notes.warn)  # estimator.memory_budget_gb
+    res, bars, estimate_timing = estimate_phase(work, policy, E, U, notes, dist, logger)
     timing.update(estimate_timing)
-    truth, residuals, second_order, predictors, later_timing = beyond_first_order_phase(config, policy, E, res, bars,
+    truth, residuals, second_order, predictors, later_timing = beyond_first_order_phase(work, policy, E, res, bars,
                                                                                          dist)
     timing.update(later_timing)
     timing["total"] = time.perf_counter() - t_start

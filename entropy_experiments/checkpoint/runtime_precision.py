@@ -43,18 +43,17 @@ def to_runtime_precision(model: nn.Module, runtime_dtype: str) -> nn.Module:
 def precision_refusal(model: nn.Module, runtime_dtype: str) -> str | None:
     """Why `model` cannot be probed at `runtime_dtype` (None: it can). Trainable parameters must be fp32 in
     every mode (θ + η·v and the AdamW step would quantise); with fp32 the frozen ones must be too."""
-    for name, param in model.named_parameters():
-        if not param.is_floating_point() or param.dtype == torch.float32:
-            continue
+    low = [(name, p) for name, p in model.named_parameters() if p.is_floating_point() and p.dtype != torch.float32]
+    for name, param in low:
         if param.requires_grad:
             return (f"the policy's trainable parameter {name!r} is {param.dtype}: the adapter must be fp32 "
                     "(θ + η·v and the AdamW step would be rounded away); load it with the checkpoint loader "
                     "or cast the trainable parameters to fp32")
-        if runtime_dtype == "fp32":
-            return (f"the policy's parameter {name!r} is {param.dtype} but precision.runtime_dtype is fp32: "
-                    "log-prob differences would quantise; call model.float() or set precision.runtime_dtype: "
-                    "bf16 (base in bf16, adapter in fp32; ΔH(η) then only at η ≥ "
-                    f"{BF16_MIN_ETA_OVER_LR:g}·lr)")
+    if low and runtime_dtype == "fp32":
+        name, param = low[0]
+        return (f"the policy's parameter {name!r} is {param.dtype} but precision.runtime_dtype is fp32: "
+                "log-prob differences would quantise; call model.float() or set precision.runtime_dtype: "
+                f"bf16 (base in bf16, adapter in fp32; ΔH(η) then only at η ≥ {BF16_MIN_ETA_OVER_LR:g}·lr)")
     return None
 
 

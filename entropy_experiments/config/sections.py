@@ -190,6 +190,7 @@ class EstimatorSection(_Section):
     baseline: Literal["none", "loo_position"] = "none"
     update_direction: Literal["adamw_step", "preconditioned_gradient", "sgd"] = "adamw_step"
     microbatch_size: int = Field(4, ge=1)  # sequences per backward microbatch
+    memory_budget_gb: float | None = Field(None, gt=0)  # with-grad microbatch memory cap: microbatch_size lowered to fit
 
 
 class ObjectiveSection(_Section):
