@@ -80,10 +80,11 @@ def sequence_coefficients(token_entropies: Tensor, *, normalize: str, x_mode: st
     h = token_entropies.detach().to(torch.float64)
     T = len(h)
     if x_mode == "causal":
-        beta = tokens_to_go(T) if normalize == "per_token" else torch.zeros(T, dtype=torch.float64)
+        beta = (tokens_to_go(T, device=h.device) if normalize == "per_token"
+                else torch.zeros(T, dtype=torch.float64, device=h.device))
         return entropy_to_go(h), beta
     return h.sum().expand(T).clone(), torch.full((T,), float(T) if normalize == "per_token" else 1.0,
-                                                  dtype=torch.float64)
+                                                  dtype=torch.float64, device=h.device)
 
 
 def surrogate_coefficients(token_entropies: list[Tensor], *, normalize: str, x_mode: str,
@@ -148,7 +149,7 @@ def weighted_logq_sum(token_logqs: list[Tensor], weights: list[Tensor]) -> Tenso
     """Σ_i Σ_k sg(w_ik)·ℓ_ik (graph through ℓ only).  Per-sequence [T_i] tensors → scalar."""
     total = 0.0
     for logq, w in zip(token_logqs, weights):
-        total = total + (w.detach().to(logq.dtype) * logq).sum()
+        total = total + (w.detach().to(device=logq.device, dtype=logq.dtype) * logq).sum()
     return total
 
 
