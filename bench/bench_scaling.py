@@ -1,7 +1,7 @@
 """Cost curves of the probe (issue 29): time and peak memory per phase, swept over E, response length T
 and model size, on random models of the real architectures (entropy_experiments/testing/synthetic.py).
 
-    .venv/bin/python bench/bench_scaling.py --quick            # about 10 minutes on 2 cores
+    .venv/bin/python bench/bench_scaling.py --quick            # 4 points: ~10 min on 2 idle cores
     .venv/bin/python bench/bench_scaling.py                    # the full sweep (README "Scaling")
     .venv/bin/python bench/bench_scaling.py --checkpoint qwen2.5-1.5b=DIR   # reuse a make-checkpoint output
 
@@ -48,7 +48,7 @@ PHASES = [
 LABELS = list(dict.fromkeys(label for label, _, _ in PHASES))
 ETA = 1.0e-5
 
-QUICK = {"E": [2, 4, 8], "T": [32, 64, 128], "models": ["smollm2-135m", "qwen2.5-0.5b"], "base": (4, 32)}
+QUICK = {"E": [2, 4], "T": [32, 64], "models": ["smollm2-135m", "qwen2.5-0.5b"], "base": (2, 32)}
 FULL = {"E": [4, 8, 16, 32], "T": [32, 64, 128, 256, 512],
         "models": ["smollm2-135m", "smollm2-360m", "qwen2.5-0.5b", "qwen2.5-1.5b"], "base": (4, 64)}
 
@@ -229,7 +229,7 @@ def main() -> int:
         print(json.dumps(worker(checkpoint, E, T, device)))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the small sweep (about 10 minutes on 2 cores)")
+    parser.add_argument("--quick", action="store_true", help="the small sweep: 4 points (~10 min on 2 idle cores)")
     parser.add_argument("--out", default="runs/bench_scaling")
     parser.add_argument("--cache", default=None, help="where the synthetic checkpoints are made (default OUT/ckpts)")
     parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR",
