@@ -58,9 +58,10 @@ class SyntheticSpec:
                        vocab_size=vocab_size or self.vocab_size, published_parameters=0)
 
 
-# Qwen2.5: config.json of Qwen/Qwen2.5-{0.5B,1.5B}-Instruct on the Hugging Face hub (architectures
+# Qwen2.5: config.json of Qwen/Qwen2.5-{0.5B,1.5B,7B}-Instruct on the Hugging Face hub (architectures
 # Qwen2ForCausalLM; attention q/k/v biases; vocab_size 151,936 = the tokenizer's 151,665 padded).
-# Parameter counts: the model cards' "Number of Parameters: 0.49B / 1.54B" (exact sums in the tests).
+# Parameter counts: the model cards' "Number of Parameters: 0.49B / 1.54B / 7.61B" (exact sums in the tests).
+# 7B (untied embeddings, vocab 152,064): for the GPU projection of README "Scaling"; too large to build here.
 # SmolLM2: config.json of HuggingFaceTB/SmolLM2-{135M,360M}-Instruct (LlamaForCausalLM, no biases).
 SYNTHETIC_SPECS: dict[str, SyntheticSpec] = {spec.name: spec for spec in (
     SyntheticSpec("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct config.json", "qwen2", vocab_size=151_936,
@@ -71,6 +72,10 @@ SYNTHETIC_SPECS: dict[str, SyntheticSpec] = {spec.name: spec for spec in (
                   hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                   num_key_value_heads=2, rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32_768,
                   tie_word_embeddings=True, initializer_range=0.02, published_parameters=1_543_714_304),
+    SyntheticSpec("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct config.json", "qwen2", vocab_size=152_064,
+                  hidden_size=3584, intermediate_size=18_944, num_hidden_layers=28, num_attention_heads=28,
+                  num_key_value_heads=4, rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32_768,
+                  tie_word_embeddings=False, initializer_range=0.02, published_parameters=7_615_616_512),
     SyntheticSpec("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct config.json", "llama", vocab_size=49_152,
                   hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                   num_key_value_heads=3, rope_theta=100_000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
