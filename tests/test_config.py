@@ -311,7 +311,7 @@ ERROR_CASES = [
     (["checkpoint.dtype=fp8"], None, ["checkpoint.dtype", "'fp8'", "'fp32'"]),
     (["checkpoint.device_map=gpu"], None, ["checkpoint.device_map", "'gpu'"]),
     (["precision.func_override.dtype=int8"], None, ["precision.func_override.dtype", "'int8'"]),
-    (["precision.runtime_dtype=bf16"], None, ["precision.runtime_dtype", "'bf16'", "'fp32'"]),
+    (["precision.runtime_dtype=fp16"], None, ["precision.runtime_dtype", "'fp16'", "'fp32'"]),
     (["generation.stop_strings=['']"], None, ["generation.stop_strings", "['']"]),
     (["variance.u_groups=1"], "variance.u_groups: must be >= 2, got 1", []),
     (["variance.u_groups=9"], "variance.u_groups: must be <= batch_config.B_U (8), got 9", []),
