@@ -67,9 +67,10 @@ def _wrap(label: str, fn, record: dict):
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+        start = _rss_mb("VmRSS")
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
-        entry = record.setdefault(label, {"seconds": 0.0, "peak_rss_mb": 0.0, "calls": 0})
+        entry = record.setdefault(label, {"seconds": 0.0, "peak_rss_mb": 0.0, "calls": 0, "start_rss_mb": start})
         entry["seconds"] += time.perf_counter() - t0
         entry["peak_rss_mb"] = max(entry["peak_rss_mb"], _rss_mb("VmHWM"))
         entry["calls"] += 1
@@ -106,15 +107,27 @@ def worker(checkpoint: str, E: int, T: int, device: str) -> dict:
         module = importlib.import_module(module_name)
         if hasattr(module, name):  # names may move (issue 26): a missing one is reported as absent
             setattr(module, name, _wrap(label, getattr(module, name), record))
-    t0 = time.perf_counter()
-    outcome = probe.run(point_config(checkpoint, E, T, device))
+    t0, shapes = time.perf_counter(), {}
+    outcome = probe.run(point_config(checkpoint, E, T, device),
+                        on_batches=lambda e, u: shapes.update(E=e["sequences"].shape[-1], U=u["sequences"].shape[-1]))
     total = time.perf_counter() - t0
+    record["estimate"] = budget_estimate(outcome.policy.trainable.model, shapes, T)
     record["total"] = {"seconds": total, "peak_rss_mb": _rss_mb("VmHWM"), "calls": 1}
     if "ΔH per η" in record:
         record["ΔH per η"]["seconds"] /= 2  # ±η: two no-grad passes over E
     lengths = [row["T"] for row in outcome.per_sequence_rows]  # random weights: every response runs to T
     return {"phases": record, "mean_E_length": sum(lengths) / max(1, len(lengths)),
             "timing": outcome.results.get("timing", {})}
+
+
+def budget_estimate(model, positions: dict[str, int], T: int) -> dict:
+    """policy/memory_budget.py's with-grad estimate for one microbatch of 4 sequences, to set beside the
+    measured peak of the U and E phases (peak − RSS at the phase's start)."""
+    from entropy_experiments.policy.memory_budget import ModelShape, grad_row_bytes
+
+    shape = ModelShape.of(model)
+    return {side: {"positions": S, "microbatch_mb": 4 * grad_row_bytes(shape, S, T) / 2**20}
+            for side, S in positions.items()}
 
 
 # ------------------------------------------------------------------------------------ driver
@@ -196,6 +209,22 @@ def print_table(points: list[dict], params: dict[str, int]) -> None:
         print(f"| {p['model']} | {params[p['model']] / 1e6:.0f}M | {p['E']} | {p['T']} | " + " | ".join(cells) + " |")
 
 
+def print_budget_check(points: list[dict]) -> None:
+    """The memory-budget estimate of a 4-sequence with-grad microbatch beside the measured peak − start RSS."""
+    for p in points:
+        estimate = p["phases"].get("estimate")
+        if not estimate:
+            continue
+        cells = []
+        for side, label in (("U", "U gradient + v"), ("E", "E passes")):
+            entry = p["phases"].get(label)
+            if entry and "start_rss_mb" in entry and side in estimate:
+                measured = entry["peak_rss_mb"] - entry["start_rss_mb"]
+                cells.append(f"{side} (S = {estimate[side]['positions']}): measured {measured:.0f} MB, estimate "
+                             f"{estimate[side]['microbatch_mb']:.0f} MB")
+        print(f"  budget check {p['model']} E={p['E']} T={p['T']}: " + "; ".join(cells))
+
+
 def plot(points: list[dict], params: dict[str, int], plan: dict, path: Path) -> None:
     import matplotlib
 
@@ -236,6 +265,7 @@ def main() -> int:
                         help="use DIR (a make-checkpoint --synthetic NAME output) instead of making one")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--skip-memory", action="store_true", help="skip the vocabulary-maths memory check")
+    parser.add_argument("--report-only", action="store_true", help="only re-report OUT/points.json")
     args = parser.parse_args()
     from entropy_experiments.testing.synthetic import parameter_count, spec_named
 
@@ -247,6 +277,9 @@ def main() -> int:
     t0 = time.perf_counter()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.1f}; {'quick' if args.quick else 'full'} sweep", flush=True)
+    if args.report_only:
+        report(json.loads((out / "points.json").read_text()), params, plan, out)
+        return 0
     points = []
     for model, E, T in sweep_points(plan):
         points.append(run_point(model, ensure_checkpoint(model, cache, given), E, T, args.device))
@@ -273,6 +306,7 @@ def report(points: list[dict], params: dict[str, int], plan: dict, out: Path) ->
         print(f"  {label:15s} a = {a_b[0]:.2f}  b = {a_b[1]:.2f}" if a_b else f"  {label:15s} a, b: —",
               f"  c = {c[label]:.2f}" if label in c else "  c: —")
     (out / "exponents.json").write_text(json.dumps({"E_T": ab, "params": c}, indent=1))
+    print_budget_check(points)
     plot(points, params, plan, out / "scaling.png")
     print(f"plot: {out / 'scaling.png'}")
 
