@@ -6,9 +6,10 @@ probe's memory peak (U backward, E backward; MATH.md §7: fp32 activations kept 
 the vocabulary) — take at most as many sequences per microbatch as the budget holds by the estimate below.
 
 Per sequence of S positions (prompt + response, padded) with T scored response tokens, fp32:
-  activations kept for backward ≈ 4 B · S · L · (ACT_HIDDEN · d + ACT_FFN · f + 2 · heads · S)   (eager attention
-  keeps its scores and probabilities) and the logits ≈ 4 B · LOGIT_COPIES · T · V. The constants were fitted to
-  the peak resident memory of the E backward measured by bench/bench_scaling.py (README "Scaling").
+  activations kept for backward ≈ 4 B · S · L · (ACT_HIDDEN · d + ACT_FFN · f + heads · S)   (eager attention
+  keeps its softmax output, heads · S a token) and the logits ≈ 4 B · LOGIT_COPIES · T · V. The constants count
+  the tensors autograd saves; against the peak resident memory bench/bench_scaling.py measured on SmolLM2-135M
+  the estimate errs on the safe side (README "Scaling").
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class ModelShape:
 
 def grad_row_bytes(shape: ModelShape, positions: int, response_tokens: int) -> int:
     """Estimated bytes one sequence adds to a with-grad microbatch (activations + vocabulary-wide logits)."""
-    per_token_layer = ACT_HIDDEN * shape.hidden + ACT_FFN * shape.intermediate + 2 * shape.heads * positions
+    per_token_layer = ACT_HIDDEN * shape.hidden + ACT_FFN * shape.intermediate + shape.heads * positions
     activations = FLOAT_BYTES * positions * shape.layers * per_token_layer
     logits = FLOAT_BYTES * LOGIT_COPIES * response_tokens * shape.vocab
     return int(activations + logits)
