@@ -68,10 +68,12 @@ def _wrap(label: str, fn, record: dict):
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         start = _rss_mb("VmRSS")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn(*args, **kwargs)
-        entry = record.setdefault(label, {"seconds": 0.0, "peak_rss_mb": 0.0, "calls": 0, "start_rss_mb": start})
+        entry = record.setdefault(label, {"seconds": 0.0, "cpu_seconds": 0.0, "peak_rss_mb": 0.0, "calls": 0,
+                                          "start_rss_mb": start})
         entry["seconds"] += time.perf_counter() - t0
+        entry["cpu_seconds"] += time.process_time() - c0  # this process's CPU time: robust to other jobs
         entry["peak_rss_mb"] = max(entry["peak_rss_mb"], _rss_mb("VmHWM"))
         entry["calls"] += 1
         if torch.cuda.is_available():
@@ -112,9 +114,11 @@ def worker(checkpoint: str, E: int, T: int, device: str) -> dict:
                         on_batches=lambda e, u: shapes.update(E=e["sequences"].shape[-1], U=u["sequences"].shape[-1]))
     total = time.perf_counter() - t0
     record["estimate"] = budget_estimate(outcome.policy.trainable.model, shapes, T)
-    record["total"] = {"seconds": total, "peak_rss_mb": _rss_mb("VmHWM"), "calls": 1}
+    record["total"] = {"seconds": total, "cpu_seconds": time.process_time(), "peak_rss_mb": _rss_mb("VmHWM"),
+                       "calls": 1}
     if "ΔH per η" in record:
-        record["ΔH per η"]["seconds"] /= 2  # ±η: two no-grad passes over E
+        for key in ("seconds", "cpu_seconds"):
+            record["ΔH per η"][key] /= 2  # ±η: two no-grad passes over E
     lengths = [row["T"] for row in outcome.per_sequence_rows]  # random weights: every response runs to T
     return {"phases": record, "mean_E_length": sum(lengths) / max(1, len(lengths)),
             "timing": outcome.results.get("timing", {})}
