@@ -59,7 +59,7 @@ def main() -> int:
     args = parser.parse_args()
     from entropy_experiments import probe
     from entropy_experiments.config import load_config, packaged_config_path
-    from entropy_experiments.embedded import ensure_demo_checkpoint
+    from entropy_experiments.training import ensure_demo_checkpoint
 
     logging.basicConfig(level=logging.WARNING)
     checkpoint = args.checkpoint or str(ensure_demo_checkpoint(load_config(packaged_config_path("demo"))))

@@ -54,7 +54,7 @@ def test_a_bf16_adapter_is_refused_in_every_mode():
 def test_a_bf16_model_handed_to_the_probe_is_refused_before_any_work():
     model = _tiny_peft().to(torch.bfloat16)
     params = [p for p in model.parameters() if p.requires_grad]
-    policy = Policy(sp=None, trainable=Trainable.of(model), optimizer=torch.optim.AdamW(params, lr=1e-5))
+    policy = Policy(engine=None, trainable=Trainable.of(model), optimizer=torch.optim.AdamW(params, lr=1e-5))
     with pytest.raises(ConfigError, match="lora"):
         probe.run(config_from_dict({}), policy=policy)
 
