@@ -171,34 +171,38 @@ def sweep_points(plan: dict) -> list[tuple[str, int, int]]:
     return list(dict.fromkeys(points))
 
 
-def fit_exponents(points: list[dict], model: str, E0: int, T0: int) -> dict[str, tuple[float, float]]:
-    """Per phase: (a, b) of time ∝ E^a T^b, least squares over the E and T sweeps of `model`."""
-    rows = [p for p in points if p["model"] == model and (p["E"] == E0 or p["T"] == T0)]
+def _slope(xs: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope of log y on log x (None with fewer than two distinct x)."""
+    if len(set(xs)) < 2:
+        return None
+    x = torch.tensor(xs, dtype=torch.float64).log()
+    y = torch.tensor(ys, dtype=torch.float64).log()
+    xc = x - x.mean()
+    return float((xc * (y - y.mean())).sum() / (xc * xc).sum())
+
+
+def fit_exponents(points: list[dict], model: str, E0: int, T0: int) -> dict[str, tuple]:
+    """Per phase: (a, b) of time ∝ E^a T^b — a from the E sweep at T0, b from the T sweep at E0 (None: not run)."""
     out = {}
     for label in [*LABELS, "total"]:
-        usable = [p for p in rows if label in p["phases"] and p["phases"][label]["seconds"] > 0]
-        if len({p["E"] for p in usable}) < 2 or len({p["T"] for p in usable}) < 2:
-            continue
-        X = torch.tensor([[1.0, float(torch.tensor(p["E"]).log()), float(torch.tensor(p["T"]).log())]
-                          for p in usable], dtype=torch.float64)
-        y = torch.tensor([p["phases"][label]["seconds"] for p in usable], dtype=torch.float64).log()
-        coef = torch.linalg.lstsq(X, y.unsqueeze(1)).solution.squeeze(1)
-        out[label] = (float(coef[1]), float(coef[2]))
+        rows = [p for p in points if p["model"] == model and label in p["phases"]]
+        at_T0 = [p for p in rows if p["T"] == T0]
+        at_E0 = [p for p in rows if p["E"] == E0]
+        a = _slope([p["E"] for p in at_T0], [p["phases"][label]["seconds"] for p in at_T0])
+        b = _slope([p["T"] for p in at_E0], [p["phases"][label]["seconds"] for p in at_E0])
+        if a is not None or b is not None:
+            out[label] = (a, b)
     return out
 
 
 def fit_size_exponent(points: list[dict], params: dict[str, int], E0: int, T0: int) -> dict[str, float]:
     """Per phase: c of time ∝ P^c over the model sweep at (E0, T0)."""
-    rows = [p for p in points if p["E"] == E0 and p["T"] == T0]
     out = {}
     for label in [*LABELS, "total"]:
-        usable = [p for p in rows if label in p["phases"] and p["phases"][label]["seconds"] > 0]
-        if len(usable) < 2:
-            continue
-        x = torch.tensor([params[p["model"]] for p in usable], dtype=torch.float64).log()
-        y = torch.tensor([p["phases"][label]["seconds"] for p in usable], dtype=torch.float64).log()
-        xc = x - x.mean()
-        out[label] = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
+        rows = [p for p in points if p["E"] == E0 and p["T"] == T0 and label in p["phases"]]
+        c = _slope([params[p["model"]] for p in rows], [p["phases"][label]["seconds"] for p in rows])
+        if c is not None:
+            out[label] = c
     return out
 
 
@@ -250,7 +254,8 @@ def plot(points: list[dict], params: dict[str, int], plan: dict, path: Path) -> 
         ax.set_xlabel(xlabel)
         ax.set_ylabel("seconds")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
     fig.suptitle("entropy probe: time per phase (log-log; CPU, random models of the real architectures)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -306,9 +311,9 @@ def report(points: list[dict], params: dict[str, int], plan: dict, out: Path) ->
     ab = fit_exponents(points, plan["models"][0], E0, T0)
     c = fit_size_exponent(points, params, E0, T0)
     for label in [*LABELS, "total"]:
-        a_b = ab.get(label)
-        print(f"  {label:15s} a = {a_b[0]:.2f}  b = {a_b[1]:.2f}" if a_b else f"  {label:15s} a, b: —",
-              f"  c = {c[label]:.2f}" if label in c else "  c: —")
+        a, b = ab.get(label, (None, None))
+        print(f"  {label:15s} a = " + ("—" if a is None else f"{a:.2f}") + "  b = " + ("—" if b is None else f"{b:.2f}")
+              + ("  c = —" if label not in c else f"  c = {c[label]:.2f}"))
     (out / "exponents.json").write_text(json.dumps({"E_T": ab, "params": c}, indent=1))
     print_budget_check(points)
     plot(points, params, plan, out / "scaling.png")
