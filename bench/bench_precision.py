@@ -35,7 +35,7 @@ def probe_config(checkpoint: str, runtime_dtype: str, lr: float, args):
     d["batch_config"].update(B_E=args.B_E, B_U=args.B_U, G=args.G)
     d["generation"]["max_new_tokens"] = args.T
     d["precision"]["runtime_dtype"] = runtime_dtype
-    d["importance"].update(eta_list=[m * lr for m in MULTIPLES], symmetric=True)
+    d["importance"].update(eta_list=[m * lr for m in MULTIPLES], symmetric=args.symmetric)
     d["second_order"]["enabled"] = False
     d["predictors"]["enabled"] = False
     return config_from_dict(d)
@@ -55,6 +55,7 @@ def main() -> int:
     parser.add_argument("--B_U", type=int, default=4)
     parser.add_argument("--G", type=int, default=4)
     parser.add_argument("--T", type=int, default=24)
+    parser.add_argument("--symmetric", action="store_true", help="also ΔH at −η")
     parser.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = parser.parse_args()
     from entropy_experiments import probe
