@@ -38,6 +38,9 @@ def synthetic_base_dir(out_dir: str | Path, name: str, *, seed: int = 0,
 def with_synthetic_base(config: ProbeConfig, base_dir: Path, logger: logging.Logger = log) -> ProbeConfig:
     """`config` with checkpoint.base_model = `base_dir`; the default tag_pref reward becomes math_density (logged)."""
     d = config.to_dict()
+    if d["checkpoint"]["base_model"] is not None:
+        logger.warning("make-checkpoint --synthetic: checkpoint.base_model %r is replaced by the synthetic base %s",
+                       d["checkpoint"]["base_model"], base_dir)
     d["checkpoint"]["base_model"] = str(base_dir.resolve())
     if d["reward"]["name"] == "tag_pref":
         logger.warning("make-checkpoint --synthetic: reward.name tag_pref gives a random model reward 0 everywhere "
