@@ -1,7 +1,7 @@
 """precision.runtime_dtype (fp32 | bf16 base), its guards, and estimator.memory_budget_gb.
 
 The bf16 runtime keeps the frozen base in bf16 and the adapter in fp32 (checkpoint/runtime_precision.py); a model
-handed in at another precision is refused; ΔH(η) below 100·lr in bf16 is warned (the threshold comes from
+handed in at another precision is refused; ΔH(η) below 1000·lr in bf16 is warned (the threshold comes from
 bench/bench_precision.py, README "Scaling"). The memory budget lowers the with-grad microbatch without
 changing any result (the sums are the same, only split differently).
 """
