@@ -26,8 +26,8 @@ from .beyond_first_order import beyond_first_order_phase, scoring_share
 from .checkpoint.displacement import NEXT_CHECKPOINT_KEY, displacement_to
 from .checkpoint.learning_rate import resolve_learning_rate
 from .checkpoint.load import load_for_probe, locate_checkpoint
-from .checkpoint.trainer_batch import trainer_batch_record
 from .checkpoint.runtime_precision import runtime_precision_warnings
+from .checkpoint.trainer_batch import trainer_batch_record
 from .config import ProbeConfig
 from .data.batch import concat_batches
 from .data.plan import IndexPlan, draw_index_plan

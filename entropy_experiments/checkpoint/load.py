@@ -22,8 +22,8 @@ from .base_model import BaseModelChoice, resolve_base_model_id
 from .layout import CheckpointFiles, checkpoint_info, log_checkpoint_files, resolve_checkpoint
 from .learning_rate import LearningRate, resolve_learning_rate, schedule_hint
 from .optimizer_state import fresh_adam_optimizer, load_adam_optimizer_from_path
-from .tokenizer_source import choose_tokenizer, load_chosen_tokenizer, tokenizer_info
 from .runtime_precision import to_runtime_precision
+from .tokenizer_source import choose_tokenizer, load_chosen_tokenizer, tokenizer_info
 
 log = logging.getLogger("entropy_experiments.probe")
 
