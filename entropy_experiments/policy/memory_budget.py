@@ -9,7 +9,7 @@ Per sequence of S positions (prompt + response, padded) with T scored response t
   activations kept for backward ≈ 4 B · S · L · (ACT_HIDDEN · d + ACT_FFN · f + heads · S)   (eager attention
   keeps its softmax output, heads · S a token) and the logits ≈ 4 B · LOGIT_COPIES · T · V. The constants count
   the tensors autograd saves; against the peak resident memory bench/bench_scaling.py measured on SmolLM2-135M
-  the estimate errs on the safe side: 1.2–1.9× the measured peak on SmolLM2-135M (README "Scaling").
+  the estimate errs on the safe side: 1.2–2.8× the measured peak on SmolLM2-135M and Qwen2.5-0.5B (README "Scaling").
 """
 
 from __future__ import annotations
