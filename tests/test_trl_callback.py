@@ -21,6 +21,7 @@ from entropy_experiments.errors import ConfigError
 from entropy_experiments.estimators.delta_h import measure_delta_h
 from entropy_experiments.estimators.update_direction import named_dot
 from entropy_experiments.integrations.trl_callback import LOG_FILE, EntropyProbeCallback
+from entropy_experiments.parallel import SINGLE
 from entropy_experiments.phase_results import WarningLog
 from entropy_experiments.probe import estimate_phase, load_phase
 from entropy_experiments.testing.trl_run import tiny_grpo_trainer
@@ -85,7 +86,7 @@ def test_callback_equals_an_offline_probe_of_the_checkpoint_pair(runs):
     config = callback.config.model_copy(update={"seed": callback.step_seed(step)})
     config = config.model_copy(update={"checkpoint": config.checkpoint.model_copy(
         update={"checkpoint_path": str(base / "probed" / f"checkpoint-{step - 1}")})})
-    policy = load_phase(config, _single(), WarningLog())
+    policy = load_phase(config, SINGLE, WarningLog())
     res, bars, _ = estimate_phase(config, policy, E, U, WarningLog())
     assert res.delta_h1 == pytest.approx(row["delta_h1"], rel=1e-6, abs=1e-12)
     assert bars.se["total"] == pytest.approx(row["se"], rel=1e-5)
@@ -95,11 +96,6 @@ def test_callback_equals_an_offline_probe_of_the_checkpoint_pair(runs):
     truth = measure_delta_h(policy.engine, E, delta, [1.0], normalize=config.estimator.normalize, base=res.scores,
                             tf_batch_size=res.scores_tf_batch)
     assert truth["true"][0]["deltaH_true"] == pytest.approx(row["realised"], rel=1e-6, abs=1e-12)
-
-
-def _single():
-    from entropy_experiments.parallel import SINGLE
-    return SINGLE
 
 
 @pytest.mark.parametrize("options, message", [
@@ -118,4 +114,7 @@ def test_unsupported_trainers_are_refused(tmp_path, tiny_model_dir):
         EntropyProbeCallback(object(), every=1)
     trainer = tiny_grpo_trainer(tmp_path, steps=1, model_dir=tiny_model_dir, top_k=5)
     with pytest.raises(ConfigError, match="GRPOConfig.top_k=5 is not supported"):
+        EntropyProbeCallback(trainer, every=1)
+    trainer = tiny_grpo_trainer(tmp_path, steps=1, model_dir=tiny_model_dir, importance_sampling_level="sequence")
+    with pytest.raises(ConfigError, match="GRPOConfig.importance_sampling_level='sequence' is not supported"):
         EntropyProbeCallback(trainer, every=1)

@@ -143,6 +143,8 @@ class EntropyProbeCallback(TrainerCallback):
             fh.write(json.dumps(row, allow_nan=True) + "\n")
         if "error" in row:
             log.warning("entropy probe at step %s: %s", row["step"], row["error"])
+        for message in row.get("warnings", []):
+            log.warning("entropy probe: %s", message)
         numbers = {PREFIX + k: float(v) for k, v in row.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k != "step"}
         self.trainer.log(numbers)

@@ -59,20 +59,24 @@ class PendingStep:
     warnings: list[str] = field(default_factory=list)
 
 
+def named_params(policy: Policy) -> dict:
+    """{name: parameter} of the policy's trainable (adapter) parameters."""
+    return dict(zip(policy.trainable.names, policy.trainable.params))
+
+
 def predict_step(config: ProbeConfig, policy: Policy, examples: list, rewards, step: int) -> PendingStep:
     """Sample E and U from the live policy, δH₁ ± SE for the step about to be taken, and keep θ."""
     t0 = time.perf_counter()
     notes = WarningLog()
     E, U, _ = sample_phase(config, policy.engine, examples=examples, rewards=rewards)
     res, bars, _ = estimate_phase(config, policy, E, U, notes)
-    theta = copy_of(dict(zip(policy.trainable.names, policy.trainable.params)))
+    theta = copy_of(named_params(policy))
     return PendingStep(step, E, U, res, bars, theta, time.perf_counter() - t0, list(notes.messages))
 
 
 def displacement_pieces(config: ProbeConfig, policy: Policy, pending: PendingStep, delta: NamedTensors):
     """(a, r) along Δθ on E at θ: one jvp scoring pass (θ swapped in, then θ' restored bit for bit)."""
-    params = dict(zip(policy.trainable.names, policy.trainable.params))
-    with parameters_set_to(params, pending.theta):
+    with parameters_set_to(named_params(policy), pending.theta):
         scores = score_E(config, policy, pending.E, delta)
         realised = measure_delta_h(policy.engine, pending.E, delta, [1.0], normalize=config.estimator.normalize,
                                    base=pending.res.scores, tf_batch_size=pending.res.scores_tf_batch)
@@ -82,8 +86,7 @@ def displacement_pieces(config: ProbeConfig, policy: Policy, pending: PendingSte
 def check_step(config: ProbeConfig, policy: Policy, pending: PendingStep, u_batch_ratio: float) -> dict:
     """The row of one probed step: prediction, realised change on the same E, displacement and residuals."""
     t0 = time.perf_counter()
-    params = dict(zip(policy.trainable.names, policy.trainable.params))
-    delta = {n: p.detach() - pending.theta[n] for n, p in params.items()}
+    delta = {n: p.detach() - pending.theta[n] for n, p in named_params(policy).items()}
     pieces, realised = displacement_pieces(config, policy, pending, delta)
     res, bars, normalize = pending.res, pending.bars, config.estimator.normalize
     entry = displacement_entry(res.X_hat, delta, pieces, res.scores, normalize=normalize, second=None)
@@ -98,6 +101,10 @@ def check_step(config: ProbeConfig, policy: Policy, pending: PendingStep, u_batc
                                                 r_v=None if bars.r is None else bars.r.numpy()),
                     step_lr=res.learning_rate, steps=1, se_U=bars.se["U"], u_batch_ratio=u_batch_ratio)
     true = realised["true"][0]
+    warnings = list(pending.warnings)
+    if entry["zero_displacement"]:
+        warnings.append(f"step {pending.step}: the trainer's step left the adapter unchanged (Δθ = 0): δH_Δθ = 0 "
+                        "and the realised change is 0 by construction (a skipped step?)")
     return {"step": pending.step, "lr": res.learning_rate, "H": realised["H_orig"],
             "delta_h1": res.delta_h1, "se": bars.se["total"], "se_E": bars.se["E"], "se_U": bars.se["U"],
             "realised": true["deltaH_true"], "realised_se": true["se"], "ess_frac": true["ess_frac"],
@@ -107,4 +114,4 @@ def check_step(config: ProbeConfig, policy: Policy, pending: PendingStep, u_batc
             "u_noise": None if noise is None else noise["value"], "u_noise_z": None if noise is None else noise["z"],
             **step_comparison(res.v, res.learning_rate, delta), "delta_theta_norm": entry["delta_theta_norm"],
             "n_E": len(units), "n_U": pending.U["num_prompts"] * pending.U["num_responses_per_prompt"],
-            "seconds": pending.seconds + time.perf_counter() - t0, "warnings": pending.warnings}
+            "seconds": pending.seconds + time.perf_counter() - t0, "warnings": warnings}

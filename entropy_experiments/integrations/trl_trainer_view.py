@@ -45,11 +45,7 @@ def check_trainer(trainer: Any) -> None:
         raise ConfigError(f"{KEY}: {args.world_size} processes: the callback probes a single process only "
                           "(under DDP each rank would sample and back-propagate its own probe batch; "
                           "probe saved checkpoints with `entropy-probe run/sweep` under torchrun instead)")
-    refusals = {"use_vllm": (args.use_vllm, "generation by vLLM is not the policy's own sampling"),
-                "top_k": (args.top_k not in (0, None), "the probe's sampling policy is temperature + top-p only"),
-                "min_p": (args.min_p is not None, "the probe's sampling policy is temperature + top-p only"),
-                "repetition_penalty": (args.repetition_penalty != 1.0, "a penalty changes the sampled distribution"),
-                "generation_kwargs": (bool(args.generation_kwargs), "extra generation settings are not mirrored")}
+    refusals = unsupported_settings(args)
     for key, (refused, why) in refusals.items():
         if refused:
             raise ConfigError(f"{KEY}: GRPOConfig.{key}={getattr(args, key)!r} is not supported ({why})")
@@ -57,6 +53,26 @@ def check_trainer(trainer: Any) -> None:
         if not callable(fn) or isinstance(fn, torch.nn.Module):
             raise ConfigError(f"{KEY}: reward models are not supported (reward {type(fn).__name__}); "
                               "pass reward functions")
+
+
+def unsupported_settings(args: Any) -> dict[str, tuple[bool, str]]:
+    """{GRPOConfig key: (refused?, why)}: sampling the probe's q cannot represent, and loss terms its objectives
+    (estimators/objectives.py) do not have — mirrored silently, they would make v another trainer's step."""
+    q_only = "the probe's sampling policy is temperature + top-p only"
+    return {"use_vllm": (args.use_vllm, "generation by vLLM is not the policy's own sampling"),
+            "top_k": (args.top_k not in (0, None), q_only),
+            "min_p": (args.min_p is not None, q_only),
+            "repetition_penalty": (args.repetition_penalty != 1.0, "a penalty changes the sampled distribution"),
+            "generation_kwargs": (bool(args.generation_kwargs), "extra generation settings are not mirrored"),
+            "importance_sampling_level": (args.importance_sampling_level != "token",
+                                          "sequence-level ratios (GSPO) have another gradient"),
+            "mask_truncated_completions": (bool(args.mask_truncated_completions), "the probe keeps truncated ones"),
+            "entropy_coef": (args.entropy_coef != 0 or bool(args.use_adaptive_entropy),
+                             "TRL's entropy term is not mirrored"),
+            "multi_objective_aggregation": (args.multi_objective_aggregation != "sum_then_normalize",
+                                            "the probe sums the weighted rewards, then normalises"),
+            "steps_per_generation": (args.steps_per_generation != args.gradient_accumulation_steps,
+                                     "generations reused across optimizer steps are off-policy")}
 
 
 def objective_keys(args: Any) -> dict[str, Any]:
