@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .layout import CHECKPOINT_META_FILE, TRAINER_STATE_FILE
+
 
 def saved_train_batch_size(trainer_state_path: Path | None) -> int | None:
     """`train_batch_size` of a trainer_state.json (None when absent or unreadable)."""
@@ -23,6 +25,22 @@ def saved_train_batch_size(trainer_state_path: Path | None) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def recorded_trainer_batch(checkpoint_dir: Path) -> tuple[int | None, str]:
+    """(sequences per optimizer step of the run that wrote `checkpoint_dir`, where that came from): make-checkpoint's
+    checkpoint.json `data` B_U·G, else trainer_state.json `train_batch_size` (before gradient accumulation)."""
+    try:
+        data = json.loads((Path(checkpoint_dir) / CHECKPOINT_META_FILE).read_text(encoding="utf-8"))["data"]
+        value = int(data["B_U"]) * int(data["G"])
+        if value > 0:
+            return value, f"{CHECKPOINT_META_FILE} (data B_U·G)"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    saved = saved_train_batch_size(Path(checkpoint_dir) / TRAINER_STATE_FILE)
+    if saved is not None:
+        return saved, f"{TRAINER_STATE_FILE} (train_batch_size)"
+    return None, "not recorded in the checkpoint"
 
 
 def trainer_batch_record(configured: int | None, trainer_state_path: Path | None, B_U: int,

@@ -18,32 +18,16 @@ For an interval N → N' whose `from` run measured the `displacement` predictor 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint.layout import CHECKPOINT_META_FILE, TRAINER_STATE_FILE
 from ..estimators.displacement import BatchColumns, DisplacementPieces, interval_residuals, u_noise
 
-__all__ = ["interval_decomposition", "trainer_batch", "z_entry"]
+__all__ = ["interval_decomposition", "z_entry"]
 
 SECOND_ORDER_COLUMNS = ("s", "s2", "dh", "d2h")
-
-
-def trainer_batch(checkpoint_dir: Path) -> tuple[int | None, str]:
-    """(sequences per optimizer step of the run that wrote `checkpoint_dir`, where that came from)."""
-    for name, read in ((CHECKPOINT_META_FILE, lambda d: d["data"]["B_U"] * d["data"]["G"]),
-                       (TRAINER_STATE_FILE, lambda d: d["train_batch_size"])):
-        path = checkpoint_dir / name
-        try:
-            value = int(read(json.loads(path.read_text(encoding="utf-8"))))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if value > 0:
-            return value, f"{name} ({'data B_U·G' if name == CHECKPOINT_META_FILE else 'train_batch_size'})"
-    return None, "not recorded in the checkpoint"
 
 
 def z_entry(estimate) -> dict | None:

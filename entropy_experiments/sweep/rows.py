@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoint.trainer_batch import recorded_trainer_batch
 from ..errors import OutputError
 from ..report.run_dir import PER_SEQUENCE_FILE
-from .decomposition import interval_decomposition, trainer_batch
+from .decomposition import interval_decomposition
 from .discovery import SweepCheckpoint
 from .stats import entropy_with_se, paired_difference
 
@@ -148,7 +149,7 @@ def checkpoint_row(ck: SweepCheckpoint, run: CheckpointRun, normalize: str, swee
            "run_dir": str(run.path.relative_to(sweep_dir)), "H": _num(H.value), "H_se": _num(H.se),
            "n_sequences": int(run.h.size), "n_units": len(set(run.slots)),
            "n_distinct_prompts": len(set(map(str, run.prompt_ids)))}
-    row["trainer_batch_sequences"], row["trainer_batch_source"] = trainer_batch(ck.path)
+    row["trainer_batch_sequences"], row["trainer_batch_source"] = recorded_trainer_batch(ck.path)
     res = run.results
     if run.kind == "entropy_only":
         return {**row, "lr": _num(res.get("learning_rate")), "deltaH1": None, "se_total": None, "se_E": None,
