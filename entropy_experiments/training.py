@@ -29,7 +29,7 @@ from .estimators.objective_gradient import Trainable
 from .policy.engine import PolicyEngine
 from .policy.progress import progress
 from .probe import Policy, update_gradients
-from .sampling import sample_batch
+from .sampling import sample_batch, warn_zero_advantages
 
 log = logging.getLogger("entropy_experiments.training")
 DEMO_CHECKPOINT_STEPS = 1
@@ -78,6 +78,7 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
                                seed=config.seed + 1000 * (step + 1))
         U = sample_batch(engine, examples, plan.U_prompt_indices, bc.G, seed=config.seed + 1000 * (step + 1) + 1,
                          rewards=rewards, chat_template_kwargs=bc.chat_template_kwargs)
+        warn_zero_advantages(U, logger.warning, logger)  # all zero: this step is weight decay only
         grads = update_gradients(config, policy, U, [list(range(U["num_prompts"]))]).total
         for name, p in named:
             p.grad = grads[name].to(p.dtype)

@@ -88,7 +88,7 @@ def test_make_checkpoint_synthetic_gives_a_checkpoint_the_probe_loads(tmp_path, 
     args = ["make-checkpoint", "--synthetic", "qwen2.5-0.5b", "--out", str(out), "--steps", "1",
             "--set", "checkpoint.device_map=cpu", "--set", "batch_config.dataset_name=jsonl",
             "--set", f"batch_config.dataset_path={data}", "--set", "batch_config.B_U=2",
-            "--set", "batch_config.G=2", "--set", "generation.max_new_tokens=4"]
+            "--set", "batch_config.G=4", "--set", "generation.max_new_tokens=8"]
     with logging_restored():
         assert cli.main(args) == 0
     assert (out / "synthetic_base" / "SYNTHETIC.txt").is_file()

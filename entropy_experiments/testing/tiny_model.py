@@ -33,8 +33,11 @@ _CHAT_TEMPLATE = (
 _BOS_CHAT_TEMPLATE = "{{ bos_token }}" + _CHAT_TEMPLATE
 
 
-def build_tiny_tokenizer(vocab_size: int = 384, *, add_bos: bool = False):
+def build_tiny_tokenizer(vocab_size: int = 384, *, add_bos: bool = False, extra_corpus: list[str] | None = None):
     """Train a byte-level BPE tokenizer in code; eos = pad = "<|im_end|>", left padding.
+
+    extra_corpus: more training text beside the built-in corpus (the synthetic models learn their merges on
+    the prompt pool, so prompts encode to about as many tokens as a real tokenizer makes of them).
 
     add_bos: the tokenizer adds a BOS ("<|endoftext|>") to every encoded text, and its chat template writes
     one too (as Llama's do), so a chat rendered and then encoded with special tokens would start with two.
@@ -51,7 +54,7 @@ def build_tiny_tokenizer(vocab_size: int = 384, *, add_bos: bool = False):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    core.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    core.train_from_iterator(_CORPUS * 4 + list(extra_corpus or []), trainer=trainer)
     bos = {}
     if add_bos:
         bos_id = core.token_to_id("<|endoftext|>")
