@@ -48,9 +48,13 @@ PHASES = [
 LABELS = list(dict.fromkeys(label for label, _, _ in PHASES))
 ETA = 1.0e-5
 
-QUICK = {"E": [2, 4], "T": [32, 64], "models": ["smollm2-135m", "qwen2.5-0.5b"], "base": (2, 32)}
+# targets: (model, E, T) points run after the sweeps, outside the fits — the 1.5B probe of issue 29 under a
+# memory budget (GB) that keeps its with-grad microbatches inside this machine's 24 GB beside 6.2 GB of weights
+QUICK = {"E": [2, 4], "T": [32, 64], "models": ["smollm2-135m", "qwen2.5-0.5b"], "base": (2, 32), "targets": []}
 FULL = {"E": [4, 8, 16, 32], "T": [32, 64, 128, 256, 512],
-        "models": ["smollm2-135m", "smollm2-360m", "qwen2.5-0.5b", "qwen2.5-1.5b"], "base": (4, 64)}
+        "models": ["smollm2-135m", "smollm2-360m", "qwen2.5-0.5b", "qwen2.5-1.5b"], "base": (4, 64),
+        "targets": [("qwen2.5-1.5b", 16, 128)]}
+TARGET_BUDGET_GB = 12.0
 
 
 # ------------------------------------------------------------------------------------ worker
@@ -82,7 +86,7 @@ def _wrap(label: str, fn, record: dict):
     return timed
 
 
-def point_config(checkpoint: str, E: int, T: int, device: str):
+def point_config(checkpoint: str, E: int, T: int, device: str, budget_gb: float | None = None):
     from entropy_experiments.config import config_from_dict
 
     return config_from_dict({
@@ -91,13 +95,13 @@ def point_config(checkpoint: str, E: int, T: int, device: str):
         "batch_config": {"B_E": E, "B_U": 2, "G": 2},
         "generation": {"max_new_tokens": T, "gen_batch_size": max(4, E), "tf_batch_size": 4},
         "reward": {"name": "math_density"},
-        "estimator": {"microbatch_size": 4},
+        "estimator": {"microbatch_size": 4, "memory_budget_gb": budget_gb},
         "importance": {"eta_list": [ETA], "symmetric": True},
         "second_order": {"enabled": True}, "predictors": {"enabled": True},
     })
 
 
-def worker(checkpoint: str, E: int, T: int, device: str) -> dict:
+def worker(checkpoint: str, E: int, T: int, device: str, budget_gb: float | None = None) -> dict:
     """Subprocess body: one probe run with every phase wrapped; the record as a dict."""
     import logging
 
@@ -110,7 +114,7 @@ def worker(checkpoint: str, E: int, T: int, device: str) -> dict:
         if hasattr(module, name):  # names may move (issue 26): a missing one is reported as absent
             setattr(module, name, _wrap(label, getattr(module, name), record))
     t0, shapes = time.perf_counter(), {}
-    outcome = probe.run(point_config(checkpoint, E, T, device),
+    outcome = probe.run(point_config(checkpoint, E, T, device, budget_gb),
                         on_batches=lambda e, u: shapes.update(E=e["sequences"].shape[-1], U=u["sequences"].shape[-1]))
     total = time.perf_counter() - t0
     record["estimate"] = budget_estimate(outcome.policy.trainable.model, shapes, T)
@@ -149,14 +153,15 @@ def ensure_checkpoint(name: str, cache: Path, given: dict[str, str]) -> str:
     return str(out)
 
 
-def run_point(model: str, checkpoint: str, E: int, T: int, device: str) -> dict:
+def run_point(model: str, checkpoint: str, E: int, T: int, device: str, budget_gb: float | None = None) -> dict:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--worker", checkpoint, str(E), str(T), device],
+    budget = [] if budget_gb is None else [str(budget_gb)]
+    proc = subprocess.run([sys.executable, __file__, "--worker", checkpoint, str(E), str(T), device, *budget],
                           check=False, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"point {model} E={E} T={T} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result.update(model=model, E=E, T=T, wall=time.perf_counter() - t0)
+    result.update(model=model, E=E, T=T, wall=time.perf_counter() - t0, memory_budget_gb=budget_gb)
     print(f"  {model} E={E} T={T}: {result['phases']['total']['seconds']:.1f}s, peak RSS "
           f"{result['phases']['total']['peak_rss_mb']:.0f} MB", flush=True)
     return result
@@ -264,7 +269,8 @@ def plot(points: list[dict], params: dict[str, int], plan: dict, path: Path) -> 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         checkpoint, E, T, device = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-        print(json.dumps(worker(checkpoint, E, T, device)))
+        budget_gb = float(sys.argv[6]) if len(sys.argv) > 6 else None
+        print(json.dumps(worker(checkpoint, E, T, device, budget_gb)))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the small sweep: 4 points (~10 min on 2 idle cores)")
@@ -292,6 +298,9 @@ def main() -> int:
     points = []
     for model, E, T in sweep_points(plan):
         points.append(run_point(model, ensure_checkpoint(model, cache, given), E, T, args.device))
+        (out / "points.json").write_text(json.dumps(points, indent=1))
+    for model, E, T in plan["targets"]:
+        points.append(run_point(model, ensure_checkpoint(model, cache, given), E, T, args.device, TARGET_BUDGET_GB))
         (out / "points.json").write_text(json.dumps(points, indent=1))
     report(points, params, plan, out)
     ok, verdict = True, "skipped (--skip-memory)"

@@ -8,8 +8,10 @@ the vocabulary) — take at most as many sequences per microbatch as the budget 
 Per sequence of S positions (prompt + response, padded) with T scored response tokens, fp32:
   activations kept for backward ≈ 4 B · S · L · (ACT_HIDDEN · d + ACT_FFN · f + heads · S)   (eager attention
   keeps its softmax output, heads · S a token) and the logits ≈ 4 B · LOGIT_COPIES · T · V. The constants count
-  the tensors autograd saves; against the peak resident memory bench/bench_scaling.py measured on SmolLM2-135M
-  the estimate errs on the safe side: 1.2–2.8× the measured peak on SmolLM2-135M and Qwen2.5-0.5B (README "Scaling").
+  the tensors autograd saves. Against the growth of the resident memory during each phase (bench/bench_scaling.py,
+  SmolLM2-135M → Qwen2.5-1.5B): U's is 1.5–2.7× below the estimate for its microbatch; the E phase's is 0.84–1.7×
+  below it, i.e. up to 19 % above it at E ≥ 16 or T = 512, where the phase also holds what it keeps across
+  microbatches and what the allocator does not return. Leave ≈ 25 % headroom (README "Scaling").
 """
 
 from __future__ import annotations
