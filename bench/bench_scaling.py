@@ -1,8 +1,8 @@
 """Cost curves of the probe (issue 29): time and peak memory per phase, swept over E, response length T
 and model size, on random models of the real architectures (entropy_experiments/testing/synthetic.py).
 
-    .venv/bin/python bench/bench_scaling.py --quick            # 4 points: ~10 min on 2 idle cores
-    .venv/bin/python bench/bench_scaling.py                    # the full sweep (README "Scaling")
+    .venv/bin/python bench/bench_scaling.py --quick            # 4 points: ≈ 4 min on 2 idle cores
+    .venv/bin/python bench/bench_scaling.py                    # the full sweep, ≈ 46 min (README "Scaling")
     .venv/bin/python bench/bench_scaling.py --checkpoint qwen2.5-1.5b=DIR   # reuse a make-checkpoint output
 
 Every point (model, E, T) runs in a fresh subprocess: the probe (`probe.run`) with B_U = 2, G = 2, one η
@@ -273,7 +273,8 @@ def main() -> int:
         print(json.dumps(worker(checkpoint, E, T, device, budget_gb)))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the small sweep: 4 points (~10 min on 2 idle cores)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the small sweep: 4 points (≈ 4 min on 2 idle cores; the full one ≈ 46 min)")
     parser.add_argument("--out", default="runs/bench_scaling")
     parser.add_argument("--cache", default=None, help="where the synthetic checkpoints are made (default OUT/ckpts)")
     parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR",
