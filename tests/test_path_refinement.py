@@ -40,8 +40,8 @@ def test_path_points_are_on_the_line_and_end_at_the_next_checkpoint(tmp_path):
     for j in range(5):
         here = path / f"checkpoint-{j + 1}"
         weights = load_file(here / "adapter_model.safetensors")
-        for k in a:
-            torch.testing.assert_close(weights[k], a[k] + j / 4 * (b[k] - a[k]), rtol=0, atol=1e-6)
+        for k, start in a.items():
+            torch.testing.assert_close(weights[k], start + j / 4 * (b[k] - start), rtol=0, atol=1e-6)
         assert json.loads((here / "trainer_state.json").read_text())["global_step"] == j + 1
         assert (here / "optimizer.pt").is_file() and not (here / "training_args.bin").exists()
     last = load_file(path / "checkpoint-5" / "adapter_model.safetensors")
