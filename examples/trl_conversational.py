@@ -38,27 +38,15 @@ PROMPTS_PER_STEP, G, MAX_NEW, B_E, SEED, LR = 2, 4, 24, 16, 11, 1e-4
 
 def train(out: Path, data: Path, model_dir: Path, *, steps: int):
     """GRPO with TRL on the conversational data set; returns the trainer (its checkpoints are in `out`)."""
-    import torch
     from datasets import load_from_disk
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
 
     from entropy_experiments.testing.conversational import REWARD_FUNCTIONS, REWARD_WEIGHTS
+    from entropy_experiments.testing.trl_run import cpu_grpo_trainer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
-    args = GRPOConfig(output_dir=str(out), use_cpu=True, report_to="none", max_steps=steps, save_strategy="steps",
-                      save_steps=1, logging_steps=1, disable_tqdm=True, seed=SEED, bf16=False, fp16=False,
-                      per_device_train_batch_size=PROMPTS_PER_STEP * G, num_generations=G,
-                      max_completion_length=MAX_NEW, learning_rate=LR, lr_scheduler_type="constant",
-                      warmup_steps=0, reward_weights=REWARD_WEIGHTS, log_completions=False,
-                      dataloader_num_workers=0, gradient_checkpointing=False)
-    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                      task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(model=model, reward_funcs=REWARD_FUNCTIONS, args=args, processing_class=tokenizer,
-                          train_dataset=load_from_disk(str(data)), peft_config=lora)
+    trainer = cpu_grpo_trainer(model_dir, out, reward_funcs=REWARD_FUNCTIONS, train_dataset=load_from_disk(str(data)),
+                               steps=steps, learning_rate=LR, num_generations=G, prompts_per_step=PROMPTS_PER_STEP,
+                               max_completion_length=MAX_NEW, seed=SEED, reward_weights=REWARD_WEIGHTS,
+                               gradient_checkpointing=False)
     trainer.train()
     return trainer
 

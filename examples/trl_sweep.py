@@ -38,37 +38,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 PROMPTS_PER_STEP, G, MAX_NEW, SEED = 2, 4, 20, 7
 
 
-def math_density_reward(prompts, completions, **kwargs) -> list[float]:
-    """TRL's calling convention around the probe's registered `math_density` reward (the same numbers)."""
-    from entropy_experiments.data.rewards.basic import math_density
-
-    return math_density("", list(completions), None)
-
-
 def train(out: Path, model_dir: Path, *, steps: int, lr: float, schedule: str) -> Path:
     """GRPO with TRL on the embedded model, a checkpoint after every step; returns the output_dir."""
-    import torch
     from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
 
     from entropy_experiments.data.datasets import load_examples
+    from entropy_experiments.testing.trl_run import cpu_grpo_trainer, math_density_reward
 
     questions = [ex.question for ex in load_examples("gsm_symbolic_r1_template", "train", pool_size=500)]
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
-    args = GRPOConfig(output_dir=str(out), use_cpu=True, report_to="none", max_steps=steps, save_strategy="steps",
-                      save_steps=1, logging_steps=1, disable_tqdm=True, seed=SEED, bf16=False, fp16=False,
-                      per_device_train_batch_size=PROMPTS_PER_STEP * G, num_generations=G,
-                      max_completion_length=MAX_NEW, learning_rate=lr, lr_scheduler_type=schedule, warmup_steps=0,
-                      temperature=1.0, top_p=1.0, top_k=0, log_completions=False, dataloader_num_workers=0,
-                      gradient_checkpointing=False)  # TRL turns it on by default: generation then runs uncached
-    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                      task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(model=model, reward_funcs=math_density_reward, args=args, processing_class=tokenizer,
-                          train_dataset=Dataset.from_dict({"prompt": questions}), peft_config=lora)
+    trainer = cpu_grpo_trainer(model_dir, out, reward_funcs=math_density_reward,
+                               train_dataset=Dataset.from_dict({"prompt": questions}), steps=steps, learning_rate=lr,
+                               num_generations=G, prompts_per_step=PROMPTS_PER_STEP, max_completion_length=MAX_NEW,
+                               seed=SEED, lr_scheduler_type=schedule, temperature=1.0, top_p=1.0, top_k=0,
+                               gradient_checkpointing=False)  # TRL's default True: generation then runs uncached
     trainer.train()
     return out
 

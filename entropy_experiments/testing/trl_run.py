@@ -48,36 +48,45 @@ def tiny_prompt_dataset(n_prompts: int = 8):
     return Dataset.from_dict({"prompt": [PROMPTS[i % len(PROMPTS)] for i in range(n_prompts)]})
 
 
-def _grpo_config(out_dir: Path, *, steps, loss_type, num_generations, prompts_per_step,
-                 gradient_accumulation_steps, learning_rate, seed, extra):
-    from trl import GRPOConfig
+LORA_QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
 
-    kwargs = {
-        "output_dir": str(out_dir),
-        "use_cpu": True,
-        "report_to": "none",
-        "max_steps": steps,
-        "save_strategy": "steps",
-        "save_steps": 1,
-        "logging_steps": 1,
-        "disable_tqdm": True,
-        "per_device_train_batch_size": num_generations * prompts_per_step,
-        "gradient_accumulation_steps": gradient_accumulation_steps,
-        "num_generations": num_generations,
-        "max_completion_length": 8,
-        "learning_rate": learning_rate,
-        "lr_scheduler_type": "linear",
-        "warmup_steps": 0,
-        "bf16": False,
-        "fp16": False,
-        "seed": seed,
-        "dataloader_num_workers": 0,
-        "log_completions": False,
-    }
-    if loss_type is not None:
-        kwargs["loss_type"] = loss_type
-    kwargs.update(extra)
-    return GRPOConfig(**kwargs)
+
+def math_density_reward(prompts, completions, **kwargs) -> list[float]:
+    """TRL's calling convention around the probe's registered `math_density` reward (the same numbers)."""
+    from entropy_experiments.data.rewards.basic import math_density
+
+    return math_density("", list(completions), None)
+
+
+def cpu_grpo_trainer(model_dir: str | Path, out_dir: str | Path, *, reward_funcs, train_dataset, steps: int,
+                     learning_rate: float, num_generations: int, prompts_per_step: int, max_completion_length: int,
+                     seed: int = 0, lora_r: int = 8, lora_alpha: int = 16,
+                     lora_targets: tuple[str, ...] | str = LORA_QKVO, lr_scheduler_type: str = "constant",
+                     **config_overrides):
+    """A `trl.GRPOTrainer` on CPU, built but not trained: the model in `model_dir` (fp32, eager attention, left
+    padding) under a LoRA (dropout 0), G·B completions per step, a checkpoint after every step, no bf16, no
+    warm-up. `config_overrides` are further GRPOConfig fields (save_strategy="no", temperature=1.0, …)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    targets = lora_targets if isinstance(lora_targets, str) else list(lora_targets)
+    lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=targets,
+                      task_type="CAUSAL_LM")
+    args = GRPOConfig(**{
+        "output_dir": str(out_dir), "use_cpu": True, "report_to": "none", "max_steps": steps,
+        "save_strategy": "steps", "save_steps": 1, "logging_steps": 1, "disable_tqdm": True,
+        "per_device_train_batch_size": num_generations * prompts_per_step, "num_generations": num_generations,
+        "max_completion_length": max_completion_length, "learning_rate": learning_rate,
+        "lr_scheduler_type": lr_scheduler_type, "warmup_steps": 0, "bf16": False, "fp16": False, "seed": seed,
+        "dataloader_num_workers": 0, "log_completions": False, **config_overrides})
+    return GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                       processing_class=tokenizer, peft_config=lora)
 
 
 def run_tiny_grpo(out_dir: str | Path, **kwargs) -> Path:
@@ -115,26 +124,19 @@ def tiny_grpo_trainer(out_dir: str | Path, *, steps: int = 2, model_dir: str | P
             prompts, and `count_vowels_reward`).
         config_overrides: further GRPOConfig fields (e.g. beta=0.04, scale_rewards="none", reward_weights=[...]).
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOTrainer
-
     from entropy_experiments.testing.tiny_model import build_tiny_model_dir
 
     out_dir = Path(out_dir)
     if model_dir is None:
         model_dir = build_tiny_model_dir(out_dir / "tiny_base", seed=seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
-    targets = lora_targets if isinstance(lora_targets, str) else list(lora_targets)
-    peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM")
-    args = _grpo_config(out_dir, steps=steps, loss_type=loss_type, num_generations=num_generations,
-                        prompts_per_step=prompts_per_step, gradient_accumulation_steps=gradient_accumulation_steps,
-                        learning_rate=learning_rate, seed=seed, extra=config_overrides)
+    if loss_type is not None:
+        config_overrides["loss_type"] = loss_type
     n_prompts = max(8, steps * prompts_per_step * gradient_accumulation_steps)
-    return GRPOTrainer(model=model, reward_funcs=reward_funcs or count_vowels_reward, args=args,
-                       train_dataset=train_dataset if train_dataset is not None else tiny_prompt_dataset(n_prompts),
-                       processing_class=tokenizer, peft_config=peft_config)
+    return cpu_grpo_trainer(
+        model_dir, out_dir, reward_funcs=reward_funcs or count_vowels_reward,
+        train_dataset=train_dataset if train_dataset is not None else tiny_prompt_dataset(n_prompts),
+        steps=steps, learning_rate=learning_rate, num_generations=num_generations,
+        prompts_per_step=prompts_per_step, max_completion_length=config_overrides.pop("max_completion_length", 8),
+        seed=seed, lora_r=4, lora_alpha=8, lora_targets=lora_targets,
+        lr_scheduler_type=config_overrides.pop("lr_scheduler_type", "linear"),
+        gradient_accumulation_steps=gradient_accumulation_steps, **config_overrides)
