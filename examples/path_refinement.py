@@ -14,7 +14,9 @@ Each part's displacement predictor is then X̂(θ_N + t·Δθ) · Δθ/K, and th
   realised change of the whole step;
 * if X̂ were biased, the sum would stay away from the realised change however fine the cut.
 
-The sweep summary (printed) has one row per part; the last lines compare the sum with the whole step.
+The sweep summary (printed) has one row per part; the last lines compare the sum with the whole step. The
+sweep's U-noise columns (z_U, cos, norm ratio) compare the probe's whole AdamW step with a 1/K part and mean
+nothing here (the script says so when it ends).
 """
 
 from __future__ import annotations
@@ -78,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parts = doc["realised"]
     total = sum(p["displacement"]["value"] for p in parts)
     realised = sum(p["dH_realised"] for p in parts)
-    print(f"\nstep {args.start}→{args.start + 1} cut in {args.parts}: Σ parts' δH_Δθ/K = {total:+.5f}, "
+    print(f"\nnote: each part is 1/{args.parts} of one training step, while the sweep's U-noise columns (z_U, cos, "
+          "norm ratio, K·lr·X̂·v) compare the probe's whole AdamW step with it: ignore them here.")
+    print(f"step {args.start}→{args.start + 1} cut in {args.parts}: Σ parts' δH_Δθ/K = {total:+.5f}, "
           f"Σ parts' realised = {realised:+.5f}; per part z₁ = "
           + ", ".join(f"{p['first_order']['z']:+.2f}" for p in parts))
     return 0
