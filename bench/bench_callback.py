@@ -56,7 +56,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if args.embedded:
-            from entropy_experiments.embedded import ensure_embedded_model
+            from entropy_experiments.models.embedded import ensure_embedded_model
             model_dir = ensure_embedded_model()
         elif args.model_dir:
             model_dir = Path(args.model_dir)

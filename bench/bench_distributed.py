@@ -71,7 +71,7 @@ def launch(args: list[str], nproc: int, cores: int) -> float:
 def make_config(args, folder: Path) -> Path:
     if args.model == "demo":
         from entropy_experiments.config import load_config, packaged_config_path
-        from entropy_experiments.training import ensure_demo_checkpoint
+        from entropy_experiments.make_checkpoint.trained import ensure_demo_checkpoint
 
         config = load_config(packaged_config_path("demo")).to_dict()
         ckpt = ensure_demo_checkpoint(load_config(packaged_config_path("demo")))
@@ -79,8 +79,8 @@ def make_config(args, folder: Path) -> Path:
                                      "optimizer_path": str(ckpt / "optimizer.pt")})
     else:
         from entropy_experiments.config import ProbeConfig, load_config
+        from entropy_experiments.make_checkpoint.trained import make_checkpoint
         from entropy_experiments.testing.tiny_model import build_tiny_model_dir
-        from entropy_experiments.training import make_checkpoint
 
         model = build_tiny_model_dir(folder / "tiny_model")
         data = folder / "prompts.jsonl"

@@ -58,9 +58,9 @@ def main() -> int:
     parser.add_argument("--symmetric", action="store_true", help="also ΔH at −η")
     parser.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = parser.parse_args()
-    from entropy_experiments import probe
     from entropy_experiments.config import load_config, packaged_config_path
-    from entropy_experiments.training import ensure_demo_checkpoint
+    from entropy_experiments.make_checkpoint.trained import ensure_demo_checkpoint
+    from entropy_experiments.probe import recipe as probe
 
     logging.basicConfig(level=logging.WARNING)
     checkpoint = args.checkpoint or str(ensure_demo_checkpoint(load_config(packaged_config_path("demo"))))

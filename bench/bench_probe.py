@@ -52,10 +52,10 @@ class DemoProbe:
 
 
 def demo_probe(args) -> DemoProbe:
-    from entropy_experiments import probe
     from entropy_experiments.config import config_from_dict, load_config, packaged_config_path
-    from entropy_experiments.parallel import SINGLE
-    from entropy_experiments.training import ensure_demo_checkpoint
+    from entropy_experiments.make_checkpoint.trained import ensure_demo_checkpoint
+    from entropy_experiments.probe import recipe as probe
+    from entropy_experiments.probe.parallel import SINGLE
 
     config = load_config(packaged_config_path("demo"))
     d = config.to_dict()
@@ -70,7 +70,7 @@ def demo_probe(args) -> DemoProbe:
 
 def sample_E_U(demo: DemoProbe) -> tuple[dict, dict]:
     """E and U as the probe samples them (`probe.sample_phase`) for the demo's batch_config."""
-    from entropy_experiments import probe
+    from entropy_experiments.probe import recipe as probe
 
     E, U, _ = probe.sample_phase(demo.config, demo.policy.engine)
     return E, U
@@ -120,8 +120,8 @@ def training_step_seconds(demo: DemoProbe, E: dict, U: dict) -> dict[str, float]
 
 def phases_1_3_seconds(demo: DemoProbe, E: dict, U: dict, directional: str = "auto",
                        variance: bool = True) -> tuple[float, dict]:
-    from entropy_experiments import probe
     from entropy_experiments.config import config_from_dict
+    from entropy_experiments.probe import recipe as probe
 
     d = demo.config.to_dict()
     d["variance"]["directional"] = directional

@@ -1,5 +1,5 @@
 """Cost curves of the probe (issue 29): time and peak memory per phase, swept over E, response length T
-and model size, on random models of the real architectures (entropy_experiments/testing/synthetic.py).
+and model size, on random models of the real architectures (entropy_experiments/models/synthetic.py).
 
     .venv/bin/python bench/bench_scaling.py --quick            # 4 points: ≈ 4 min on 2 idle cores
     .venv/bin/python bench/bench_scaling.py                    # the full sweep, ≈ 46 min (README "Scaling")
@@ -37,13 +37,13 @@ import torch
 
 # (phase label, module, function): the probe's phase functions, wrapped in the worker
 PHASES = [
-    ("sampling", "entropy_experiments.probe", "sample_phase"),
-    ("U gradient + v", "entropy_experiments.probe", "update_phase"),
-    ("E passes", "entropy_experiments.probe", "one_pass_phase"),
-    ("E passes", "entropy_experiments.probe", "scored_pieces_phase"),
-    ("ΔH per η", "entropy_experiments.beyond_first_order", "truth_phase"),
-    ("second order", "entropy_experiments.beyond_first_order", "second_order_phase"),
-    ("predictors", "entropy_experiments.beyond_first_order", "predictors_phase"),
+    ("sampling", "entropy_experiments.probe.recipe", "sample_phase"),
+    ("U gradient + v", "entropy_experiments.probe.recipe", "update_phase"),
+    ("E passes", "entropy_experiments.probe.recipe", "one_pass_phase"),
+    ("E passes", "entropy_experiments.probe.recipe", "scored_pieces_phase"),
+    ("ΔH per η", "entropy_experiments.probe.beyond", "truth_phase"),
+    ("second order", "entropy_experiments.probe.beyond", "second_order_phase"),
+    ("predictors", "entropy_experiments.probe.beyond", "predictors_phase"),
 ]
 LABELS = list(dict.fromkeys(label for label, _, _ in PHASES))
 ETA = 1.0e-5
@@ -105,7 +105,7 @@ def worker(checkpoint: str, E: int, T: int, device: str, budget_gb: float | None
     """Subprocess body: one probe run with every phase wrapped; the record as a dict."""
     import logging
 
-    from entropy_experiments import probe
+    from entropy_experiments.probe import recipe as probe
 
     logging.getLogger("entropy_experiments").setLevel(logging.WARNING)
     record: dict = {}
@@ -283,7 +283,7 @@ def main() -> int:
     parser.add_argument("--skip-memory", action="store_true", help="skip the vocabulary-maths memory check")
     parser.add_argument("--report-only", action="store_true", help="only re-report OUT/points.json")
     args = parser.parse_args()
-    from entropy_experiments.testing.synthetic import parameter_count, spec_named
+    from entropy_experiments.models.synthetic import parameter_count, spec_named
 
     plan, out = (QUICK if args.quick else FULL), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -20,11 +20,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from entropy_experiments import probe
 from entropy_experiments.checkpoint.learning_rate import resolve_learning_rate
 from entropy_experiments.config import config_from_dict, load_config
 from entropy_experiments.estimators import update_direction as adam
-from entropy_experiments.parallel import SINGLE
+from entropy_experiments.probe import recipe as probe
+from entropy_experiments.probe.parallel import SINGLE
 from entropy_experiments.report.run_dir import RunDirectory
 
 

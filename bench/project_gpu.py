@@ -53,8 +53,8 @@ def phase_counts(spec, P: int, E: int, T: int, prompt: int, n_eta: int, U_seqs: 
 
 
 def main() -> int:
+    from entropy_experiments.models.synthetic import parameter_count, spec_named
     from entropy_experiments.policy.memory_budget import ModelShape, grad_row_bytes
-    from entropy_experiments.testing.synthetic import parameter_count, spec_named
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--E", type=int, default=512)

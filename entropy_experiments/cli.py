@@ -15,16 +15,16 @@ from pathlib import Path
 
 from .config import load_config, packaged_config_path
 from .errors import ConfigError, ProbeError
-from .lifecycle import interruptible
+from .make_checkpoint.synthetic import synthetic_base_dir, with_synthetic_base
+from .make_checkpoint.trained import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint, make_checkpoint
+from .models.synthetic import SYNTHETIC_SPECS
+from .probe.lifecycle import interruptible
+from .probe.runner import run_probe
 from .report.plot import plot_delta_h
 from .report.results_schema import load_results
 from .report.summary import print_summary
-from .run import run_probe
 from .sweep import run_sweep
 from .sweep.sweep_dir import SweepDirectory
-from .synthetic_checkpoint import synthetic_base_dir, with_synthetic_base
-from .testing.synthetic import SYNTHETIC_SPECS
-from .training import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint, make_checkpoint
 
 log = logging.getLogger("entropy_experiments")
 

@@ -1,7 +1,7 @@
 """Kept so existing imports work: the seed-era `entropy_experiments.model_loader` API.
 
 The code lives in `entropy_experiments.checkpoint` (base model, adapter, AdamW state, save_checkpoint,
-dtype / device) and `entropy_experiments.embedded` (the embedded SmolLM2 and its cache).
+dtype / device) and `entropy_experiments.models.embedded` (the embedded SmolLM2 and its cache).
 """
 
 from .checkpoint.adapter import create_lora_model, load_peft_for_probe
@@ -14,7 +14,7 @@ from .checkpoint.optimizer_state import (
     trainable_named_parameters,
 )
 from .checkpoint.writer import save_checkpoint
-from .embedded import (
+from .models.embedded import (
     CACHE_ENV_VAR,
     EMBEDDED_MODEL_NAME,
     cache_root,

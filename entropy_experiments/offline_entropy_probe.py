@@ -15,8 +15,8 @@ import sys
 from .cli import run_with_clean_errors
 from .compat.offline_entropy_probe import OfflineEntropyProbe
 from .config import load_config
+from .probe.runner import DRYRUN_OVERRIDES, dryrun_config, run_probe
 from .report.results_dict import environment_info
-from .run import DRYRUN_OVERRIDES, dryrun_config, run_probe
 
 __all__ = ["DRYRUN_OVERRIDES", "OfflineEntropyProbe", "dryrun_config", "environment_info", "main", "run_probe"]
 

@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-4)
     args = parser.parse_args(argv)
-    from entropy_experiments.embedded import ensure_embedded_model
     from entropy_experiments.integrations.trl_callback import LOG_FILE, EntropyProbeCallback
+    from entropy_experiments.models.embedded import ensure_embedded_model
 
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):

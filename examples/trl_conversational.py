@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from entropy_experiments.cli import _setup_logging
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.embedded import ensure_embedded_model
-    from entropy_experiments.run import run_probe
+    from entropy_experiments.models.embedded import ensure_embedded_model
+    from entropy_experiments.probe.runner import run_probe
     from entropy_experiments.testing.conversational import conversational_dataset
 
     _setup_logging()

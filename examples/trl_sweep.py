@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from entropy_experiments.cli import setup_logging
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.embedded import ensure_embedded_model
+    from entropy_experiments.models.embedded import ensure_embedded_model
     from entropy_experiments.sweep import run_sweep
 
     setup_logging()

@@ -53,7 +53,7 @@ def base_config(tiny_model_dir: Path, data: Path, **sections) -> dict:
 def make_run_setup(folder: Path, tiny_model_dir: Path, **sections) -> tuple[Path, dict]:
     """(config file path, config dict): prompts, a 1-step checkpoint (make-checkpoint) and the probe config."""
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.training import make_checkpoint
+    from entropy_experiments.make_checkpoint.trained import make_checkpoint
 
     folder.mkdir(parents=True, exist_ok=True)
     data = write_prompts(folder / "prompts.jsonl", SHORT_PROMPTS)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from entropy_experiments.config import config_from_dict
-from entropy_experiments.training import make_checkpoint
+from entropy_experiments.make_checkpoint.trained import make_checkpoint
 from tests.probe_helpers import merge_sections, write_prompts
 
 TOY_PROMPTS = ["x", "a", "b", "x a", "a b", "b x", "x x", "a a"]

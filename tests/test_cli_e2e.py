@@ -312,7 +312,7 @@ def test_module_entry_point_dryrun(config_file, tmp_path):
 def test_demo_on_embedded_smollm2(tmp_path, monkeypatch):
     """`entropy-probe demo` at tiny sizes: a fresh 1-step demo checkpoint in tmp_path (the converted
     SmolLM2 itself stays in the shared cache), then the probe into --out."""
-    from entropy_experiments import training
+    from entropy_experiments.make_checkpoint import trained as training
 
     monkeypatch.setattr(training, "demo_checkpoint_dir", lambda steps: tmp_path / f"demo_checkpoint_{steps}steps")
     ckpt = tmp_path / "demo_checkpoint_1steps"  # one cache directory per step count: --steps 1 never reuses 2

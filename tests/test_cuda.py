@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
-from entropy_experiments import probe
 from entropy_experiments.config import config_from_dict
 from entropy_experiments.policy.oom import oom_reason, release_memory, unless_out_of_memory
+from entropy_experiments.probe import recipe as probe
 from tests.run_helpers import make_run_setup
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -25,8 +25,8 @@ from entropy_experiments.checkpoint.displacement import displacement_to
 from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import CheckpointError
 from entropy_experiments.estimators.delta_h import real_optimizer_step
-from entropy_experiments.probe import run as probe_run
-from entropy_experiments.probe import update_phase
+from entropy_experiments.probe.recipe import run as probe_run
+from entropy_experiments.probe.recipe import update_phase
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
 from tests.run_helpers import logging_restored
 from tests.sweep_helpers import MAX_NEW, train_run

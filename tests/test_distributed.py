@@ -23,8 +23,8 @@ import torch
 import yaml
 
 from entropy_experiments import cli
-from entropy_experiments import parallel as D
 from entropy_experiments.data.batch import concat_batches
+from entropy_experiments.probe import parallel as D
 from entropy_experiments.test_hooks import FAULT_ENV
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
 from tests.run_helpers import base_config, logging_restored

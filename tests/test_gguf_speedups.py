@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 
-from entropy_experiments.gguf_speedups import shared_gguf_parsing
+from entropy_experiments.models.gguf_speedups import shared_gguf_parsing
 
 
 def _tiny_gguf(path) -> str:

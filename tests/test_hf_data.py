@@ -168,7 +168,8 @@ def test_data_and_reward_errors_come_before_the_model_loads(tmp_path, monkeypatc
 
     import yaml
 
-    from entropy_experiments import cli, probe
+    from entropy_experiments import cli
+    from entropy_experiments.probe import recipe as probe
     from tests.run_helpers import logging_restored
 
     def no_model(*args, **kwargs):
@@ -193,7 +194,7 @@ def test_data_and_reward_errors_come_before_the_model_loads(tmp_path, monkeypatc
 
 
 def test_a_pool_smaller_than_the_split_is_a_warning(tmp_path):
-    from entropy_experiments.preflight import pool_warning
+    from entropy_experiments.probe.preflight import pool_warning
 
     datasets.Dataset.from_dict(standard_rows()).save_to_disk(str(tmp_path / "ds"))
     two = load_examples("hf", "train", dataset_path=str(tmp_path / "ds"), pool_size=2, columns=("prompt", None))

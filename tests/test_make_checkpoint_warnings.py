@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from entropy_experiments.config import config_from_dict
-from entropy_experiments.training import make_checkpoint
+from entropy_experiments.make_checkpoint.trained import make_checkpoint
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
 from tests.run_helpers import base_config
 

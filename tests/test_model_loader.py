@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropy_experiments import embedded, io_utils
+from entropy_experiments import io_utils
 from entropy_experiments import model_loader as ml
 from entropy_experiments.errors import CheckpointError, ConfigError, DeviceError, OptimizerStateError
+from entropy_experiments.models import embedded
 from entropy_experiments.testing.tiny_model import build_tiny_model, build_tiny_tokenizer
 
 HYPER = {"lr": 3e-3, "weight_decay": 0.01, "betas": (0.9, 0.95), "eps": 1e-6, "amsgrad": True}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from entropy_experiments.row_directional import RowDirectionalDerivatives, linear_directions
+from entropy_experiments.estimators.row_directional import RowDirectionalDerivatives, linear_directions
 
 
 class _TwoLayer(nn.Module):

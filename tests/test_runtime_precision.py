@@ -14,7 +14,6 @@ import re
 import pytest
 import torch
 
-from entropy_experiments import probe
 from entropy_experiments.checkpoint.runtime_precision import (
     BF16_MIN_ETA_OVER_LR,
     bf16_delta_h_warnings,
@@ -24,9 +23,10 @@ from entropy_experiments.checkpoint.runtime_precision import (
 from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError, DeviceError
 from entropy_experiments.estimators.objective_gradient import Trainable
-from entropy_experiments.phase_results import Policy
 from entropy_experiments.policy.memory_budget import ModelShape, grad_row_bytes, microbatch_within_budget
-from entropy_experiments.run import run_probe
+from entropy_experiments.probe import recipe as probe
+from entropy_experiments.probe.results import Policy
+from entropy_experiments.probe.runner import run_probe
 from entropy_experiments.testing.tiny_model import add_random_lora, build_tiny_model
 from tests.run_helpers import make_run_setup
 

@@ -12,11 +12,12 @@ import json
 import pytest
 import torch
 
-from entropy_experiments import cli, synthetic_checkpoint
+from entropy_experiments import cli
 from entropy_experiments.checkpoint.load import load_for_probe, locate_checkpoint
 from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError
-from entropy_experiments.testing.synthetic import (
+from entropy_experiments.make_checkpoint import synthetic as synthetic_checkpoint
+from entropy_experiments.models.synthetic import (
     SYNTHETIC_SPECS,
     build_synthetic_model_dir,
     build_synthetic_tokenizer,
@@ -36,7 +37,7 @@ def test_real_sizes_match_the_published_parameter_counts(name):
 
 
 def test_published_numbers_reach_the_hf_config():
-    from entropy_experiments.testing.synthetic import hf_config
+    from entropy_experiments.models.synthetic import hf_config
 
     config = hf_config(spec_named("Qwen2.5-1.5B"), eos_token_id=7)
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (QWEN_VOCAB, 1536, 28)

@@ -21,9 +21,9 @@ from entropy_experiments.errors import ConfigError
 from entropy_experiments.estimators.delta_h import measure_delta_h
 from entropy_experiments.estimators.update_direction import named_dot
 from entropy_experiments.integrations.trl_callback import LOG_FILE, EntropyProbeCallback
-from entropy_experiments.parallel import SINGLE
-from entropy_experiments.phase_results import WarningLog
-from entropy_experiments.probe import estimate_phase, load_phase
+from entropy_experiments.probe.parallel import SINGLE
+from entropy_experiments.probe.recipe import estimate_phase, load_phase
+from entropy_experiments.probe.results import WarningLog
 from entropy_experiments.testing.trl_run import tiny_grpo_trainer
 
 pytestmark = pytest.mark.xdist_group("trl_callback")

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from ..embedded import EMBEDDED_MODEL_NAME, embedded_model_dir, ensure_embedded_model
 from ..errors import CheckpointError
 from ..library_noise import quiet_library_loading
+from ..models.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir, ensure_embedded_model
 from .layout import ADAPTER_CONFIG_FILE
 from .messages import first_line
 

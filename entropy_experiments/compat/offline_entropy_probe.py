@@ -1,4 +1,4 @@
-"""OfflineEntropyProbe (the seeds' API) — a thin façade over `entropy_experiments.probe`.
+"""OfflineEntropyProbe (the seeds' API) — a thin façade over `entropy_experiments.probe.recipe`.
 
 It keeps the seeds' entry points (`run_mixed_probe`, `load`, `_sample_EU_via_sequence_processor`,
 `_pack_E_from_sequences`, `_pack_U_from_sequences`) and the attributes the seeds and tests read
@@ -13,12 +13,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .. import probe
 from ..config import ProbeConfig, config_from_dict, load_config
 from ..data.batch import pack_batch
 from ..estimators.objective_gradient import Trainable
 from ..estimators.objectives import batch_advantages
-from ..sampling import prompt_examples
+from ..probe import recipe as probe
+from ..probe.sampling import prompt_examples
 from .sequence_processor import SequenceProcessor
 
 log = logging.getLogger("entropy_experiments.probe")

@@ -3,7 +3,7 @@
 `ProbeComponents(model, config, sequence_processor=sp)` keeps the seeds' methods (`accumulate_sum_Y`,
 `accumulate_sum_X`, `compute_delta_h1_from_batches`) and a few the tests use, each delegating to the
 phase functions of probe.py and the estimators they call; it owns no maths of its own. New code calls
-`entropy_experiments.probe` directly.
+`entropy_experiments.probe.recipe` directly.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import logging
 
 from torch import Tensor
 
-from .. import probe
 from ..checkpoint.learning_rate import resolve_learning_rate
 from ..config import ProbeConfig, config_from_dict
 from ..estimators.entropy_gradient import coefficients, pieces_method
 from ..estimators.objective_gradient import Trainable, UGradients, chunked, split_into_groups
 from ..estimators.sequence_scores import SequenceScores
+from ..estimators.step_directions import step_direction
 from ..estimators.surrogate import SurrogateCoefficients
-from ..probe import DeltaH1Result, Policy
-from ..step_directions import step_direction
+from ..probe import recipe as probe
+from ..probe.recipe import DeltaH1Result, Policy
 
 __all__ = ["DeltaH1Result", "EScores", "ProbeComponents", "UGradients", "chunked", "split_into_groups"]
 

@@ -1,12 +1,12 @@
 """`sample_batch` in the form the seed-era tests and scripts call it: a SequenceProcessor that knows its reward.
 
-The probe calls `entropy_experiments.sampling.sample_batch` with the policy engine and the config's reward name.
+The probe calls `entropy_experiments.probe.sampling.sample_batch` with the policy engine and the config's reward name.
 """
 
 from __future__ import annotations
 
-from .. import sampling
 from ..data.rewards.weighted import RewardSet
+from ..probe import sampling
 from .sequence_processor import SequenceProcessor
 
 __all__ = ["sample_batch"]

@@ -100,7 +100,7 @@ class ProbeConfig(_Section):
 
     def step_options(self):
         """The `step_directions.StepOptions`: estimator.update_direction, the resolved objective, predictors.enabled."""
-        from ..step_directions import StepOptions
+        from ..estimators.step_directions import StepOptions
 
         return StepOptions(self.estimator.update_direction, self.objective_options(), self.predictors.enabled)
 

@@ -320,7 +320,7 @@ class RewardSection(_Section):
 
 class DistributedSection(_Section):
     """Multi-rank settings (used only when launched by torchrun with several ranks, see
-    entropy_experiments/parallel.py; not part of config_hash). backend auto: nccl on CUDA, gloo on CPU;
+    entropy_experiments/probe/parallel.py; not part of config_hash). backend auto: nccl on CUDA, gloo on CPU;
     timeout_s: how long a collective waits for a rank that died or hangs before every other rank exits
     with one error line."""
 

@@ -29,8 +29,8 @@ from ..data.batch import subset_batch
 from ..errors import ConfigError
 from ..policy.engine import PolicyEngine
 from ..policy.sequences import batch_to_sequences
-from ..row_directional import RowDirectionalDerivatives, linear_directions, many_row_directionals
 from .objective_gradient import NamedTensors, Trainable, chunked, prompts_per_microbatch
+from .row_directional import RowDirectionalDerivatives, linear_directions, many_row_directionals
 from .sequence_scores import SequenceScores
 from .surrogate import (
     SurrogateCoefficients,

@@ -26,8 +26,8 @@ from entropy_experiments.data.datasets.hf import dataset_examples
 from entropy_experiments.data.rewards.weighted import RewardSet
 from entropy_experiments.errors import ConfigError
 from entropy_experiments.estimators.objective_gradient import Trainable
-from entropy_experiments.phase_results import Policy
 from entropy_experiments.policy.engine import PolicyEngine
+from entropy_experiments.probe.results import Policy
 
 KEY = "EntropyProbeCallback"
 

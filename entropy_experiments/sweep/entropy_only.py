@@ -19,13 +19,13 @@ from ..config import ProbeConfig
 from ..errors import output_error_on_os_error
 from ..estimators.sequence_scores import score_sequences
 from ..estimators.surrogate import entropy_estimates
-from ..parallel import SINGLE
-from ..phase_results import Policy
-from ..probe import draw_plan, sample_sharded
+from ..probe.parallel import SINGLE
+from ..probe.recipe import draw_plan, sample_sharded
+from ..probe.results import Policy
+from ..probe.sampling import prompt_examples
 from ..report.results_dict import per_sequence_rows
 from ..report.results_schema import dumps_strict
 from ..report.run_dir import GenerationChunkStore, RunDirectory
-from ..sampling import prompt_examples
 from .rows import ENTROPY_ONLY_FILE
 
 __all__ = ["measure_entropy_only"]

@@ -21,8 +21,8 @@ from ..checkpoint.swap import saved_lr_ended, swap_adapter
 from ..checkpoint.tokenizer_source import TokenizerChoice, choose_tokenizer, tokenizer_info
 from ..config import ProbeConfig
 from ..estimators.objective_gradient import Trainable
-from ..phase_results import Policy, WarningLog
 from ..policy.engine import PolicyEngine
+from ..probe.results import Policy, WarningLog
 from .discovery import SweepCheckpoint
 
 __all__ = ["CheckpointPolicy", "SweepPolicies"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..config import ProbeConfig
 from ..errors import ConfigError
 from ..policy.progress import progress
-from ..run import run_probe
+from ..probe.runner import run_probe
 from .calibration import calibration, decomposition_coverage
 from .discovery import SweepCheckpoint, find_checkpoints, select_every
 from .entropy_only import measure_entropy_only

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, closest_match
-from .tiny_model import build_tiny_tokenizer
+from ..testing.tiny_model import build_tiny_tokenizer
 
 __all__ = ["SYNTHETIC_SPECS", "SyntheticSpec", "build_synthetic_model", "build_synthetic_model_dir",
            "build_synthetic_tokenizer", "parameter_count", "spec_named"]
@@ -209,5 +209,5 @@ def build_synthetic_model_dir(name_or_spec: str | SyntheticSpec, path: str | Pat
     tokenizer.save_pretrained(path)
     (path / "SYNTHETIC.txt").write_text(
         f"{spec.name}: random weights (seed {seed}) in the architecture of {spec.source}; "
-        "built by entropy_experiments.testing.synthetic, not a trained model.\n", encoding="utf-8")
+        "built by entropy_experiments.models.synthetic, not a trained model.\n", encoding="utf-8")
     return path

@@ -8,16 +8,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, Protocol
 
 from torch import Tensor
 
-from .estimators.adam_state import AdamStateError, adam_state_by_name
-from .estimators.objectives import ObjectiveOptions
-from .estimators.predictors import DIRECTION_PREDICTORS, StepContext, zero_second_moment_caveat
-from .estimators.update_direction import optimizer_step_direction
-from .phase_results import Policy
+from .adam_state import AdamStateError, adam_state_by_name
+from .objective_gradient import Trainable
+from .objectives import ObjectiveOptions
+from .predictors import DIRECTION_PREDICTORS, StepContext, zero_second_moment_caveat
+from .update_direction import optimizer_step_direction
 
 NamedTensors = dict[str, Tensor]
+
+
+class Policy(Protocol):
+    """What the step directions read of the loaded policy: its trainable parameters and their AdamW state."""
+
+    trainable: Trainable
+    optimizer: Any
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .config import ProbeConfig
-from .policy.memory_budget import ModelShape, microbatch_within_budget
+from ..config import ProbeConfig
+from ..policy.memory_budget import ModelShape, microbatch_within_budget
 
 __all__ = ["budgeted_config"]
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .errors import ProbeError
+from ..errors import ProbeError
 
 log = logging.getLogger("entropy_experiments.distributed")
 T = TypeVar("T")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .config import ProbeConfig, config_from_dict
-from .testing.synthetic import build_synthetic_model_dir, spec_named
+from ..config import ProbeConfig, config_from_dict
+from ..models.synthetic import build_synthetic_model_dir, spec_named
 
 log = logging.getLogger("entropy_experiments.training")
 

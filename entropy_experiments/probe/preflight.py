@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .checkpoint.load import locate_checkpoint
-from .checkpoint.tokenizer_source import choose_tokenizer, load_chosen_tokenizer
-from .config import ProbeConfig
-from .data.prompt_rendering import check_chat_template, render_prompt
-from .data.rewards.weighted import RewardSet
+from ..checkpoint.load import locate_checkpoint
+from ..checkpoint.tokenizer_source import choose_tokenizer, load_chosen_tokenizer
+from ..config import ProbeConfig
+from ..data.prompt_rendering import check_chat_template, render_prompt
+from ..data.rewards.weighted import RewardSet
 from .sampling import prompt_examples
 
 log = logging.getLogger("entropy_experiments.probe")

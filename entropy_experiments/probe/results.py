@@ -11,10 +11,10 @@ from typing import Any
 
 from torch import Tensor
 
-from .estimators.objective_gradient import Trainable, UGradients
-from .estimators.sequence_scores import SequenceScores
-from .estimators.surrogate import SurrogateCoefficients
-from .policy.engine import PolicyEngine
+from ..estimators.objective_gradient import Trainable, UGradients
+from ..estimators.sequence_scores import SequenceScores
+from ..estimators.surrogate import SurrogateCoefficients
+from ..policy.engine import PolicyEngine
 
 log = logging.getLogger("entropy_experiments.probe")
 NamedTensors = dict[str, Tensor]

@@ -22,19 +22,18 @@ from functools import partial
 
 from torch import Tensor
 
-from .beyond_first_order import beyond_first_order_phase, scoring_share
-from .checkpoint.displacement import NEXT_CHECKPOINT_KEY, displacement_to
-from .checkpoint.learning_rate import resolve_learning_rate
-from .checkpoint.load import load_for_probe, locate_checkpoint
-from .checkpoint.runtime_precision import runtime_precision_warnings
-from .checkpoint.trainer_batch import trainer_batch_record
-from .config import ProbeConfig
-from .data.batch import concat_batches
-from .data.plan import IndexPlan, draw_index_plan
-from .data.rewards import clear_reward_warnings
-from .data.rewards.weighted import RewardSet
-from .errors import ConfigError, ProbeError
-from .estimators.entropy_gradient import (
+from ..checkpoint.displacement import NEXT_CHECKPOINT_KEY, displacement_to
+from ..checkpoint.learning_rate import resolve_learning_rate
+from ..checkpoint.load import load_for_probe, locate_checkpoint
+from ..checkpoint.runtime_precision import runtime_precision_warnings
+from ..checkpoint.trainer_batch import trainer_batch_record
+from ..config import ProbeConfig
+from ..data.batch import concat_batches
+from ..data.plan import IndexPlan, draw_index_plan
+from ..data.rewards import clear_reward_warnings
+from ..data.rewards.weighted import RewardSet
+from ..errors import ConfigError, ProbeError
+from ..estimators.entropy_gradient import (
     coefficients,
     e_microbatches,
     finish_one_pass,
@@ -42,8 +41,8 @@ from .estimators.entropy_gradient import (
     pieces_method,
     surrogate_gradient_sum,
 )
-from .estimators.error_bars import ErrorBars, error_bars
-from .estimators.objective_gradient import (
+from ..estimators.error_bars import ErrorBars, error_bars
+from ..estimators.objective_gradient import (
     Trainable,
     UGradients,
     objective_gradient_sums,
@@ -53,19 +52,20 @@ from .estimators.objective_gradient import (
     u_terms,
     u_work_items,
 )
-from .estimators.sequence_scores import SequenceScores, score_sequences, units_of
-from .estimators.surrogate import SurrogateCoefficients, directional_pieces
-from .estimators.update_direction import named_dot, named_norm
+from ..estimators.sequence_scores import SequenceScores, score_sequences, units_of
+from ..estimators.step_directions import predictor_directions, probe_step, step_direction
+from ..estimators.surrogate import SurrogateCoefficients, directional_pieces
+from ..estimators.update_direction import named_dot, named_norm
+from ..policy.engine import PolicyEngine
+from ..policy.progress import progress as progress_bar
+from ..report.results_dict import ProbeOutcome, RunFacts, assemble_results
+from ..test_hooks import inject_fault_for_tests
+from .beyond import beyond_first_order_phase, scoring_share
 from .memory_plan import budgeted_config
 from .parallel import SINGLE, DistContext, init_from_env, rank_seed
-from .phase_results import DeltaH1Result, Policy, WarningLog
-from .policy.engine import PolicyEngine
-from .policy.progress import progress as progress_bar
 from .preflight import preflight
-from .report.results_dict import ProbeOutcome, RunFacts, assemble_results
+from .results import DeltaH1Result, Policy, WarningLog
 from .sampling import prompt_examples, sample_batch, saved_batches, warn_zero_advantages
-from .step_directions import predictor_directions, probe_step, step_direction
-from .test_hooks import inject_fault_for_tests
 
 log = logging.getLogger("entropy_experiments.probe")
 NamedTensors = dict[str, Tensor]

@@ -15,15 +15,15 @@ import time
 
 import torch
 
-from .config import ProbeConfig
-from .data.batch import subset_batch
-from .estimators import jackknife
-from .estimators.delta_h import eta_grid, measure_delta_h
-from .estimators.displacement import displacement_entry, step_comparison
-from .estimators.entropy_gradient import e_microbatches, entropy_only_gradient_sum
-from .estimators.error_bars import ErrorBars, paired_residuals
-from .estimators.jackknife import Estimate
-from .estimators.predictors import (
+from ..config import ProbeConfig
+from ..data.batch import subset_batch
+from ..estimators import jackknife
+from ..estimators.delta_h import eta_grid, measure_delta_h
+from ..estimators.displacement import displacement_entry, step_comparison
+from ..estimators.entropy_gradient import e_microbatches, entropy_only_gradient_sum
+from ..estimators.error_bars import ErrorBars, paired_residuals
+from ..estimators.jackknife import Estimate
+from ..estimators.predictors import (
     direct_only_estimate,
     direction_estimate,
     estimate_entry,
@@ -31,13 +31,13 @@ from .estimators.predictors import (
     unavailable_entry,
     with_ratios,
 )
-from .estimators.second_order import second_derivative, second_order_report
-from .estimators.sequence_scores import SECOND_ORDER_KEYS, second_order_sums, units_of
-from .estimators.snis import linearity_fit
+from ..estimators.second_order import second_derivative, second_order_report
+from ..estimators.sequence_scores import SECOND_ORDER_KEYS, second_order_sums, units_of
+from ..estimators.snis import linearity_fit
+from ..estimators.step_directions import no_momentum_caveat, predictor_direction_fns
+from ..policy.progress import progress
 from .parallel import SINGLE, DistContext
-from .phase_results import DeltaH1Result, NamedTensors, Policy
-from .policy.progress import progress
-from .step_directions import no_momentum_caveat, predictor_direction_fns
+from .results import DeltaH1Result, NamedTensors, Policy
 
 log = logging.getLogger(__name__)
 

@@ -15,21 +15,21 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint.adapter import create_lora_model
-from .checkpoint.base_model import load_tokenizer, resolve_base_model_id
-from .checkpoint.optimizer_state import trainable_named_parameters
-from .checkpoint.writer import save_checkpoint
-from .config import ProbeConfig
-from .data.datasets import load_examples
-from .data.plan import draw_index_plan
-from .data.rewards.weighted import RewardSet
-from .embedded import cache_root
-from .errors import ConfigError
-from .estimators.objective_gradient import Trainable
-from .policy.engine import PolicyEngine
-from .policy.progress import progress
-from .probe import Policy, update_gradients
-from .sampling import sample_batch, warn_zero_advantages
+from ..checkpoint.adapter import create_lora_model
+from ..checkpoint.base_model import load_tokenizer, resolve_base_model_id
+from ..checkpoint.optimizer_state import trainable_named_parameters
+from ..checkpoint.writer import save_checkpoint
+from ..config import ProbeConfig
+from ..data.datasets import load_examples
+from ..data.plan import draw_index_plan
+from ..data.rewards.weighted import RewardSet
+from ..errors import ConfigError
+from ..estimators.objective_gradient import Trainable
+from ..models.embedded import cache_root
+from ..policy.engine import PolicyEngine
+from ..policy.progress import progress
+from ..probe.recipe import Policy, update_gradients
+from ..probe.sampling import sample_batch, warn_zero_advantages
 
 log = logging.getLogger("entropy_experiments.training")
 DEMO_CHECKPOINT_STEPS = 1

@@ -13,18 +13,18 @@ import logging
 import time
 from pathlib import Path
 
-from . import probe
-from .config import ProbeConfig, config_from_dict
-from .data.rewards import reward_warnings
-from .errors import ProbeError
+from ..config import ProbeConfig, config_from_dict
+from ..data.rewards import reward_warnings
+from ..errors import ProbeError
+from ..report.plot import plot_delta_h
+from ..report.results_schema import validate_results_schema
+from ..report.run_dir import GenerationChunkStore, RunDirectory
+from ..report.summary import print_summary
+from ..test_hooks import hold_for_kill_test
+from . import recipe as probe
 from .parallel import DistContext, init_from_env
-from .phase_results import Policy, WarningLog
 from .reanalysis import copy_samples, reusable_samples
-from .report.plot import plot_delta_h
-from .report.results_schema import validate_results_schema
-from .report.run_dir import GenerationChunkStore, RunDirectory
-from .report.summary import print_summary
-from .test_hooks import hold_for_kill_test
+from .results import Policy, WarningLog
 
 log = logging.getLogger("entropy_experiments.probe")
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from . import io_utils
-from .errors import CheckpointError
+from .. import io_utils
+from ..errors import CheckpointError
+from ..library_noise import quiet_gguf_conversion, quiet_library_loading
 from .gguf_speedups import shared_gguf_parsing
-from .library_noise import quiet_gguf_conversion, quiet_library_loading
 
 logger = logging.getLogger(__name__)
 

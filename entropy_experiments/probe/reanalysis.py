@@ -15,9 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .config import ProbeConfig, load_config
-from .errors import ConfigError
-from .report.run_dir import BATCH_FILES, CONFIG_FILE, RunDirectory
+from ..config import ProbeConfig, load_config
+from ..errors import ConfigError
+from ..report.run_dir import BATCH_FILES, CONFIG_FILE, RunDirectory
 
 # Top-level keys and whole sections whose every key decided the samples.
 SAMPLING_KEYS = ("seed", "checkpoint", "batch_config", "probe_rework", "reward")

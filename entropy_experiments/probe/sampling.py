@@ -15,15 +15,15 @@ from collections.abc import Callable
 
 import torch
 
-from .data.batch import pack_batch, validate_batch, zero_advantage_prompts
-from .data.datasets import load_examples
-from .data.plan import IndexPlan, draw_index_plan
-from .data.prompt_rendering import render_prompts
-from .data.rewards.weighted import RewardSet
-from .estimators.objectives import batch_advantages
-from .policy.engine import PolicyEngine
-from .policy.reference_sampler import sample_with_engine
-from .policy.sequences import completion_ids
+from ..data.batch import pack_batch, validate_batch, zero_advantage_prompts
+from ..data.datasets import load_examples
+from ..data.plan import IndexPlan, draw_index_plan
+from ..data.prompt_rendering import render_prompts
+from ..data.rewards.weighted import RewardSet
+from ..estimators.objectives import batch_advantages
+from ..policy.engine import PolicyEngine
+from ..policy.reference_sampler import sample_with_engine
+from ..policy.sequences import completion_ids
 
 log = logging.getLogger("entropy_experiments.sampling")
 
