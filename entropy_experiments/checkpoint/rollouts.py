@@ -34,8 +34,8 @@ def reuses_rollouts(step: int, num_iterations: int, session_start: int = 0) -> b
 def reuse_note(step: int, num_iterations: int, session_start: int = 0) -> str:
     """One line: step `step` reuses the rollouts of the last fresh step before it (why it is not probed)."""
     fresh = step - (step - 1 - session_start) % num_iterations
-    return (f"step {step} reuses the rollouts generated for step {fresh} (num_iterations = {num_iterations}): "
-            "off-policy (ratios ≠ 1, clipping), not the on-policy step the probe represents")
+    return (f"step {step} reuses the rollouts generated for step {fresh} (num_iterations = {num_iterations}: "
+            "off-policy, ratios ≠ 1 and clipping; the probe represents the on-policy step)")
 
 
 def reuse_refusal(checkpoint: str, global_step: int, num_iterations: int) -> str | None:
@@ -44,9 +44,9 @@ def reuse_refusal(checkpoint: str, global_step: int, num_iterations: int) -> str
     if not reuses_rollouts(global_step + 1, num_iterations):
         return None
     before = global_step - global_step % num_iterations
-    return (f"{NUM_ITERATIONS_KEY} = {num_iterations}: the step after {checkpoint} (global_step {global_step}) is "
-            f"{reuse_note(global_step + 1, num_iterations)}; probe a checkpoint whose global_step is a multiple of "
-            f"{num_iterations} (here {before} or {before + num_iterations})")
+    return (f"{NUM_ITERATIONS_KEY} = {num_iterations}: the step after {checkpoint} (global_step {global_step}) "
+            f"cannot be probed: {reuse_note(global_step + 1, num_iterations)}; probe a checkpoint whose "
+            f"global_step is a multiple of {num_iterations} (here {before} or {before + num_iterations})")
 
 
 def checkpoint_global_step(trainer_state_path: Path | None, checkpoint: str) -> int:
