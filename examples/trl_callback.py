@@ -7,8 +7,9 @@ Needs the `trl` extra and nothing from the network: the embedded SmolLM2-135M-In
 q/k/v/o, the offline GSM-symbolic R1 prompts, the `math_density` reward (as in examples/trl_sweep.py). Every
 `--every` steps the callback predicts the step's entropy change (δH₁ ± SE, from its own E and U) and, after the
 step, measures it on the same E (realised), along with δH_Δθ (first order along the step TRL really took). The
-rows are logged by the trainer (`entropy_probe/...` next to TRL's own metrics) and written to
-OUT/entropy_probe.jsonl; OUT/entropy_probe.png draws them against the step.
+rows are logged as their own `entropy_probe/...` entries at the same step as TRL's (whose loss, grad_norm and
+metrics stay as without the callback: docs/callback.md) and written to OUT/entropy_probe.jsonl;
+OUT/entropy_probe.png draws them against the step.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ def test_presets_explicit_keys_and_refusals():
     assert verl.objective_options().loss_type == "dr_grpo"
     assert verl.objective_options().max_completion_length == verl.generation.max_new_tokens
     assert config_from_dict({}).objective_options() == objectives.ObjectiveOptions()
-    for bad, key in [({"num_iterations": 2}, "objective.num_iterations"),
+    for bad, key in [({"num_iterations": 0}, "objective.num_iterations"),  # > 1: refused per checkpoint (rollouts.py)
                      ({"vllm_importance_sampling_correction": True}, "objective.vllm_importance_sampling_correction"),
                      ({"loss_type": "ppo"}, "objective.loss_type"), ({"micro_batches": 5}, "objective.micro_batches")]:
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

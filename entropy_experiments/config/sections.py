@@ -212,19 +212,14 @@ class ObjectiveSection(_Section):
     # Completions per optimizer step of the trainer (TRL: per_device_train_batch_size × processes ×
     # gradient_accumulation_steps); a U batch of another size is stated in results.json (trainer_batch.py).
     trainer_batch_completions: int | None = Field(None, ge=1)
+    # The trainer's μ (TRL num_iterations, steps_per_generation = gradient_accumulation_steps): each rollout
+    # batch serves μ optimizer steps. Only the first of them is on-policy (ratio 1, no clipping), so a checkpoint
+    # is probed only when its next step takes fresh rollouts (checkpoint/rollouts.py); the others are refused.
+    num_iterations: int = Field(1, ge=1)
     # What a single first on-policy step cannot represent: accepted only at their neutral values.
-    num_iterations: int = 1
     vllm_importance_sampling_correction: bool = False
     off_policy_mask_threshold: float | None = None
     top_entropy_quantile: float = 1.0
-
-    @field_validator("num_iterations")
-    @classmethod
-    def _one_iteration(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("the probe represents the first, on-policy optimizer step after generation (ratio 1, "
-                             f"no clipping); later PPO epochs on the same rollouts are off-policy, got {value}")
-        return value
 
     @field_validator("vllm_importance_sampling_correction")
     @classmethod

@@ -183,9 +183,26 @@ def luspo_weights(lengths: Tensor, options: ObjectiveOptions) -> Tensor:
     return torch.full(lengths.shape, 1.0 / lengths.numel(), dtype=torch.float64)
 
 
+# Loss types a trainer has whose gradient the probe does not mirror (another per-token weight than the
+# clipped-ratio one of `LOSS_WEIGHTS`): named as such, never answered with a look-alike suggestion.
+UNMIRRORED_LOSS_TYPES = {"cispo": "TRL", "sapo": "TRL", "vespo": "TRL"}
+
+
+def unmirrored_loss_type(name: str) -> str | None:
+    """'TRL's loss_type 'cispo' is not supported by the probe; supported: …' for a trainer's loss type the probe
+    does not mirror, else None."""
+    trainer = UNMIRRORED_LOSS_TYPES.get(name)
+    if trainer is None:
+        return None
+    return f"{trainer}'s loss_type {name!r} is not supported by the probe; supported: {', '.join(sorted(LOSS_WEIGHTS))}"
+
+
 def canonical_loss_type(name: str) -> str:
     """The registry name of `name` (verl aliases mapped); ConfigError for an unknown one."""
     name = LOSS_ALIASES.get(name, name)
+    unmirrored = unmirrored_loss_type(name)
+    if unmirrored is not None:
+        raise ConfigError(f"objective.loss_type: {unmirrored}")
     if name not in LOSS_WEIGHTS:
         known = sorted(LOSS_WEIGHTS) + sorted(LOSS_ALIASES)
         hint = closest_match(name, known)

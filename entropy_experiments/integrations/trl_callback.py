@@ -8,9 +8,14 @@ At a probed step (the 1st, (1+K)-th, … optimizer step) the callback, before th
 from the live policy (the trainer's prompts, chat template, reward functions and sampling settings), predicts
 δH₁ ± SE for the step about to be taken (the trainer's objective, the live AdamW state, the lr the scheduler set
 for it) and keeps a copy of the adapter; after the step it scores the same E under the new parameters
-(`trl_step_probe.py`). Each probed step's row is logged through the trainer's own `log` under `entropy_probe/`
-(so it reaches every `report_to`; TRL's `log` adds the metrics it averaged since its last log line to the
-same line) and appended to `OUTPUT_DIR/entropy_probe.jsonl`.
+(`trl_step_probe.py`). Each probed step's row is appended to `OUTPUT_DIR/entropy_probe.jsonl` and logged under
+`entropy_probe/` as its own log entry at the same `step` as the trainer's (`_report`): it reaches
+`state.log_history`, every `report_to` integration and the console, while the trainer's own entries (loss,
+grad_norm, learning_rate, TRL's averaged metrics) stay exactly what they are without the callback.
+
+With num_iterations = μ > 1 each rollout batch serves μ optimizer steps and only the first is on-policy
+(checkpoint/rollouts.py): a probed step that reuses rollouts is skipped, with a `{"step", "skipped"}` row in
+entropy_probe.jsonl and a log line (steps are counted from the global_step the training session started at).
 
 The trainer's step is untouched: random streams, train/eval mode and gradient buffers are restored
 (`live_state.py`), the optimizer is only read, and parameters moved for a measurement are copied back exactly —
@@ -19,6 +24,7 @@ a run with the callback takes bit-identical steps to one without it (tests/test_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -28,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
+from entropy_experiments.checkpoint.rollouts import reuse_note, reuses_rollouts
 from entropy_experiments.errors import ConfigError, ProbeError
 from entropy_experiments.integrations import trl_trainer_view as view
 from entropy_experiments.integrations.live_state import untouched
@@ -83,6 +90,8 @@ class EntropyProbeCallback(TrainerCallback):
         self.rewards = view.trainer_rewards(trainer)
         bc = self.config.batch_config
         self.u_batch_ratio = bc.B_U * bc.G / view.trainer_batch(args)
+        self.num_iterations = int(args.num_iterations)
+        self.session_start = 0  # the global_step this training session started from (on_train_begin)
         self.rows: list[dict] = []
         self.pending = None
         self.probe_seconds = 0.0
@@ -96,12 +105,16 @@ class EntropyProbeCallback(TrainerCallback):
     # ------------------------------------------------------------------ trainer events
     def on_train_begin(self, args, state, control, **kwargs):
         self.train_start = time.perf_counter()
+        self.session_start = state.global_step
         self.policy = view.live_policy(self.trainer, self.config)
 
     def on_step_begin(self, args, state, control, **kwargs):
         if state.global_step % self.options.every:
             return
         step = state.global_step + 1
+        if reuses_rollouts(step, self.num_iterations, self.session_start):
+            self._record({"step": step, "skipped": reuse_note(step, self.num_iterations, self.session_start)})
+            return
         config = self.config.model_copy(update={"seed": self.step_seed(step)})
         t0 = time.perf_counter()
         with untouched(self.policy.trainable.model):
@@ -115,18 +128,23 @@ class EntropyProbeCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.pending is None:
-            return
+            return None
         pending, self.pending = self.pending, None
         t0 = time.perf_counter()
         with untouched(self.policy.trainable.model):
             row = check_step(self.config, self.policy, pending, self.u_batch_ratio)
         self.probe_seconds += time.perf_counter() - t0
         self._record(row)
+        self._report(row, control)
+        return control
 
     def on_train_end(self, args, state, control, **kwargs):
         total = time.perf_counter() - (self.train_start or time.perf_counter())
         share = self.probe_seconds / total if total > 0 else float("nan")
-        print(f"[entropy probe] {len(self.rows)} probed step(s): {self.probe_seconds:.1f} s of {total:.1f} s "
+        probed = sum("delta_h1" in r for r in self.rows)
+        skipped = sum("skipped" in r for r in self.rows)
+        reuse = f", {skipped} skipped (rollout reuse, num_iterations = {self.num_iterations})" if skipped else ""
+        print(f"[entropy probe] {probed} probed step(s){reuse}: {self.probe_seconds:.1f} s of {total:.1f} s "
               f"of training ({100 * share:.1f} %)")
 
     # ------------------------------------------------------------------ output
@@ -136,6 +154,7 @@ class EntropyProbeCallback(TrainerCallback):
             atomic_write(folder / name, lambda fh, b=batch: torch.save(b, fh), make_parents=True)
 
     def _record(self, row: dict) -> None:
+        """Keep `row`, append it to entropy_probe.jsonl, and say its errors, warnings or skip in the log."""
         self.rows.append(row)
         out = Path(self.trainer.args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -143,8 +162,22 @@ class EntropyProbeCallback(TrainerCallback):
             fh.write(json.dumps(row, allow_nan=True) + "\n")
         if "error" in row:
             log.warning("entropy probe at step %s: %s", row["step"], row["error"])
+        if "skipped" in row:
+            log.info("entropy probe skips %s", row["skipped"])
         for message in row.get("warnings", []):
             log.warning("entropy probe: %s", message)
+
+    def _report(self, row: dict, control) -> None:
+        """The row's finite numbers as one `entropy_probe/…` log entry at the trainer's current step, through
+        transformers' `Trainer.log` (log_history, every report_to integration, the console). Two things keep the
+        trainer's own logging intact: TRL's `log` override is not called (it would put — and clear — the metrics
+        TRL averages until its next log line into this entry), and the control flags are put back (the log event
+        clears `should_log`, which would cancel the trainer's own log line of this step)."""
         numbers = {PREFIX + k: float(v) for k, v in row.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k != "step"}
-        self.trainer.log(numbers)
+        if not numbers:
+            return
+        flags = dataclasses.asdict(control)
+        Trainer.log(self.trainer, numbers)
+        for name, value in flags.items():
+            setattr(control, name, value)

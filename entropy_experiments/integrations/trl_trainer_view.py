@@ -4,15 +4,16 @@ Everything the offline probe takes from a config and a checkpoint, the callback 
 
 | probe                          | from the trainer                                                          |
 |--------------------------------|---------------------------------------------------------------------------|
-| `objective.*`                  | `args.loss_type`, `beta` (kl_coef), `scale_rewards`, `max_grad_norm`, `max_completion_length`, `gradient_accumulation_steps` (micro-batches), `num_iterations`, `top_entropy_quantile`, `off_policy_mask_threshold`, `vllm_importance_sampling_correction` |
+| `objective.*`                  | `args.loss_type`, `beta` (kl_coef), `scale_rewards`, `max_grad_norm`, `max_completion_length`, `gradient_accumulation_steps` (micro-batches), `num_iterations` (which steps are probed: the callback), `top_entropy_quantile`, `off_policy_mask_threshold`, `vllm_importance_sampling_correction` |
 | `generation.*`                 | `temperature`, `top_p`, `max_completion_length`; no stop string (TRL stops at EOS only) |
 | prompts                        | `train_dataset` rows in TRL's column conventions, rendered with `args.chat_template_kwargs` |
 | rewards                        | `reward_funcs` with `reward_weights`, called as TRL calls them            |
 | the policy, its AdamW, the lr  | the live PeftModel, the live optimizer (its param_groups hold the lr of the step about to be taken) |
 
 Sampling settings the probe's sampling policy q (temperature + nucleus) cannot represent — top-k, min-p, a
-repetition penalty, extra generation kwargs, vLLM — are refused with one line, as are reward models (the probe
-calls functions) and several processes (see `check_trainer`).
+repetition penalty, extra generation kwargs, vLLM — are refused with one line, as are TRL loss types whose
+gradient the probe does not mirror (cispo, sapo, vespo), reward models (the probe calls functions) and several
+processes (see `check_trainer`). Each refusal names the GRPOConfig key and says why.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
 from entropy_experiments.config import ProbeConfig
+from entropy_experiments.config.messages import config_error
 from entropy_experiments.data.datasets.hf import dataset_examples
 from entropy_experiments.data.rewards.weighted import RewardSet
 from entropy_experiments.errors import ConfigError
 from entropy_experiments.estimators.objective_gradient import Trainable
+from entropy_experiments.estimators.objectives import unmirrored_loss_type
 from entropy_experiments.policy.engine import PolicyEngine
 from entropy_experiments.probe.results import Policy
 
@@ -45,6 +49,9 @@ def check_trainer(trainer: Any) -> None:
         raise ConfigError(f"{KEY}: {args.world_size} processes: the callback probes a single process only "
                           "(under DDP each rank would sample and back-propagate its own probe batch; "
                           "probe saved checkpoints with `entropy-probe run/sweep` under torchrun instead)")
+    unmirrored = unmirrored_loss_type(args.loss_type)
+    if unmirrored is not None:
+        raise ConfigError(f"{KEY}: GRPOConfig.loss_type: {unmirrored}")
     refusals = unsupported_settings(args)
     for key, (refused, why) in refusals.items():
         if refused:
@@ -72,7 +79,9 @@ def unsupported_settings(args: Any) -> dict[str, tuple[bool, str]]:
             "multi_objective_aggregation": (args.multi_objective_aggregation != "sum_then_normalize",
                                             "the probe sums the weighted rewards, then normalises"),
             "steps_per_generation": (args.steps_per_generation != args.gradient_accumulation_steps,
-                                     "generations reused across optimizer steps are off-policy")}
+                                     (f"≠ gradient_accumulation_steps={args.gradient_accumulation_steps}: "
+                                      "a generation that serves several optimizer steps is off-policy after the "
+                                      "first; the callback follows rollout reuse through num_iterations only"))}
 
 
 def objective_keys(args: Any) -> dict[str, Any]:
@@ -102,8 +111,8 @@ def probe_config(args: Any, *, B_E: int, B_U: int, G: int | None, seed: int, mic
             "importance": {"enabled": False}, "second_order": {"enabled": False}, "predictors": {"enabled": False}}
     try:
         return ProbeConfig.model_validate(data)
-    except ValueError as exc:
-        raise ConfigError(f"{KEY}: the trainer's settings cannot be probed: {str(exc).splitlines()[-1]}") from None
+    except ValidationError as exc:  # pydantic's text ends in a link: say the key and the reason instead
+        raise ConfigError(f"{KEY}: the trainer's settings cannot be probed: {config_error(exc)}") from None
 
 
 def trainer_examples(trainer: Any) -> list:

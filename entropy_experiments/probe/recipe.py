@@ -25,6 +25,7 @@ from torch import Tensor
 from ..checkpoint.displacement import NEXT_CHECKPOINT_KEY, displacement_to
 from ..checkpoint.learning_rate import resolve_learning_rate
 from ..checkpoint.load import load_for_probe, locate_checkpoint
+from ..checkpoint.rollouts import refuse_rollout_reuse
 from ..checkpoint.runtime_precision import runtime_precision_warnings
 from ..checkpoint.trainer_batch import trainer_batch_record
 from ..config import ProbeConfig
@@ -88,6 +89,7 @@ def load_phase(config: ProbeConfig, dist: DistContext, notes: WarningLog, logger
     """The checkpoint of `config.checkpoint` loaded: policy model (one GPU per rank under nccl), AdamW, lr."""
     ck = config.checkpoint
     files, base = locate_checkpoint(ck, logger)
+    refuse_rollout_reuse(config.objective.num_iterations, files.trainer_state_path, str(ck.checkpoint_path))
     if base.warning is not None:
         notes.warn(base.warning)
     for message in config.objective_warnings(files.layout):

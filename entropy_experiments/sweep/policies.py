@@ -3,8 +3,9 @@
 The first checkpoint is loaded as the probe loads one (base + adapter: `checkpoint.load.load_policy`); every
 later one swaps its LoRA weights into that PeftModel (`checkpoint.swap.swap_adapter`). Then the checkpoint's
 AdamW state is loaded onto the same parameters exactly as `load_for_probe` loads it — or, when its saved lr is
-0.0 (the end of a schedule) and the config sets no learning_rate, not at all: `no_step` then says why, and the
-sweep measures only the entropy there. The warnings a fresh load would give (base model, objective, fresh
+0.0 (the end of a schedule) and the config sets no learning_rate, or when its next step reuses rollouts
+(objective.num_iterations > 1, checkpoint/rollouts.py), not at all: `no_step` then says why, and the sweep
+measures only the entropy there. The warnings a fresh load would give (base model, objective, fresh
 optimizer) are returned in a WarningLog for the run's results.json.
 """
 
@@ -17,6 +18,7 @@ from ..checkpoint.base_model import resolve_base_model_id
 from ..checkpoint.layout import checkpoint_info, log_checkpoint_files
 from ..checkpoint.learning_rate import LearningRate
 from ..checkpoint.load import load_optimizer, load_policy
+from ..checkpoint.rollouts import reuse_refusal
 from ..checkpoint.swap import saved_lr_ended, swap_adapter
 from ..checkpoint.tokenizer_source import TokenizerChoice, choose_tokenizer, tokenizer_info
 from ..config import ProbeConfig
@@ -72,7 +74,8 @@ class SweepPolicies:
         base = self._adapter(config, ck, notes)
         for message in config.objective_warnings(ck.files.layout):
             notes.warn(message)
-        no_step = saved_lr_ended(ck.files, config.learning_rate)
+        no_step = (reuse_refusal(ck.name, ck.step, config.objective.num_iterations)  # off-policy next step
+                   or saved_lr_ended(ck.files, config.learning_rate))
         optimizer = None
         if no_step is None:
             optimizer, lr, fresh_warning = load_optimizer(config.checkpoint, self.model, ck.files,

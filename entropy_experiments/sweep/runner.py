@@ -26,6 +26,7 @@ from .discovery import SweepCheckpoint, find_checkpoints, select_every
 from .entropy_only import measure_entropy_only
 from .plots import plot_calibration, plot_trajectory
 from .policies import SweepPolicies
+from .reuse import mark_rollout_reuse
 from .rows import checkpoint_row, read_run, realised_rows
 from .summary import print_sweep_summary
 from .sweep_dir import SWEEP_KIND, SweepDirectory, sweep_config_hash
@@ -88,8 +89,10 @@ def build_sweep_json(config: ProbeConfig, chosen: list[SweepCheckpoint], sweep: 
     runs = [read_run(sweep.run_dir(ck.name)) for ck in chosen]
     rows = [checkpoint_row(ck, run, normalize, sweep.path) for ck, run in zip(chosen, runs)]
     realised = realised_rows(rows, runs, normalize)
+    mark_rollout_reuse(rows, realised, config.objective.num_iterations)
     return {"kind": SWEEP_KIND, "checkpoints_dir": str(checkpoints_dir.resolve()), "every": every,
             "config_hash": sweep_config_hash(config), "normalize": normalize, "units": UNITS[normalize],
+            "num_iterations": config.objective.num_iterations,
             "n_checkpoints": len(rows), "rows": rows, "realised": realised,
             "calibration": calibration(rows, realised), "decomposition": decomposition_coverage(realised)}
 

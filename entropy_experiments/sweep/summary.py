@@ -24,6 +24,12 @@ def _z(entry: dict | None, key: str = "z") -> str:
     return _f(None if not entry else entry.get(key), "+.2f")
 
 
+def _reuse_mark(interval: dict) -> str:
+    """'  reuse: steps 2, 4' for an interval holding steps that reused rollouts (objective.num_iterations > 1)."""
+    steps = interval.get("rollout_reuse_steps") or []
+    return f"  reuse: step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}" if steps else ""
+
+
 def _print_decomposition(doc: dict) -> None:
     """Per interval: the displacement predictor and what first order leaves (sweep/decomposition.py)."""
     rows = [r for r in doc["realised"] if r.get("displacement")]
@@ -50,13 +56,14 @@ def print_sweep_summary(doc: dict) -> None:
     print(f"{'checkpoint':>18} {'step':>5} {'lr':>9} {'Ĥ ± SE':>22} {'δH₁ ± SE':>22} {'ΔH(η)·lr/η':>12} {'z':>6}")
     for r in doc["rows"]:
         truth = r["deltaH_true"] or {}
-        delta = _pm(r["deltaH1"], r["se_total"]) if r["deltaH1"] is not None else "Ĥ only (no next step)"
+        delta = (_pm(r["deltaH1"], r["se_total"]) if r["deltaH1"] is not None
+                 else "Ĥ only (reuse step)" if r.get("next_step_reuses_rollouts") else "Ĥ only (no next step)")
         print(f"{r['checkpoint']:>18} {r['step']:>5} {_f(r['lr'], '.3g'):>9} {_pm(r['H'], r['H_se']):>22} "
               f"{delta:>22} {_f(truth.get('scaled')):>12} {_f(r['residual_z'], '+.2f'):>6}")
     print(f"\n{'interval':>12} {'realised ± SE':>22} {'predicted ± SE':>22} {'z':>6}")
     for r in doc["realised"]:
         print(f"{str(r['from_step']) + '→' + str(r['to_step']):>12} {_pm(r['dH_realised'], r['se']):>22} "
-              f"{_pm(r['dH_predicted'], r['se_predicted']):>22} {_f(r['z'], '+.2f'):>6}")
+              f"{_pm(r['dH_predicted'], r['se_predicted']):>22} {_f(r['z'], '+.2f'):>6}{_reuse_mark(r)}")
     _print_decomposition(doc)
     print(f"\n{'predictor':>14} {'vs':>9} {'n':>3} {'sign':>5} {'resolved':>12} {'Pearson r [95% CI]':>24} "
           f"{'Spearman r [95% CI]':>24} {'coverage':>9} {'median ratio':>13}")
