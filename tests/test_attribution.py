@@ -142,3 +142,16 @@ def test_token_dH_is_the_exact_derivative_of_each_prefix_entropy(toy_dir, toy_pr
     top = summary["top"][0]
     assert abs(top["dH"]) == pytest.approx(np.abs(cols["dH"]).max(), rel=1e-12)
     assert top["token"] == probe.tokenizer.decode([top["token_id"]])
+
+
+def test_u_influences_sum_to_zero_when_the_step_is_linear_in_g(tiny_model_dir, prompts_file):
+    """v = −g (update_direction sgd) and the prompt-averaging Dr-GRPO loss over equal groups: influence_k =
+    (c_k − mean_{j≠k} c_j)/K, so Σ_k influence_k = 0 — the sum is a measure of Adam's nonlinearity only."""
+    probe = make_probe(tiny_model_dir, prompts_file, {
+        "batch_config": {"B_E": 8, "B_U": 4, "G": 2}, "importance": {"enabled": False},
+        "second_order": {"enabled": False}, "predictors": {"enabled": False},
+        "estimator": {"update_direction": "sgd"}})
+    att = _outcome(probe)[0].results["attribution"]
+    influences = [r["influence"] for r in att["U_groups"]]
+    assert max(abs(x) for x in influences) > 0
+    assert abs(sum(influences)) <= 1e-4 * max(abs(x) for x in influences), influences
