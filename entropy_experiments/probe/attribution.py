@@ -55,7 +55,7 @@ def e_token_attribution(policy: Policy, E: dict, res: DeltaH1Result,
     tokens = TokenAttribution.from_scores(scores.token_entropies, scores.d_entropy, res.learning_rate)
     ids = response_token_ids(E, [len(h) for h in scores.token_entropies])
     tokenizer = policy.tokenizer if policy.tokenizer is not None else policy.engine.tokenizer
-    texts = [tokenizer.decode([t]) for t in ids]
+    texts = tokenizer.batch_decode([[t] for t in ids])  # each token decoded on its own
     columns = {"sequence": tokens.sequence, "position": tokens.position, "token_id": ids, "token": texts,
                "H": tokens.H, "dH": tokens.dH}
     return token_summary(tokens, float(res.coefficients.D), ids, texts, TOP_K_TOKENS), columns
