@@ -20,6 +20,7 @@ from .make_checkpoint.trained import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoi
 from .models.synthetic import SYNTHETIC_SPECS
 from .probe.lifecycle import interruptible
 from .probe.runner import run_probe
+from .report.html_report import write_html_report
 from .report.plot import plot_delta_h
 from .report.results_schema import load_results
 from .report.summary import print_summary
@@ -112,7 +113,10 @@ def cmd_demo(args) -> None:
 def cmd_report(args) -> None:
     results = load_results(args.run_dir)
     print_summary(results)
-    plot_delta_h(results, Path(args.run_dir) / "delta_h_vs_eta.png")
+    run_dir = Path(args.run_dir)
+    run_dir = run_dir.parent if run_dir.is_file() else run_dir
+    plot_delta_h(results, run_dir / "delta_h_vs_eta.png")
+    log.info("report: %s", write_html_report(run_dir))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "synthetic_base (" + ", ".join(sorted(SYNTHETIC_SPECS)) + ")")
     mk.set_defaults(func=cmd_make_checkpoint)
 
-    report = sub.add_parser("report", help="re-render the summary and plot from RUN_DIR/results.json")
+    report = sub.add_parser("report", help="re-render the summary, plot and report.html from RUN_DIR")
     report.add_argument("run_dir")
     report.set_defaults(func=cmd_report)
     return parser

@@ -61,6 +61,7 @@ from ..policy.engine import PolicyEngine
 from ..policy.progress import progress as progress_bar
 from ..report.results_dict import ProbeOutcome, RunFacts, assemble_results
 from ..test_hooks import inject_fault_for_tests
+from .attribution import attribution_phase
 from .beyond import beyond_first_order_phase, scoring_share
 from .memory_plan import budgeted_config
 from .parallel import SINGLE, DistContext, init_from_env, rank_seed
@@ -375,6 +376,10 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     truth, residuals, second_order, predictors, later_timing = beyond_first_order_phase(work, policy, E, res, bars,
                                                                                          dist)
     timing.update(later_timing)
+    t0 = time.perf_counter()
+    attribution, e_tokens = attribution_phase(work, policy, E, U, res, bars,
+                                              partial(score_E, work, policy, E, res.v, dist))
+    timing["phase7_attribution"] = time.perf_counter() - t0
     timing["total"] = time.perf_counter() - t_start
     facts = RunFacts(normalize=config.estimator.normalize, config_hash=config.config_hash(), seed=config.seed,
                      entropy_fp64=config.precision.entropy_fp64,
@@ -383,5 +388,6 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
                      backend=dist.backend, warnings=list(notes.messages), sampling_warnings=list(sampling_warnings),
                      zero_advantage_prompts=n_zero, plan=plan)
     outcome = assemble_results(E, U, res, bars, truth, residuals, second_order, predictors, timing, facts)
+    outcome.results["attribution"], outcome.e_tokens = attribution, e_tokens
     outcome.policy = policy
     return outcome

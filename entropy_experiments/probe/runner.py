@@ -16,10 +16,12 @@ from pathlib import Path
 from ..config import ProbeConfig, config_from_dict
 from ..data.rewards import reward_warnings
 from ..errors import ProbeError
+from ..report.html_report import write_html_report
 from ..report.plot import plot_delta_h
 from ..report.results_schema import validate_results_schema
 from ..report.run_dir import GenerationChunkStore, RunDirectory
 from ..report.summary import print_summary
+from ..report.token_table import write_token_table
 from ..test_hooks import hold_for_kill_test
 from . import recipe as probe
 from .parallel import DistContext, init_from_env
@@ -176,7 +178,7 @@ def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, ba
 
 
 def write_outcome(run_dir: RunDirectory, config: ProbeConfig, outcome: probe.ProbeOutcome) -> None:
-    """results.json (schema-checked), per_sequence.jsonl, v and the plot."""
+    """results.json (schema-checked), per_sequence.jsonl, v, E_tokens.parquet, report.html and the plot."""
     results = outcome.results
     validate_results_schema(results)
     run_dir.save_update_vector(outcome.update_vector, {"learning_rate": repr(results["learning_rate"]),
@@ -185,5 +187,8 @@ def write_outcome(run_dir: RunDirectory, config: ProbeConfig, outcome: probe.Pro
     run_dir.write_per_sequence(outcome.per_sequence_rows)
     run_dir.write_results(results)
     hold_for_kill_test("results_written")
+    if outcome.e_tokens is not None:
+        write_token_table(run_dir.path, outcome.e_tokens)
+    write_html_report(run_dir.path)
     if config.output.plot:
         plot_delta_h(results, run_dir.path / "delta_h_vs_eta.png")

@@ -45,6 +45,7 @@ class ProbeOutcome:
     update_vector: dict[str, torch.Tensor]
     plan: Any = None                      # the IndexPlan of a fresh sampling
     policy: Any = None                    # probe.Policy: the policy engine, the trainable model, the optimizer
+    e_tokens: dict | None = None          # E_tokens table columns (probe/attribution.py; None: not computed)
 
 
 def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[dict], second_order: dict | None,

@@ -9,6 +9,8 @@ A run directory holds everything a result needs to be checked or resumed (ARCHIT
     update_vector.safetensors   v per unit learning rate, keyed by parameter name
     per_sequence.jsonl          one JSON object per E sequence
     delta_h_vs_eta.png          the plot
+    E_tokens.parquet            one row per E token: H and its predicted change (E_tokens.jsonl without pyarrow)
+    report.html                 the self-contained report (report/html_report.py)
     probe.log                   the log of the run
     partial/<name>.pt           checkpointed intermediate state, used by --resume
 
@@ -44,6 +46,8 @@ META_FILE = "run_meta.json"
 UPDATE_VECTOR_FILE = "update_vector.safetensors"
 PER_SEQUENCE_FILE = "per_sequence.jsonl"
 PLOT_FILE = "delta_h_vs_eta.png"
+E_TOKENS_FILES = ("E_tokens.parquet", "E_tokens.jsonl")  # per E token H, dH (token_table.py; jsonl without pyarrow)
+HTML_REPORT_FILE = "report.html"
 LOG_FILE = "probe.log"
 PARTIAL_DIR = "partial"
 BATCH_FILES = {"E": "E_batch.pt", "U": "U_batch.pt"}
@@ -51,7 +55,8 @@ GEN_CHUNK_PREFIX = "gen_"
 
 # Every file name a run writes at the top level; overwrite deletes these and nothing else.
 RUN_FILES: tuple[str, ...] = (CONFIG_FILE, META_FILE, RESULTS_FILE, *BATCH_FILES.values(),
-                              UPDATE_VECTOR_FILE, PER_SEQUENCE_FILE, PLOT_FILE, LOG_FILE)
+                              UPDATE_VECTOR_FILE, PER_SEQUENCE_FILE, PLOT_FILE, LOG_FILE, *E_TOKENS_FILES,
+                              HTML_REPORT_FILE)
 RUN_STATUSES = ("running", "complete", "failed")
 _PARTIAL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
