@@ -75,17 +75,22 @@ def exact_entropy(theta) -> float:
         return float((q * ent.sum(-1)).sum() / (q * torch.as_tensor(LENGTHS)).sum())
 
 
-def checkpoints(seed: int, steps: int, lr: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """θ_0 (random) and `steps` real torch AdamW steps (lr, default betas, weight decay 0.01), step k on the
-    exact expected reward E_c E_y R_k(c, y) of its own random reward R_k (a new batch per step):
-    [θ_0, θ_1, …], detached copies."""
+def checkpoints(seed: int, steps: int, lr: float, a_scale: float = 0.1,
+                b_scale: float = 2.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """θ_0 (A ~ a_scale·N(0, 1): a nearly uniform first token; B ~ b_scale·N(0, 1): later steps whose entropy
+    depends on the branch taken) and `steps` real torch AdamW steps (lr, default betas, weight decay 0.01),
+    step k on the exact expected reward E_c E_y R_k(c, y_0) of its own random reward of the FIRST token (a new
+    batch per step): [θ_0, θ_1, …], detached copies. The step moves which branch a response takes; the
+    per-token entropies along a fixed response barely move (the first step's entropy is near its maximum), so
+    the change of H is carried by the responses that would change."""
     gen = torch.Generator().manual_seed(seed)
-    A = torch.randn(P, V, generator=gen, dtype=torch.float64).requires_grad_()
-    B = torch.randn(L - 1, V, V, generator=gen, dtype=torch.float64).requires_grad_()
+    A = (a_scale * torch.randn(P, V, generator=gen, dtype=torch.float64)).requires_grad_()
+    B = (b_scale * torch.randn(L - 1, V, V, generator=gen, dtype=torch.float64)).requires_grad_()
     opt = torch.optim.AdamW([A, B], lr=lr)
     out = [(A.detach().clone(), B.detach().clone())]
+    first = torch.as_tensor(TOK[:, 0])
     for _ in range(steps):
-        reward = torch.rand(P, len(RESPONSES), generator=gen, dtype=torch.float64)
+        reward = torch.rand(P, V, generator=gen, dtype=torch.float64)[:, first]
         opt.zero_grad()
         (-(reward * token_tables((A, B))[0].sum(-1).exp()).sum()).backward()
         opt.step()
