@@ -316,7 +316,7 @@ def test_first_order_residual_is_one_jackknife_over_both_batches(swept):
 
     first = real["first_order"]
     assert first["residual"] == pytest.approx(residual(), rel=1e-9, abs=1e-12)
-    assert first["residual"] == pytest.approx(real["dH_realised"] - real["displacement"]["value"], rel=1e-3, abs=1e-6)
+    assert first["residual"] == pytest.approx(real["paired_diagnostic"]["value"] - real["displacement"]["value"], rel=1e-3, abs=1e-6)
     assert first["se"] == pytest.approx(jackknife([residual(u) for u in units]), rel=1e-9)
     assert first["z"] == pytest.approx(first["residual"] / first["se"])
     second = real["with_second_order"]
@@ -324,7 +324,7 @@ def test_first_order_residual_is_one_jackknife_over_both_batches(swept):
                                                rel=1e-9, abs=1e-12)
     assert second["se"] > 0 and second["z"] == pytest.approx(second["residual"] / second["se"])
     # the joint SE is not the two SEs added in quadrature: the realised change and δH_Δθ share E_N
-    assert first["se"] != pytest.approx(math.hypot(real["se"], real["displacement"]["se"]), rel=1e-3)
+    assert first["se"] != pytest.approx(math.hypot(real["paired_diagnostic"]["se"], real["displacement"]["se"]), rel=1e-3)
     noise = real["u_noise"]
     row = doc["rows"][0]
     assert noise["trainer_batch_sequences"] == noise["probe_U_sequences"] == 32  # make_checkpoint: B_U·G = 8·4

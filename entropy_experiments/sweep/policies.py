@@ -27,7 +27,7 @@ from ..policy.engine import PolicyEngine
 from ..probe.results import Policy, WarningLog
 from .discovery import SweepCheckpoint
 
-__all__ = ["CheckpointPolicy", "SweepPolicies"]
+__all__ = ["CheckpointPolicy", "SweepPolicies", "scoring_engine"]
 
 log = logging.getLogger("entropy_experiments.sweep")
 
@@ -68,6 +68,10 @@ class SweepPolicies:
             swap_adapter(self.model, files.adapter_dir, base, self.base_name)
         return base
 
+    def policy_adapter(self, config: ProbeConfig, ck: SweepCheckpoint) -> None:
+        """Put `ck`'s adapter on the shared model (loading the base model first when none is loaded)."""
+        self._adapter(config, ck, WarningLog(self.logger))
+
     def policy_for(self, config: ProbeConfig, ck: SweepCheckpoint) -> CheckpointPolicy:
         """`ck`'s policy on the shared model: adapter swapped in, AdamW state loaded (unless no step follows)."""
         notes = WarningLog(self.logger)
@@ -89,3 +93,9 @@ class SweepPolicies:
         info["tokenizer"] = tokenizer_info(self.tokenizer_choice, self.tokenizer)
         policy = Policy(engine, Trainable.of(self.model), optimizer, self.tokenizer, info)
         return CheckpointPolicy(policy, notes, no_step)
+
+
+def scoring_engine(policies: SweepPolicies, config: ProbeConfig, ck: SweepCheckpoint) -> PolicyEngine:
+    """A policy engine at `ck`'s parameters (adapter swapped in; no optimizer): for teacher forcing only."""
+    policies.policy_adapter(config, ck)
+    return PolicyEngine(policies.model, policies.tokenizer, config.policy_settings(), policies.logger)

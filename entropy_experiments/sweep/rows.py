@@ -20,7 +20,8 @@ from ..errors import OutputError
 from ..report.run_dir import PER_SEQUENCE_FILE
 from .decomposition import interval_decomposition
 from .discovery import SweepCheckpoint
-from .stats import entropy_with_se, paired_difference
+from .realised import interval_realised_change
+from .stats import entropy_with_se
 
 __all__ = ["ENTROPY_ONLY_FILE", "CheckpointRun", "checkpoint_row", "read_run", "realised_rows"]
 
@@ -177,17 +178,22 @@ def _prediction(row_from: dict, steps: int) -> dict[str, dict]:
     return out
 
 
-def realised_rows(rows: list[dict], runs: list[CheckpointRun], normalize: str) -> list[dict]:
-    """One entry per consecutive pair (from, to) of swept checkpoints: the realised change with its paired SE,
-    the prediction(s) from `from` and z = (realised − predicted)/√(se² + se_pred² + se_batch²); the displacement
-    predictor's z is the first-order residual's (one jackknife over both batches), and the decomposition
-    (decomposition.py) rides along."""
-    out = []
-    for (a, run_a), (b, run_b) in itertools.pairwise(zip(rows, runs, strict=True)):
-        diff = paired_difference(run_a.h, run_a.d(normalize), run_a.pair_keys,
-                                 run_b.h, run_b.d(normalize), run_b.pair_keys)
+def realised_rows(rows: list[dict], runs: list[CheckpointRun], normalize: str,
+                  crosses: list | None = None) -> tuple[list[dict], list[str]]:
+    """(one entry per consecutive pair (from, to) of swept checkpoints, warnings): the realised change with its
+    SE (realised.py: importance weights both ways where `crosses[i]` — cross_scores.read_cross_scores of
+    interval i — is there and the weights hold, else two independent-batch entropies; the paired difference as
+    `paired_diagnostic` only), the prediction(s) from `from` and z = (realised − predicted)/√(se² + se_pred² +
+    se_batch²); the displacement predictor's z is the first-order residual's (one jackknife over both batches),
+    and the decomposition (decomposition.py) rides along."""
+    out, warnings = [], []
+    pairs = list(itertools.pairwise(zip(rows, runs, strict=True)))
+    for i, ((a, run_a), (b, run_b)) in enumerate(pairs):
+        cross = None if crosses is None else crosses[i]
+        change, said = interval_realised_change(run_a, run_b, normalize, cross, f"{a['step']}→{b['step']}")
+        warnings += said
         steps = b["step"] - a["step"]
-        real, se_real = _num(diff.value), _num(diff.se)
+        real, se_real = change["dH_realised"], change["se"]
         preds = _prediction(a, steps)
         for p in preds.values():
             p["z"] = _z(None if p["dH_predicted"] is None or real is None else real - p["dH_predicted"],
@@ -200,10 +206,9 @@ def realised_rows(rows: list[dict], runs: list[CheckpointRun], normalize: str) -
                      **preds}
         main = preds.get("adamw_step", {})
         out.append({"from_checkpoint": a["checkpoint"], "to_checkpoint": b["checkpoint"], "from_step": a["step"],
-                    "to_step": b["step"], "steps": steps, "dH_realised": real, "se": se_real,
-                    "n_paired_units": diff.n_paired, "n_unpaired_units": diff.n_from_only + diff.n_to_only,
+                    "to_step": b["step"], "steps": steps, **change,
                     "dH_predicted": main.get("dH_predicted"), "se_predicted": main.get("se"),
                     "se_batch": main.get("se_batch"), "z": main.get("z"),
                     "extrapolated_steps": max(steps - 1, 0) if preds else 0,
                     "predictors": preds, "no_prediction": a["no_prediction"], **parts})
-    return out
+    return out, warnings

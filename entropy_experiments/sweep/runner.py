@@ -7,11 +7,13 @@
 
 Every checkpoint is probed with the same config (only checkpoint.checkpoint_path changes), hence the same
 seed: E is the same prompts at every checkpoint with responses sampled afresh from each checkpoint's policy
-by the same generator seed, so entropy differences pair by prompt (stats.paired_difference).
+by the same generator seed (common random numbers). After the probes, each interval's two E batches are scored
+at both checkpoints (cross_scores.py) for the realised change by importance weights (realised.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -22,6 +24,7 @@ from ..errors import ConfigError
 from ..policy.progress import progress
 from ..probe.runner import run_probe
 from .calibration import calibration, decomposition_coverage
+from .cross_scores import interval_path, read_cross_scores, score_intervals
 from .discovery import SweepCheckpoint, find_checkpoints, select_every
 from .entropy_only import measure_entropy_only
 from .plots import plot_calibration, plot_trajectory
@@ -88,13 +91,15 @@ def build_sweep_json(config: ProbeConfig, chosen: list[SweepCheckpoint], sweep: 
     normalize = config.estimator.normalize
     runs = [read_run(sweep.run_dir(ck.name)) for ck in chosen]
     rows = [checkpoint_row(ck, run, normalize, sweep.path) for ck, run in zip(chosen, runs)]
-    realised = realised_rows(rows, runs, normalize)
+    crosses = [read_cross_scores(interval_path(sweep.path, a.name, b.name)) for a, b in itertools.pairwise(chosen)]
+    realised, warnings = realised_rows(rows, runs, normalize, crosses)
     mark_rollout_reuse(rows, realised, config.objective.num_iterations)
     return {"kind": SWEEP_KIND, "checkpoints_dir": str(checkpoints_dir.resolve()), "every": every,
             "config_hash": sweep_config_hash(config), "normalize": normalize, "units": UNITS[normalize],
             "num_iterations": config.objective.num_iterations,
             "n_checkpoints": len(rows), "rows": rows, "realised": realised,
-            "calibration": calibration(rows, realised), "decomposition": decomposition_coverage(realised)}
+            "calibration": calibration(rows, realised), "decomposition": decomposition_coverage(realised),
+            "warnings": warnings}
 
 
 def run_sweep(config: ProbeConfig, checkpoints_dir: str | Path, *, out: str | None = None,
@@ -118,6 +123,7 @@ def run_sweep(config: ProbeConfig, checkpoints_dir: str | Path, *, out: str | No
             logger.info("sweep: checkpoint %d/%d: %s (step %d)", i + 1, len(chosen), ck.name, ck.step)
             next_ck = chosen[i + 1] if i + 1 < len(chosen) else None
             probe_checkpoint(checkpoint_config(config, ck, next_ck), ck, sweep, policies, logger)
+        score_intervals(lambda ck: checkpoint_config(config, ck), chosen, sweep.run_dir, sweep.path, policies, logger)
         doc = build_sweep_json(config, chosen, sweep, checkpoints_dir, every)
         sweep.write_sweep(doc)
         plot_trajectory(doc, sweep.path / "trajectory.png")

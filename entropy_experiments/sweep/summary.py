@@ -60,9 +60,14 @@ def print_sweep_summary(doc: dict) -> None:
                  else "Ĥ only (reuse step)" if r.get("next_step_reuses_rollouts") else "Ĥ only (no next step)")
         print(f"{r['checkpoint']:>18} {r['step']:>5} {_f(r['lr'], '.3g'):>9} {_pm(r['H'], r['H_se']):>22} "
               f"{delta:>22} {_f(truth.get('scaled')):>12} {_f(r['residual_z'], '+.2f'):>6}")
-    print(f"\n{'interval':>12} {'realised ± SE':>22} {'predicted ± SE':>22} {'z':>6}")
+    print(f"\n{'interval':>12} {'realised ± SE':>22} {'method':>19} {'changed':>9} {'ESS/N':>6} {'k̂':>5} "
+          f"{'paired (diag.)':>22} {'predicted ± SE':>22} {'z':>6}")
     for r in doc["realised"]:
+        changed = "—" if r.get("n_changed") is None else f"{r['n_changed']}/{r['n_common_draws']}"
+        paired = r.get("paired_diagnostic") or {}
         print(f"{str(r['from_step']) + '→' + str(r['to_step']):>12} {_pm(r['dH_realised'], r['se']):>22} "
+              f"{r.get('method', '—'):>19} {changed:>9} {_f(r.get('ess_frac'), '.3f'):>6} "
+              f"{_f(r.get('psis_khat'), '.2f'):>5} {_pm(paired.get('value'), paired.get('se')):>22} "
               f"{_pm(r['dH_predicted'], r['se_predicted']):>22} {_f(r['z'], '+.2f'):>6}{_reuse_mark(r)}")
     _print_decomposition(doc)
     print(f"\n{'predictor':>14} {'vs':>9} {'n':>3} {'sign':>5} {'resolved':>12} {'Pearson r [95% CI]':>24} "
@@ -73,3 +78,5 @@ def print_sweep_summary(doc: dict) -> None:
             print(f"{name:>14} {which:>9} {m['n']:>3} {_f(m['sign_agreement'], '.2f'):>5} {resolved:>12} "
                   f"{_ci(m['pearson']):>24} {_ci(m['spearman']):>24} {_f(m['coverage']['value'], '.2f'):>9} "
                   f"{_f(m['median_ratio'], '.3g'):>13}")
+    for message in doc.get("warnings") or []:
+        print(f"warning: {message}")
