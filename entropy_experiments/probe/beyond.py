@@ -92,7 +92,7 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH
         return None
     d2, _ = second_derivative_along(config, policy, E, res.v, dist)
     etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
-    return second_order_report(d2, res.bars_dot, etas, "forward-over-forward jvp")
+    return second_order_report(d2, res.x_hat_dot_v, etas, "forward-over-forward jvp")
 
 
 def displacement_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result,

@@ -232,11 +232,11 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
                                                                   dist)
         timings.update(e_timings)
     lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
-    bars_dot = named_dot(X, v)
+    x_hat_dot_v = named_dot(X, v)
     main_pieces = pieces.pop(MAIN, None)
     G = E["num_responses_per_prompt"]
     one_pass_rows = prompts_per_microbatch(config.entropy_options().microbatch_size, G) * G
-    return DeltaH1Result(delta_h1=lr * bars_dot, bars_dot=bars_dot, learning_rate=lr, X_hat=X, v=v,
+    return DeltaH1Result(delta_h1=lr * x_hat_dot_v, x_hat_dot_v=x_hat_dot_v, learning_rate=lr, X_hat=X, v=v,
                          coefficients=coefs, scores=scores, u_gradients=u_grads, update_info=info,
                          timings=timings, pieces=main_pieces,
                          pieces_method=method if method in ("backward_hooks", "jvp") else None,
@@ -294,7 +294,7 @@ def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = 
     bc, seed = config.batch_config, config.seed
     examples = examples if examples is not None else prompt_examples(config.batch_config)
     plan = draw_plan(config, len(examples), dist)
-    reference = not config.probe_rework.use_sequence_processor_sampling
+    reference = not config.sampler.batched
     desc = plan.describe()
     logger.info("Phase 0: sampling E = %d sequences (%d unique prompts, largest repeat %d, G=%d) and "
                 "U = %d prompts × G=%d%s", desc["E_sequences"], desc["unique_E_prompts"], desc["largest_E_repeat"],

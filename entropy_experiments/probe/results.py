@@ -50,7 +50,7 @@ class DeltaH1Result:
     """Phases 1–3 (update + entropy): δH₁ = lr·X̂·v and everything the error bars and the report need."""
 
     delta_h1: float
-    bars_dot: float
+    x_hat_dot_v: float                      # X̂·v: δH₁ per unit lr
     learning_rate: float
     X_hat: NamedTensors                     # X̂ = ∇L_X on E (fp32)
     v: NamedTensors                         # the update direction per unit lr (estimator.update_direction)
@@ -67,13 +67,3 @@ class DeltaH1Result:
     predictors_unavailable: dict[str, str] = field(default_factory=dict)  # name → why it has no direction
     # extra per-sequence columns for per_sequence.jsonl, {name: {column: [N]}} (filled by later phases)
     per_sequence_extra: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-
-    @property
-    def Xbar(self) -> NamedTensors:
-        """X̂ under seed 001's name (compute_delta_h1_from_batches)."""
-        return self.X_hat
-
-    @property
-    def Ybar(self) -> NamedTensors:
-        """v under seed 001's name (it is v, not README's Ȳ: that is the no_momentum direction)."""
-        return self.v
