@@ -102,8 +102,8 @@ class ProbeComponents:
     def accumulate_X_one_pass(self, E_batch: dict, v_named: NamedTensors | None):
         """(X̂, scores, coefficients, pieces (a, r) along v or None) from ONE forward per microbatch (baseline none)."""
         directions = {probe.MAIN: v_named} if v_named is not None else {}
-        X, scores, coefs, pieces = probe.one_pass_phase(self.config, self._policy(), E_batch, directions)
-        return X, scores, coefs, pieces.get(probe.MAIN)
+        e_pass = probe.one_pass_phase(self.config, self._policy(), E_batch, directions)
+        return e_pass.X_hat, e_pass.scores, e_pass.coefficients, e_pass.pieces.get(probe.MAIN)
 
     def pieces_method(self, want_pieces: bool) -> str:
         return pieces_method(self.trainable, self.config.entropy_options(), want_pieces)
