@@ -72,8 +72,8 @@ def sample_E_U(demo: DemoProbe) -> tuple[dict, dict]:
     """E and U as the probe samples them (`probe.sample_phase`) for the demo's batch_config."""
     from entropy_experiments.probe import recipe as probe
 
-    E, U, _ = probe.sample_phase(demo.config, demo.policy.engine)
-    return E, U
+    samples = probe.sample_phase(demo.config, demo.policy.engine)
+    return samples.E, samples.U
 
 
 def training_step_seconds(demo: DemoProbe, E: dict, U: dict) -> dict[str, float]:

@@ -51,14 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     policy = probe.load_phase(config, SINGLE, probe.WarningLog())
     t0 = time.perf_counter()
-    X, _, _, _ = probe.one_pass_phase(config, policy, E, {})
+    X = probe.one_pass_phase(config, policy, E, {}).X_hat
     lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
     print(f"X̂ on E ({E['num_prompts']} sequences) in {time.perf_counter() - t0:.1f} s; lr = {lr:.3g}")
     directions = {}
     for spec in specs:
         t0 = time.perf_counter()
         cfg = config_from_dict({**config.to_dict(), "objective": parse_objective(spec)})
-        _, v, info = probe.update_phase(cfg, policy, U, None)
+        update = probe.update_phase(cfg, policy, U, None)
+        v, info = update.v, update.info
         directions[spec] = v
         obj = info["objective"]
         print(f"{spec:>28}: δH₁ = {lr * adam.named_dot(X, v):+.4e}  ‖v‖ = {info['norm']:.4g}  "

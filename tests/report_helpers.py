@@ -9,17 +9,17 @@ import torch
 
 def fake_results(**changes) -> dict:
     """A results dict shaped like a real per_token run on the embedded model (numbers are made up but consistent)."""
-    lr, bars_dot = 1e-5, -12.3456
+    lr, x_hat_dot_v = 1e-5, -12.3456
     true = []
     for eta, ratio, khat in [(-1e-5, 0.98, 0.12), (1e-6, 1.01, 0.05), (1e-5, 0.97, 0.21), (1e-4, 0.71, 0.93)]:
         true.append({
-            "eta": eta, "deltaH_true": eta * bars_dot * ratio, "H_upd": 0.6123 + eta * bars_dot * ratio,
+            "eta": eta, "deltaH_true": eta * x_hat_dot_v * ratio, "H_upd": 0.6123 + eta * x_hat_dot_v * ratio,
             "ess": 60.0 * (1 - khat / 2), "ess_frac": 0.9375 * (1 - khat / 2), "psis_khat": khat,
             "khat_threshold": 0.7, "logw": {"min": -0.31, "median": 0.002, "max": 0.27},
-            "zero_weight_count": 2 if eta == 1e-4 else 0, "se": abs(eta * bars_dot) * 0.1,
+            "zero_weight_count": 2 if eta == 1e-4 else 0, "se": abs(eta * x_hat_dot_v) * 0.1,
         })
     res = {
-        "deltaH1": lr * bars_dot, "bars_dot": bars_dot, "learning_rate": lr,
+        "deltaH1": lr * x_hat_dot_v, "x_hat_dot_v": x_hat_dot_v, "bars_dot": x_hat_dot_v, "learning_rate": lr,
         "se": {"E": 1.5e-5, "U": 2.0e-5, "total": 2.5e-5},
         "H_orig": {"per_token": 0.61234, "per_sequence": 41.876},
         "true": true,

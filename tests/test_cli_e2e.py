@@ -70,7 +70,7 @@ def _summary_line(text: str, label: str) -> str:
 
 def _numbers(res: dict) -> dict:
     """The numbers a resumed run must reproduce exactly (timings and the environment excluded)."""
-    return {"deltaH1": res["deltaH1"], "bars_dot": res["bars_dot"], "learning_rate": res["learning_rate"],
+    return {"deltaH1": res["deltaH1"], "x_hat_dot_v": res["x_hat_dot_v"], "learning_rate": res["learning_rate"],
             "se": res["se"], "H_orig": res["H_orig"], "update_norm": res["update"]["norm"],
             "true": [(t["eta"], t["deltaH_true"], t["se"], t["H_upd"], t["ess"]) for t in res["true"]]}
 
@@ -141,8 +141,9 @@ def test_run_writes_every_output(first_run, tiny_model_dir):
 
     res = _results(out)
     validate_results_schema(res)
-    assert math.isfinite(res["deltaH1"]) and math.isfinite(res["bars_dot"])
-    assert res["deltaH1"] == pytest.approx(res["learning_rate"] * res["bars_dot"], rel=1e-9)
+    assert math.isfinite(res["deltaH1"]) and math.isfinite(res["x_hat_dot_v"])
+    assert res["deltaH1"] == pytest.approx(res["learning_rate"] * res["x_hat_dot_v"], rel=1e-9)
+    assert res["bars_dot"] == res["x_hat_dot_v"]  # the legacy alias consumers read
     assert [t["eta"] for t in res["true"] if t["eta"] > 0] == [1.0e-4, 1.0e-3]
     assert res["counts"]["B_E"] == 4 and res["counts"]["B_U"] == 2 and res["counts"]["G"] == 2
 

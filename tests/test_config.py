@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -48,7 +50,7 @@ def test_defaults_match_contract():
     assert cfg.generation.stop_strings == ["</answer>"] and cfg.generation.top_p == 1.0
     assert cfg.precision.tf_nograd.autocast is False and cfg.precision.func_override.cast_params is True
     assert cfg.precision.matmul_precision == "highest" and cfg.precision.entropy_fp64 is True
-    assert cfg.probe_rework.use_sequence_processor_sampling is True
+    assert cfg.sampler.batched is True
     assert cfg.estimator.update_direction == "adamw_step" and cfg.estimator.microbatch_size == 4
     assert cfg.importance.eta_list == [1e-6, 3e-6, 1e-5]
     assert cfg.variance.u_groups is None and cfg.reward.name == "tag_pref"
@@ -206,9 +208,33 @@ def test_aliases_map_onto_canonical_keys():
         }
     )
     assert cfg.checkpoint.base_model == "Qwen/Qwen2.5-1.5B"
-    assert cfg.probe_rework.use_sequence_processor_sampling is False
+    assert cfg.sampler.batched is False
     assert cfg.batch_config.G == 4  # num_return_sequences is dropped, not mapped
     assert "sampling" not in cfg.to_dict() and "model_config_path" not in cfg.to_dict()["checkpoint"]
+
+
+def test_probe_rework_section_is_a_legacy_alias_of_sampler():
+    cfg = config_from_dict({"probe_rework": {"use_sequence_processor_sampling": False}})
+    assert cfg.sampler.batched is False and "probe_rework" not in cfg.to_dict()
+    assert cfg == config_from_dict({"sampler": {"batched": False}})
+    assert load_config(None, ["probe_rework.use_sequence_processor_sampling=false"]).sampler.batched is False
+    with pytest.raises(ConfigError, match=r"unknown key 'probe_rework\.use_sequence_processor_samplin' "
+                                          r"\(did you mean 'probe_rework\.use_sequence_processor_sampling'\?\)"):
+        config_from_dict({"probe_rework": {"use_sequence_processor_samplin": False}})
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_config_hash_is_taken_over_the_sections_pre_rename_spelling(batched):
+    """A run directory started before `probe_rework` became `sampler` still resumes: the hash is the one the
+    code before the rename computed (sha256 of the sorted compact JSON, `output` / `distributed` left out)."""
+    cfg = config_from_dict({"sampler": {"batched": batched}, "seed": 7})
+    d = cfg.to_dict()
+    for key in ("output", "distributed", "sampler"):
+        del d[key]
+    d["probe_rework"] = {"use_sequence_processor_sampling": batched}
+    old = hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    assert cfg.config_hash() == old
+    assert ProbeConfig().config_hash() == "15bd06d456c52722"  # what the code before the rename wrote (294fa60)
 
 
 def test_alias_and_canonical_with_the_same_value_are_accepted():
@@ -254,7 +280,7 @@ def test_override_of_an_alias_replaces_the_files_canonical_key(tmp_path):
     assert (
         load_config(
             None, ["sampling.use_sequence_processor=false"]
-        ).probe_rework.use_sequence_processor_sampling
+        ).sampler.batched
         is False
     )
 

@@ -107,7 +107,7 @@ def test_one_adamw_step_on_the_probes_own_u_gives_delta_h1(probed, toy_run, tmp_
     _, run, config = toy_run
     cfg = config_from_dict(_config(config, run / "step_1", None))
     policy = outcome.policy
-    grads, _, _ = update_phase(cfg, policy, U, None)
+    grads = update_phase(cfg, policy, U, None).gradients
     lr, t = outcome.results["learning_rate"], policy.trainable
     stepped = tmp_path / "one_step"
     shutil.copytree(run / "step_1", stepped)

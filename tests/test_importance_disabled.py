@@ -62,7 +62,7 @@ def test_delta_h1_equals_that_of_a_run_that_measures_delta_h(runs):
     off, on = runs["off"]["results"], runs["on"]["results"]
     # the reference measured ±η for both η of the config
     assert len(on["true"]) == 4 and on["linearity"]["slope_through_origin"] is not None
-    for key in ("deltaH1", "bars_dot", "learning_rate", "se", "H_orig", "counts"):
+    for key in ("deltaH1", "x_hat_dot_v", "bars_dot", "learning_rate", "se", "H_orig", "counts"):
         assert off[key] == on[key], key
 
 

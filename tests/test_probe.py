@@ -55,8 +55,8 @@ def test_full_return_identity_matches_snis_slope(tiny_model_dir, prompts_file, n
         "importance": {"eta_list": [h], "symmetric": True}, "variance": {"enabled": False}})
     results, _, _ = _run(probe)
     slope = results["linearity"]["symmetric_slopes"][0]["slope"]
-    assert results["bars_dot"] != 0
-    assert abs(slope - results["bars_dot"]) <= 1e-3 * abs(results["bars_dot"]), (slope, results["bars_dot"])
+    assert results["x_hat_dot_v"] != 0
+    assert abs(slope - results["x_hat_dot_v"]) <= 1e-3 * abs(results["x_hat_dot_v"]), (slope, results["x_hat_dot_v"])
 
 
 @pytest.mark.parametrize("baseline,directional,method", [("none", "auto", "backward_hooks"), ("none", "jvp", "jvp"),
@@ -234,7 +234,7 @@ def test_exact_on_enumerable_model(toy_dir, toy_prompts_file, normalize, tau, x_
     # compare at 4·SE_E (sharper than, and implying, the 4·SE_total the issue asks for).
     se_e_slope = results["se"]["E"] / lr
     assert results["se"]["E"] <= results["se"]["total"]
-    assert abs(results["bars_dot"] - exact_slope) < 4 * se_e_slope, (results["bars_dot"], exact_slope, se_e_slope)
+    assert abs(results["x_hat_dot_v"] - exact_slope) < 4 * se_e_slope, (results["x_hat_dot_v"], exact_slope, se_e_slope)
     assert se_e_slope < 0.25 * abs(exact_slope), "the test must be sharp enough to mean something"
 
     exact_change = H(eta) - H(0.0)
@@ -267,7 +267,7 @@ def test_second_order_on_enumerable_model(toy_dir, toy_prompts_file, normalize):
     assert so["se"] < 0.5 * abs(exact_d2), "the test must be sharp enough to mean something"
     row = results["true"][0]
     assert row["second_order_prediction"] == pytest.approx(
-        row["eta"] * results["bars_dot"] + 0.5 * row["eta"] ** 2 * so["d2"])
+        row["eta"] * results["x_hat_dot_v"] + 0.5 * row["eta"] ** 2 * so["d2"])
 
 
 def test_error_bars_are_calibrated(toy_dir, toy_prompts_file):

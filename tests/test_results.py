@@ -53,6 +53,17 @@ def test_validate_results_schema_names_first_missing_key():
         RunDirectory("unused").write_results({k: v for k, v in fake_results().items() if k != "config_hash"})
 
 
+def test_bars_dot_is_a_legacy_alias_of_x_hat_dot_v():
+    res = fake_results()
+    assert res["bars_dot"] == res["x_hat_dot_v"]
+    with pytest.raises(ValueError, match="'bars_dot' must equal 'x_hat_dot_v'"):
+        validate_results_schema(fake_results(bars_dot=1.0))
+    validate_results_schema(fake_results(x_hat_dot_v=float("nan"), bars_dot=float("nan")))
+    # a results.json written before x_hat_dot_v existed (bars_dot only) reads the same
+    old = {k: v for k, v in fake_results().items() if k != "x_hat_dot_v"}
+    assert render_summary(old) == render_summary(fake_results())
+
+
 def test_load_results_missing_file_names_the_path(tmp_path):
     with pytest.raises(OutputError) as info:
         load_results(tmp_path)
@@ -72,7 +83,7 @@ def test_summary_contains_the_numbers():
     for expected in ("0.6123 nats/token", "41.8760 nats/seq",
                      "-0.0001235 ± 2.5e-05", "SE_E 1.5e-05", "SE_U 2e-05",   # δH₁ = 1e-5 × -12.3456
                      "1e-05",                                                 # learning rate
-                     "-12.35",                                                # bars_dot
+                     "-12.35",                                                # X̂·v
                      "-0.0008765 ± 0.00012",                                  # ΔH at η = 1e-4 (ratio 0.71)
                      "0.93 ✗", "0.710", "0.980",                              # k̂ flag, ratios to δH₁(η)
                      "-9.123", "ratio 0.739", "1.043", "-12.05",              # linearity
@@ -96,7 +107,7 @@ def test_summary_notes_when_khat_rests_on_few_tail_draws():
 
 
 def test_summary_tolerates_nulls():
-    res = json.loads(dumps_strict(fake_results(deltaH1=float("nan"), bars_dot=0.0)))
+    res = json.loads(dumps_strict(fake_results(deltaH1=float("nan"), x_hat_dot_v=0.0, bars_dot=0.0)))
     text = render_summary(res)
     assert "n/a" in text
 

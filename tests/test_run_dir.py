@@ -90,7 +90,7 @@ def test_prepare_refuses_foreign_config_yaml_without_meta(tmp_path):
 def test_overwrite_clears_only_run_files(tmp_path):
     run = RunDirectory.prepare(tmp_path, "seed: 1\n", "aaaa", overwrite=False, resume=False)
     run.save_batch("E", {"x": torch.ones(2)})
-    run.save_partial("x_hat", {"bars_dot": 1.0})
+    run.save_partial("x_hat", {"x_hat_dot_v": 1.0})
     run.write_results(fake_results())
     (tmp_path / ".results.json.abc123.tmp").write_text("stale temp of a killed write")
     (tmp_path / "notes.txt").write_text("the user's own notes")

@@ -75,7 +75,7 @@ def test_jackknife_se_matches_a_written_out_loop_of_finite_differences(grouped):
 def test_report_gives_eta_star_and_the_second_order_prediction():
     from entropy_experiments.estimators.jackknife import Estimate
 
-    report = second_order_report(Estimate(-4.0, 1.0), bars_dot=2.0, etas=[0.1, -0.1], method="m")
+    report = second_order_report(Estimate(-4.0, 1.0), x_hat_dot_v=2.0, etas=[0.1, -0.1], method="m")
     assert report["eta_star"] == pytest.approx(0.1)  # ½·η²·4 = 0.1·η·2 at η = 0.1
     assert report["predictions"] == pytest.approx({"0.1": 0.2 - 0.02, "-0.1": -0.2 - 0.02})
     assert second_order_report(Estimate(0.0, 1.0), 2.0, [], "m")["eta_star"] is None

@@ -48,8 +48,8 @@ def test_compute_delta_h1_from_batches_matches_the_run_and_its_own_pieces(probed
     lr = probe.optimizer.param_groups[0]["lr"]
 
     plain = comps.compute_delta_h1_from_batches(E, U, probe.optimizer)        # E scored first, one backward
-    assert plain.learning_rate == lr and plain.delta_h1 == lr * plain.bars_dot
-    assert plain.bars_dot == pytest.approx(named_dot(plain.X_hat, plain.v), rel=1e-12)
+    assert plain.learning_rate == lr and plain.delta_h1 == lr * plain.x_hat_dot_v
+    assert plain.x_hat_dot_v == pytest.approx(named_dot(plain.X_hat, plain.v), rel=1e-12)
     # the run took the one-pass path (two backwards, hooks): the same δH₁ on the same batches
     assert plain.delta_h1 != 0
     assert plain.delta_h1 == pytest.approx(results["deltaH1"], rel=1e-5)
@@ -57,6 +57,7 @@ def test_compute_delta_h1_from_batches_matches_the_run_and_its_own_pieces(probed
         torch.testing.assert_close(plain.v[name], v, rtol=1e-4, atol=1e-5 * float(v.abs().max()))
     # the seed's names (seed 001: {delta_h1, bars_dot, Xbar, Ybar, timings})
     assert plain.Xbar is plain.X_hat and plain.Ybar is plain.v and plain.timings
+    assert plain.bars_dot == plain.x_hat_dot_v
 
     with_pieces = comps.compute_delta_h1_from_batches(E, U, probe.optimizer, u_groups=[[0, 1], [2, 3]],
                                                       per_sequence_pieces=True)
@@ -64,7 +65,7 @@ def test_compute_delta_h1_from_batches_matches_the_run_and_its_own_pieces(probed
     coefs = with_pieces.coefficients
     # X̂·v = (Σa − Ĥ Σr)/D, the pieces summed by hand
     from_pieces = (float(a.sum()) - coefs.H_hat * float(r.sum())) / coefs.D
-    assert from_pieces == pytest.approx(with_pieces.bars_dot, rel=1e-4)
+    assert from_pieces == pytest.approx(with_pieces.x_hat_dot_v, rel=1e-4)
     assert with_pieces.delta_h1 == pytest.approx(plain.delta_h1, rel=1e-5)
     assert len(with_pieces.u_gradients.groups) == 2
     with pytest.raises(ValueError, match="per_sequence_pieces=True"):

@@ -87,7 +87,8 @@ def test_callback_equals_an_offline_probe_of_the_checkpoint_pair(runs):
     config = config.model_copy(update={"checkpoint": config.checkpoint.model_copy(
         update={"checkpoint_path": str(base / "probed" / f"checkpoint-{step - 1}")})})
     policy = load_phase(config, SINGLE, WarningLog())
-    res, bars, _ = estimate_phase(config, policy, E, U, WarningLog())
+    estimates = estimate_phase(config, policy, E, U, WarningLog())
+    res, bars = estimates.delta_h1, estimates.error_bars
     assert res.delta_h1 == pytest.approx(row["delta_h1"], rel=1e-6, abs=1e-12)
     assert bars.se["total"] == pytest.approx(row["se"], rel=1e-5)
     t = policy.trainable

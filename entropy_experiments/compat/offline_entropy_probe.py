@@ -103,9 +103,9 @@ class OfflineEntropyProbe:
         """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G."""
         bc = self.config.batch_config.model_copy(update={"B_E": B_E, "B_U": B_U, "G": G_U})
         config = self.config.model_copy(update={"batch_config": bc})
-        E, U, self.index_plan = probe.sample_phase(config, self._ensure_sequence_processor(), self._ensure_dist(),
-                                                   self.logger)
-        return E, U
+        samples = probe.sample_phase(config, self._ensure_sequence_processor(), self._ensure_dist(), self.logger)
+        self.index_plan = samples.plan
+        return samples.E, samples.U
 
     def run_mixed_probe(self, checkpoint_path: str | None = None, *, batches: tuple[dict, dict] | None = None,
                         on_batches=None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ phase functions of probe.py and the estimators they call; it owns no maths of it
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, fields
 
 from torch import Tensor
 
@@ -22,10 +23,36 @@ from ..estimators.surrogate import SurrogateCoefficients
 from ..probe import recipe as probe
 from ..probe.recipe import DeltaH1Result, Policy
 
-__all__ = ["DeltaH1Result", "EScores", "ProbeComponents", "UGradients", "chunked", "split_into_groups"]
+__all__ = ["DeltaH1Result", "EScores", "ProbeComponents", "SeedDeltaH1Result", "UGradients", "chunked",
+           "split_into_groups"]
 
 NamedTensors = dict[str, Tensor]
 EScores = SequenceScores  # the seeds' name for the E scores
+
+
+@dataclass
+class SeedDeltaH1Result(DeltaH1Result):
+    """`DeltaH1Result` with seed 001's names (compute_delta_h1_from_batches: {delta_h1, bars_dot, Xbar, Ybar,
+    timings}) as aliases of the probe's."""
+
+    @classmethod
+    def of(cls, result: DeltaH1Result) -> SeedDeltaH1Result:
+        return cls(**{f.name: getattr(result, f.name) for f in fields(result)})
+
+    @property
+    def bars_dot(self) -> float:
+        """X̂·v (`x_hat_dot_v`)."""
+        return self.x_hat_dot_v
+
+    @property
+    def Xbar(self) -> NamedTensors:
+        """X̂ (`X_hat`)."""
+        return self.X_hat
+
+    @property
+    def Ybar(self) -> NamedTensors:
+        """v (`v`; it is v, not README's Ȳ: that is the no_momentum direction)."""
+        return self.v
 
 
 class ProbeComponents:
@@ -75,8 +102,8 @@ class ProbeComponents:
     def accumulate_X_one_pass(self, E_batch: dict, v_named: NamedTensors | None):
         """(X̂, scores, coefficients, pieces (a, r) along v or None) from ONE forward per microbatch (baseline none)."""
         directions = {probe.MAIN: v_named} if v_named is not None else {}
-        X, scores, coefs, pieces = probe.one_pass_phase(self.config, self._policy(), E_batch, directions)
-        return X, scores, coefs, pieces.get(probe.MAIN)
+        e_pass = probe.one_pass_phase(self.config, self._policy(), E_batch, directions)
+        return e_pass.X_hat, e_pass.scores, e_pass.coefficients, e_pass.pieces.get(probe.MAIN)
 
     def pieces_method(self, want_pieces: bool) -> str:
         return pieces_method(self.trainable, self.config.entropy_options(), want_pieces)
@@ -84,10 +111,10 @@ class ProbeComponents:
     # ------------------------------------------------------------------ the seeds' entry point
     def compute_delta_h1_from_batches(self, E_batch: dict, U_batch: dict, optimizer, *,
                                       u_groups: list[list[int]] | None = None,
-                                      per_sequence_pieces: bool = False) -> DeltaH1Result:
+                                      per_sequence_pieces: bool = False) -> SeedDeltaH1Result:
         """δH₁ = lr · X̂·v from packed batches and the loaded optimizer (`probe.delta_h1_phase`)."""
-        return probe.delta_h1_phase(self.config, self._policy(optimizer), E_batch, U_batch, u_groups=u_groups,
-                                    per_sequence_pieces=per_sequence_pieces)
+        return SeedDeltaH1Result.of(probe.delta_h1_phase(self.config, self._policy(optimizer), E_batch, U_batch,
+                                                         u_groups=u_groups, per_sequence_pieces=per_sequence_pieces))
 
     def pieces(self, result: DeltaH1Result) -> tuple[Tensor, Tensor]:
         """(a [N], r [N]) per-sequence directional pieces; Σ gives X̂·v = (Σa − Ĥ Σr)/D."""

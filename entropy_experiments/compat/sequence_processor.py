@@ -37,11 +37,8 @@ from entropy_experiments.policy.generate import chunk_seed
 from entropy_experiments.policy.generation_config import GenerationConfig, PolicySettings, parse_config
 from entropy_experiments.policy.precision_utils import ForwardProfile
 from entropy_experiments.policy.sequences import BatchedSequences as _PolicyBatchedSequences
-from entropy_experiments.policy.sequences import (
-    DiagnosticsResults,
-    LogprobResults,
-    global_prompt_id,
-)
+from entropy_experiments.policy.sequences import DiagnosticsResults, global_prompt_id
+from entropy_experiments.policy.sequences import LogprobResults as _PolicyLogprobResults
 
 __all__ = [
     "BatchedSequences", "DiagnosticsPack", "DiagnosticsResults", "GenerationConfig", "LogprobResults",
@@ -81,6 +78,20 @@ class BatchedSequences(_PolicyBatchedSequences):
         if seqs.examples is not None:
             seqs.examples = [example_from_dict(e) for e in seqs.examples]
         return seqs
+
+
+@dataclasses.dataclass
+class LogprobResults(_PolicyLogprobResults):
+    """The policy's `LogprobResults` with seed 004's name `entropies` for the per-token surprisals −log q."""
+
+    @classmethod
+    def of(cls, results: _PolicyLogprobResults) -> LogprobResults:
+        return cls(**{f.name: getattr(results, f.name) for f in dataclasses.fields(results)})
+
+    @property
+    def entropies(self) -> list[list[Any]]:
+        """−log q per generated token (`surprisals`; numpy [T] per [b][g])."""
+        return self.surprisals
 
 
 class SequenceProcessor(PolicyEngine):
@@ -200,9 +211,9 @@ class SequenceProcessor(PolicyEngine):
                                buffers_override: Mapping[str, Tensor] | None = None, *,
                                phase: str | None = None) -> LogprobResults:
         """`PolicyEngine.teacher_force_logprobs`; without `phase`, the probe's name of the pass (`probe_phase`)."""
-        return super().teacher_force_logprobs(
+        return LogprobResults.of(super().teacher_force_logprobs(
             sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features, params_override,
-            buffers_override, phase=phase or probe_phase(with_grad, compute_rb, params_override is not None))
+            buffers_override, phase=phase or probe_phase(with_grad, compute_rb, params_override is not None)))
 
     def teacher_force_logprobs_with_diagnostics(self, sequences, with_grad: bool = False,
                                                 tf_batch_size: int | None = None, compute_rb: bool = False,
@@ -212,9 +223,10 @@ class SequenceProcessor(PolicyEngine):
                                                 phase: str | None = None
                                                 ) -> tuple[LogprobResults, DiagnosticsResults]:
         """`PolicyEngine.teacher_force_logprobs_with_diagnostics`, with the seed's default phase names."""
-        return super().teacher_force_logprobs_with_diagnostics(
+        lp, diags = super().teacher_force_logprobs_with_diagnostics(
             sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features, params_override,
             buffers_override, phase=phase or probe_phase(with_grad, compute_rb, params_override is not None))
+        return LogprobResults.of(lp), diags
 
     def teacher_force_directional(self, sequences, v_named: Mapping[str, Tensor], *,
                                   tf_batch_size: int | None = None, phase: str = JVP_PHASE, order: int = 1

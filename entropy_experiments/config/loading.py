@@ -25,9 +25,11 @@ CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 # Seed-era keys still accepted in user configs. Old dotted key -> canonical dotted key; None means
 # "accepted and dropped" (generation.do_sample must be true: the probe always samples;
 # generation.num_return_sequences is superseded by batch_config.G and by G = 1 on E).
+# `probe_rework:` is the section `sampler:` had until its rename (and `sampling:` the seeds' before it).
 LEGACY_KEYS: dict[str, str | None] = {
     "checkpoint.model_config_path": "checkpoint.base_model",
-    "sampling.use_sequence_processor": "probe_rework.use_sequence_processor_sampling",
+    "probe_rework.use_sequence_processor_sampling": "sampler.batched",
+    "sampling.use_sequence_processor": "sampler.batched",
     "generation.do_sample": None,
     "generation.num_return_sequences": None,
     "estimator.max_grad_norm": "objective.max_grad_norm",
@@ -148,6 +150,7 @@ def _pop_path(raw: dict[str, Any], dotted: str) -> None:
 
 def _resolve_legacy_keys(raw: dict[str, Any]) -> None:
     """Map seed-era keys (`LEGACY_KEYS`) onto canonical ones in place; error on conflicting values."""
+    given_as: dict[str, str] = {}  # canonical key -> the legacy key that set it (for the conflict message)
     for old, new in LEGACY_KEYS.items():
         old_section, old_key = old.split(".")
         section = raw.get(old_section)
@@ -167,12 +170,12 @@ def _resolve_legacy_keys(raw: dict[str, Any]) -> None:
         if not isinstance(target, dict):
             continue  # validation reports "expected a mapping"
         if new_key in target and target[new_key] != value:
-            raise ConfigError(
-                f"{old} ({show_value(value)}) conflicts with {new} ({show_value(target[new_key])}); give only {new}"
-            )
+            raise ConfigError(f"{old} ({show_value(value)}) conflicts with {given_as.get(new, new)} "
+                              f"({show_value(target[new_key])}); give only {new}")
         target[new_key] = value
+        given_as.setdefault(new, old)
 
-    # Sections that exist only in seed-era configs (`sampling`) must be empty once their keys moved.
+    # Sections that exist only in seed-era configs (`sampling`, `probe_rework`) must be empty once their keys moved.
     for section_name in sorted({old.split(".")[0] for old in LEGACY_KEYS} - set(ProbeConfig.model_fields)):
         if section_name not in raw:
             continue

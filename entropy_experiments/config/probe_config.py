@@ -22,8 +22,8 @@ from .sections import (
     OutputSection,
     PrecisionSection,
     PredictorsSection,
-    ProbeReworkSection,
     RewardSection,
+    SamplerSection,
     SecondOrderSection,
     VarianceSection,
     _Section,
@@ -35,6 +35,12 @@ from .sections import (
 TRAINER_GENERATION: dict[str, dict[str, Any]] = {
     trainer: {"stop_strings": [], "temperature": 1.0, "top_p": 1.0} for trainer in ("trl", "verl", "openrlhf")}
 
+# config_hash is taken over the spelling sections had before they were renamed, so that a run directory (or
+# sweep) started before a rename still resumes: section -> (its old name, {key: its old name}).
+HASHED_AS: dict[str, tuple[str, dict[str, str]]] = {
+    "sampler": ("probe_rework", {"batched": "use_sequence_processor_sampling"}),
+}
+
 
 class ProbeConfig(_Section):
     """The whole probe configuration (see entropy_experiments/configs/default.yaml for every key)."""
@@ -45,7 +51,7 @@ class ProbeConfig(_Section):
     batch_config: BatchSection = Field(default_factory=BatchSection)
     generation: GenerationSection = Field(default_factory=GenerationSection)
     precision: PrecisionSection = Field(default_factory=PrecisionSection)
-    probe_rework: ProbeReworkSection = Field(default_factory=ProbeReworkSection)
+    sampler: SamplerSection = Field(default_factory=SamplerSection)
     estimator: EstimatorSection = Field(default_factory=EstimatorSection)
     objective: ObjectiveSection = Field(default_factory=ObjectiveSection)
     importance: ImportanceSection = Field(default_factory=ImportanceSection)
@@ -145,9 +151,13 @@ class ProbeConfig(_Section):
 
     def config_hash(self) -> str:
         """First 16 hex chars of sha256 over the canonical JSON of the config, `output` and `distributed`
-        excluded (neither changes a number: a run can be resumed on any number of ranks or backend)."""
+        excluded (neither changes a number: a run can be resumed on any number of ranks or backend); renamed
+        sections under their old names (`HASHED_AS`)."""
+        d = self.model_dump(mode="json", exclude={"output", "distributed"})
+        for section, (old_section, old_keys) in HASHED_AS.items():
+            d[old_section] = {old_keys.get(k, k): v for k, v in d.pop(section).items()}
         payload = json.dumps(
-            self.model_dump(mode="json", exclude={"output", "distributed"}),
+            d,
             sort_keys=True,
             separators=(",", ":"),
             allow_nan=False,

@@ -176,10 +176,11 @@ class PrecisionSection(_Section):
         return _normalise_dtype(value, _SHORT_DTYPE)
 
 
-class ProbeReworkSection(_Section):
-    """Sampling backend toggle: batched generation by the policy engine (default) or the plain reference sampler."""
+class SamplerSection(_Section):
+    """Which sampler draws E and U: batched generation by the policy engine (default) or the plain
+    one-prompt-at-a-time reference sampler (seed-era section: `probe_rework.use_sequence_processor_sampling`)."""
 
-    use_sequence_processor_sampling: bool = True
+    batched: bool = True
 
 
 class EstimatorSection(_Section):

@@ -66,7 +66,7 @@ def paired_residuals(truth: dict, res, bars: ErrorBars, *, normalize: str) -> li
     for row in truth["true"]:
         eta = row["eta"]
         if bars.a is None:
-            out.append(residual_entry(Estimate(row["deltaH_true"] - eta * res.bars_dot, NAN)))
+            out.append(residual_entry(Estimate(row["deltaH_true"] - eta * res.x_hat_dot_v, NAN)))
             continue
         per = truth["per_sequence"][eta]
         out.append(residual_entry(paired_residual(

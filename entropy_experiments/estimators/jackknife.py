@@ -203,10 +203,10 @@ def leave_one_group_out_directions(direction_of: Callable[[dict[str, torch.Tenso
     return [direction_of(g) for g in loo]
 
 
-def se_U(Xbar: dict[str, torch.Tensor], loo_directions: list[dict[str, torch.Tensor]],
+def se_U(X_hat: dict[str, torch.Tensor], loo_directions: list[dict[str, torch.Tensor]],
          *, learning_rate: float) -> tuple[float, list[float]]:
     """Jackknife SE over K U groups of lr·X̂·v₍₋k₎; returns (SE_U, the K replicate values). NaN if K < 2."""
-    replicates = [learning_rate * named_dot(Xbar, v) for v in loo_directions]
+    replicates = [learning_rate * named_dot(X_hat, v) for v in loo_directions]
     return jackknife_se(np.array(replicates)), replicates
 
 

@@ -62,9 +62,9 @@ def second_derivative(s: Any, s2: Any, dh: Any, d2h: Any, h: Any, T: Any, *, nor
                               lambda sums: snis_derivatives(sums)[1])
 
 
-def second_order_report(d2: Estimate, bars_dot: float, etas: list[float], method: str) -> dict[str, Any]:
+def second_order_report(d2: Estimate, x_hat_dot_v: float, etas: list[float], method: str) -> dict[str, Any]:
     """results.json's `second_order` {d2, se, method, eta_star} and, per η, the prediction η·X̂·v + ½η²·d2."""
-    eta_star = (2 * FIRST_ORDER_TOLERANCE * abs(bars_dot) / abs(d2.value)
+    eta_star = (2 * FIRST_ORDER_TOLERANCE * abs(x_hat_dot_v) / abs(d2.value)
                 if math.isfinite(d2.value) and d2.value != 0 else None)  # None: no curvature measured
     return {"d2": d2.value, "se": d2.se, "method": method, "eta_star": eta_star,
-            "predictions": {f"{eta:g}": eta * bars_dot + 0.5 * eta ** 2 * d2.value for eta in etas}}
+            "predictions": {f"{eta:g}": eta * x_hat_dot_v + 0.5 * eta ** 2 * d2.value for eta in etas}}

@@ -68,10 +68,10 @@ def predict_step(config: ProbeConfig, policy: Policy, examples: list, rewards, s
     """Sample E and U from the live policy, δH₁ ± SE for the step about to be taken, and keep θ."""
     t0 = time.perf_counter()
     notes = WarningLog()
-    E, U, _ = sample_phase(config, policy.engine, examples=examples, rewards=rewards)
-    res, bars, _ = estimate_phase(config, policy, E, U, notes)
+    samples = sample_phase(config, policy.engine, examples=examples, rewards=rewards)
+    estimates = estimate_phase(config, policy, samples.E, samples.U, notes)
     theta = copy_of(named_params(policy))
-    return PendingStep(step, E, U, res, bars, theta, time.perf_counter() - t0, list(notes.messages))
+    return PendingStep(step, samples.E, samples.U, estimates.delta_h1, estimates.error_bars, theta, time.perf_counter() - t0, list(notes.messages))
 
 
 def displacement_pieces(config: ProbeConfig, policy: Policy, pending: PendingStep, delta: NamedTensors):

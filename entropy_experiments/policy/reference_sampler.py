@@ -1,6 +1,6 @@
 """The plain reference sampler: one prompt, one response at a time, no batching tricks.
 
-Used for the parity path (`probe_rework.use_sequence_processor_sampling: false`) and as the
+Used for the parity path (`sampler.batched: false`) and as the
 benchmark's one-at-a-time baseline. It reuses the policy engine's own pieces — the logits
 processor, the stop rule and the packer — so only the batching differs.
 """

@@ -137,7 +137,7 @@ def assemble(policy: PolicyModel, per_seq: dict[tuple[int, int], dict[str, Tenso
     logq_np = grid(lambda s, b, g: s["logq"].detach().double().cpu().numpy())
     lp = LogprobResults(
         logprobs=grid(lambda s, b, g: keep(s["logp"])),
-        entropies=[[-x for x in row] for row in logq_np],
+        surprisals=[[-x for x in row] for row in logq_np],
         sequence_logprobs=grid(lambda s, b, g: float(s["logp"].detach().double().sum())),
         rb_entropies=grid(lambda s, b, g: s["rb_entropy"].detach().double().cpu().numpy()) if compute_rb else [],
         rewards=[[0.0] * G for _ in range(B)],

@@ -119,7 +119,8 @@ def batch_to_sequences(batch: Mapping[str, Any]) -> BatchedSequences:
 class LogprobResults:
     """Teacher-forcing results, per [b][g] over the T generated tokens (see module docstring for naming).
 
-    logprobs: log p tensors [T]; entropies: naive surprisal −log q (numpy [T]); sequence_logprobs:
+    logprobs: log p tensors [T]; surprisals: −log q of each sampled token (numpy [T]; the seed API calls
+    them `entropies`: their mean estimates the entropy, but each is a surprisal); sequence_logprobs:
     Σ log p; rb_entropies: RB entropies H_k of q (numpy [T]; empty list unless compute_rb); rewards;
     rb_entropies_torch: graph-carrying H_k (with-grad path, compute_rb and rb_requires_grad);
     baseline_feats_torch: [T, 7] detached features (BASELINE_FEATURE_NAMES); token_logqs: log q [T];
@@ -128,7 +129,7 @@ class LogprobResults:
     """
 
     logprobs: list[list[Tensor]]
-    entropies: list[list[np.ndarray]]
+    surprisals: list[list[np.ndarray]]
     sequence_logprobs: list[list[float]]
     rb_entropies: list[list[np.ndarray]]
     rewards: list[list[float]]

@@ -37,7 +37,7 @@ from ..estimators.snis import linearity_fit
 from ..estimators.step_directions import no_momentum_caveat, predictor_direction_fns
 from ..policy.progress import progress
 from .parallel import SINGLE, DistContext
-from .results import DeltaH1Result, NamedTensors, Policy
+from .results import BeyondFirstOrder, DeltaH1Result, NamedTensors, Policy
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH
         return None
     d2, _ = second_derivative_along(config, policy, E, res.v, dist)
     etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
-    return second_order_report(d2, res.bars_dot, etas, "forward-over-forward jvp")
+    return second_order_report(d2, res.x_hat_dot_v, etas, "forward-over-forward jvp")
 
 
 def displacement_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result,
@@ -162,7 +162,7 @@ def predictors_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1R
 
 
 def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, bars: ErrorBars,
-                             dist: DistContext = SINGLE) -> tuple[dict, list[dict], dict | None, dict | None, dict]:
+                             dist: DistContext = SINGLE) -> BeyondFirstOrder:
     """ΔH(η) with the paired residuals, the second-order coefficient and the competing predictors, timed."""
     timing, t0 = {}, time.perf_counter()
     truth = truth_phase(config, policy, E, res, dist)
@@ -177,4 +177,4 @@ def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: 
     predictors = predictors_phase(config, policy, E, res, bars, truth, dist)
     if predictors is not None:
         timing["phase6_predictors"] = time.perf_counter() - t0
-    return truth, residuals, second_order, predictors, timing
+    return BeyondFirstOrder(truth, residuals, second_order, predictors, timing)

@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..report.run_dir import BATCH_FILES, CONFIG_FILE, RunDirectory
 
 # Top-level keys and whole sections whose every key decided the samples.
-SAMPLING_KEYS = ("seed", "checkpoint", "batch_config", "probe_rework", "reward")
+SAMPLING_KEYS = ("seed", "checkpoint", "batch_config", "sampler", "reward")
 # Generation keys that do not change what is sampled (teacher-forcing batch size, a gradient switch).
 ANALYSIS_GENERATION_KEYS = frozenset({"tf_batch_size", "rb_requires_grad"})
 

@@ -66,7 +66,7 @@ from .beyond import beyond_first_order_phase, scoring_share
 from .memory_plan import budgeted_config
 from .parallel import SINGLE, DistContext, init_from_env, rank_seed
 from .preflight import preflight
-from .results import DeltaH1Result, Policy, WarningLog
+from .results import DeltaH1Result, Estimates, Policy, Samples, SurrogatePass, UpdateStep, WarningLog
 from .sampling import prompt_examples, sample_batch, saved_batches, warn_zero_advantages
 
 log = logging.getLogger("entropy_experiments.probe")
@@ -141,12 +141,12 @@ def update_gradients(config: ProbeConfig, policy: Policy, U: dict, groups: list[
 
 
 def update_phase(config: ProbeConfig, policy: Policy, U: dict, groups: list[list[int]] | None,
-                 dist: DistContext = SINGLE) -> tuple[UGradients, NamedTensors, dict]:
+                 dist: DistContext = SINGLE) -> UpdateStep:
     """g (per group; one group by default) → v, the AdamW step per unit lr, and its description."""
     grads = update_gradients(config, policy, U, groups or [list(range(U["num_prompts"]))], dist)
     v, info = step_direction(config.step_options(), policy, grads.total)
     info["u_loss"] = grads.loss
-    return grads, v, info
+    return UpdateStep(grads, v, info)
 
 
 def score_E(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors | None,
@@ -162,7 +162,7 @@ def score_E(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors | None
 
 
 def one_pass_phase(config: ProbeConfig, policy: Policy, E: dict, directions: dict[str, NamedTensors],
-                   dist: DistContext = SINGLE) -> tuple[NamedTensors, SequenceScores, SurrogateCoefficients, dict]:
+                   dist: DistContext = SINGLE) -> SurrogatePass:
     """X̂, the E scores, the coefficients and the pieces along each of `directions` ({name: v}; empty: none)
     from ONE forward per microbatch (baseline none)."""
     options = config.entropy_options()
@@ -179,12 +179,11 @@ def one_pass_phase(config: ProbeConfig, policy: Policy, E: dict, directions: dic
     scores = SequenceScores(token_logqs=[row[0] for row in gathered], token_entropies=[row[1] for row in gathered],
                             unit_of_sequence=units_of(E["num_prompts"], G))
     X, coefs, pieces = finish_one_pass(sums, scores, options)
-    return X, scores, coefs, pieces
+    return SurrogatePass(X, scores, coefs, pieces)
 
 
 def scored_pieces_phase(config: ProbeConfig, policy: Policy, E: dict, directions: dict[str, NamedTensors],
-                        with_pieces: bool, dist: DistContext = SINGLE
-                        ) -> tuple[NamedTensors, SequenceScores, SurrogateCoefficients, dict, dict]:
+                        with_pieces: bool, dist: DistContext = SINGLE) -> SurrogatePass:
     """E scored first (with the jvp along v when the pieces are wanted), X̂ by a second backward pass; the
     pieces along every other direction by one more jvp scoring pass each. Returns the timings too."""
     timings, t0 = {}, time.perf_counter()
@@ -200,7 +199,7 @@ def scored_pieces_phase(config: ProbeConfig, policy: Policy, E: dict, directions
     timings["E_scoring"], t0 = time.perf_counter() - t0, time.perf_counter()
     X = surrogate_gradient_phase(config, policy, E, coefs, dist)
     timings["E_backward"] = time.perf_counter() - t0
-    return X, scores, coefs, pieces, timings
+    return SurrogatePass(X, scores, coefs, pieces, timings)
 
 
 def surrogate_gradient_phase(config: ProbeConfig, policy: Policy, E: dict, coefs: SurrogateCoefficients,
@@ -219,28 +218,29 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
     """δH₁ = lr · X̂·v. U goes first: v (and the competing predictors' directions) are needed by the E pass
     when the pieces are wanted."""
     timings, t0 = {}, time.perf_counter()
-    u_grads, v, info = update_phase(config, policy, U, u_groups, dist)
-    extra, unavailable = predictor_directions(config.step_options(), policy, u_grads.total)
+    update = update_phase(config, policy, U, u_groups, dist)
+    extra, unavailable = predictor_directions(config.step_options(), policy, update.gradients.total)
     timings["U_gradient_and_direction"] = time.perf_counter() - t0
     method = pieces_method(policy.trainable, config.entropy_options(), per_sequence_pieces)
-    directions = {MAIN: v, **extra}
+    directions = {MAIN: update.v, **extra}
     if policy.displacement is not None:
         directions[DISPLACEMENT] = policy.displacement
     if method == "backward_hooks":
         t0 = time.perf_counter()
-        X, scores, coefs, pieces = one_pass_phase(config, policy, E, directions, dist)
+        e_pass = one_pass_phase(config, policy, E, directions, dist)
         timings["E_backward"] = time.perf_counter() - t0
     else:
-        X, scores, coefs, pieces, e_timings = scored_pieces_phase(config, policy, E, directions, method == "jvp",
-                                                                  dist)
-        timings.update(e_timings)
+        e_pass = scored_pieces_phase(config, policy, E, directions, method == "jvp", dist)
+        timings.update(e_pass.timings)
     lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
-    bars_dot = named_dot(X, v)
+    x_hat_dot_v = named_dot(e_pass.X_hat, update.v)
+    pieces = dict(e_pass.pieces)
     main_pieces = pieces.pop(MAIN, None)
     G = E["num_responses_per_prompt"]
     one_pass_rows = prompts_per_microbatch(config.entropy_options().microbatch_size, G) * G
-    return DeltaH1Result(delta_h1=lr * bars_dot, bars_dot=bars_dot, learning_rate=lr, X_hat=X, v=v,
-                         coefficients=coefs, scores=scores, u_gradients=u_grads, update_info=info,
+    return DeltaH1Result(delta_h1=lr * x_hat_dot_v, x_hat_dot_v=x_hat_dot_v, learning_rate=lr, X_hat=e_pass.X_hat,
+                         v=update.v, coefficients=e_pass.coefficients, scores=e_pass.scores,
+                         u_gradients=update.gradients, update_info=update.info,
                          timings=timings, pieces=main_pieces,
                          pieces_method=method if method in ("backward_hooks", "jvp") else None,
                          predictor_directions=extra, predictor_pieces=pieces, predictors_unavailable=unavailable,
@@ -291,13 +291,13 @@ def sample_sharded(engine: PolicyEngine, examples: list, prompt_indices: list[in
 
 
 def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = SINGLE, logger: logging.Logger = log,
-                 *, examples: list | None = None, rewards: RewardSet | None = None) -> tuple[dict, dict, IndexPlan]:
+                 *, examples: list | None = None, rewards: RewardSet | None = None) -> Samples:
     """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G. `examples` and
     `rewards` (a live trainer's: integrations/) replace the config's data set and reward functions."""
     bc, seed = config.batch_config, config.seed
     examples = examples if examples is not None else prompt_examples(config.batch_config)
     plan = draw_plan(config, len(examples), dist)
-    reference = not config.probe_rework.use_sequence_processor_sampling
+    reference = not config.sampler.batched
     desc = plan.describe()
     logger.info("Phase 0: sampling E = %d sequences (%d unique prompts, largest repeat %d, G=%d) and "
                 "U = %d prompts × G=%d%s", desc["E_sequences"], desc["unique_E_prompts"], desc["largest_E_repeat"],
@@ -314,12 +314,12 @@ def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = 
     E = sample_sharded(engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
                        rewards=None, reference=reference, dist=dist, what="E",
                        chat_template_kwargs=bc.chat_template_kwargs)
-    return E, U, plan
+    return Samples(E, U, plan)
 
 
 # ---------------------------------------------------------------------- the whole probe
 def estimate_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, notes: WarningLog,
-                   dist: DistContext = SINGLE, logger: logging.Logger = log) -> tuple[DeltaH1Result, ErrorBars, dict]:
+                   dist: DistContext = SINGLE, logger: logging.Logger = log) -> Estimates:
     """Phases 1–3: δH₁ with its error bars, and their timings."""
     B_U = U["num_prompts"]
     K = config.variance.u_groups or min(B_U, 8)
@@ -336,7 +336,7 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, notes:
     timing["phase1_3_total"] = time.perf_counter() - t0
     logger.info("δH₁ = %+.4e ± %.2e (SE_E %.2e, SE_U %.2e) at lr = %.3g", res.delta_h1, bars.se["total"],
                 bars.se["E"], bars.se["U"], res.learning_rate)
-    return res, bars, timing
+    return Estimates(res, bars, timing)
 
 
 def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | None = None,
@@ -364,18 +364,19 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     if chunk_store is not None:
         policy.engine.chunk_store = chunk_store
     t0 = time.perf_counter()
-    E, U, plan = sample_phase(config, policy.engine, dist, logger) if batches is None else (*saved_batches(batches), None)
+    samples = sample_phase(config, policy.engine, dist, logger) if batches is None else Samples(*saved_batches(batches))
+    E, U = samples.E, samples.U
     timing["phase0_sampling"] = time.perf_counter() - t0
     inject_fault_for_tests("sampled", dist.rank)
     if on_batches is not None:
         on_batches(E, U)
     n_zero = warn_zero_advantages(U, notes.warn, logger)
     work = budgeted_config(config, policy.trainable.model, (E, U), notes.warn)  # estimator.memory_budget_gb
-    res, bars, estimate_timing = estimate_phase(work, policy, E, U, notes, dist, logger)
-    timing.update(estimate_timing)
-    truth, residuals, second_order, predictors, later_timing = beyond_first_order_phase(work, policy, E, res, bars,
-                                                                                         dist)
-    timing.update(later_timing)
+    estimates = estimate_phase(work, policy, E, U, notes, dist, logger)
+    res, bars = estimates.delta_h1, estimates.error_bars
+    timing.update(estimates.timing)
+    later = beyond_first_order_phase(work, policy, E, res, bars, dist)
+    timing.update(later.timing)
     t0 = time.perf_counter()
     attribution, e_tokens = attribution_phase(work, policy, E, U, res, bars,
                                               partial(score_E, work, policy, E, res.v, dist))
@@ -386,8 +387,9 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
                      u_groups=len(res.u_gradients.groups) if config.variance.enabled else 0,
                      model=policy.trainable.model, checkpoint_info=policy.checkpoint_info, world_size=dist.world_size,
                      backend=dist.backend, warnings=list(notes.messages), sampling_warnings=list(sampling_warnings),
-                     zero_advantage_prompts=n_zero, plan=plan)
-    outcome = assemble_results(E, U, res, bars, truth, residuals, second_order, predictors, timing, facts)
+                     zero_advantage_prompts=n_zero, plan=samples.plan)
+    outcome = assemble_results(E, U, res, bars, later.truth, later.residuals, later.second_order, later.predictors,
+                               timing, facts)
     outcome.results["attribution"], outcome.e_tokens = attribution, e_tokens
     outcome.policy = policy
     return outcome

@@ -11,6 +11,8 @@ from typing import Any
 
 from torch import Tensor
 
+from ..data.plan import IndexPlan
+from ..estimators.error_bars import ErrorBars
 from ..estimators.objective_gradient import Trainable, UGradients
 from ..estimators.sequence_scores import SequenceScores
 from ..estimators.surrogate import SurrogateCoefficients
@@ -50,7 +52,7 @@ class DeltaH1Result:
     """Phases 1–3 (update + entropy): δH₁ = lr·X̂·v and everything the error bars and the report need."""
 
     delta_h1: float
-    bars_dot: float
+    x_hat_dot_v: float                      # X̂·v: δH₁ per unit lr
     learning_rate: float
     X_hat: NamedTensors                     # X̂ = ∇L_X on E (fp32)
     v: NamedTensors                         # the update direction per unit lr (estimator.update_direction)
@@ -68,12 +70,53 @@ class DeltaH1Result:
     # extra per-sequence columns for per_sequence.jsonl, {name: {column: [N]}} (filled by later phases)
     per_sequence_extra: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
-    @property
-    def Xbar(self) -> NamedTensors:
-        """X̂ under seed 001's name (compute_delta_h1_from_batches)."""
-        return self.X_hat
 
-    @property
-    def Ybar(self) -> NamedTensors:
-        """v under seed 001's name (it is v, not README's Ȳ: that is the no_momentum direction)."""
-        return self.v
+@dataclass(frozen=True)
+class Samples:
+    """Phase 0: the packed E and U batches and the index plan they were drawn by (None: saved batches)."""
+
+    E: dict
+    U: dict
+    plan: IndexPlan | None = None
+
+
+@dataclass(frozen=True)
+class UpdateStep:
+    """Phase 1: ∇L_U per group of prompts, v (the update direction per unit lr) and its description."""
+
+    gradients: UGradients
+    v: NamedTensors
+    info: dict
+
+
+@dataclass(frozen=True)
+class SurrogatePass:
+    """Phase 2 on E: X̂ = ∇L_X, the E scores, the surrogate's coefficients and, per direction name, the
+    per-sequence pieces (a, r) along it; `timings` of its passes when they were timed separately."""
+
+    X_hat: NamedTensors
+    scores: SequenceScores
+    coefficients: SurrogateCoefficients
+    pieces: dict[str, tuple[Tensor, Tensor]]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Phases 1–3: δH₁ (with X̂, v and the scores), its error bars and their timings."""
+
+    delta_h1: DeltaH1Result
+    error_bars: ErrorBars
+    timing: dict[str, float]
+
+
+@dataclass(frozen=True)
+class BeyondFirstOrder:
+    """Phases 4–6: ΔH(η) on E (`truth`: the rows and the linearity fits), the paired residual per η, the
+    second-order report, the competing predictors (None: not run) and their timings."""
+
+    truth: dict
+    residuals: list[dict]
+    second_order: dict | None
+    predictors: dict | None
+    timing: dict[str, float]

@@ -39,7 +39,7 @@ def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int]
     Prompts are rendered and tokenised as the trainer does (`data/prompt_rendering.py`) and the policy
     generates from those token ids. With rewards, the first prompt's responses are scored as soon as they
     exist, so a reward function that raises stops the run before the rest is sampled. `reference=True`
-    uses the plain one-prompt-at-a-time sampler (`probe_rework.use_sequence_processor_sampling: false`).
+    uses the plain one-prompt-at-a-time sampler (`sampler.batched: false`).
     """
     chosen = [examples[i] for i in prompt_indices]
     rendered = render_prompts(engine.tokenizer, chosen, chat_template_kwargs)

@@ -80,7 +80,7 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 def delta_h_svg(rows: list[dict], slope: float, *, second_order: bool = True, width: int = 600,
                 height: int = 340) -> str:
     """Inline SVG of the measured ΔH(η) ± SE against the first-order prediction η·slope (and the second-order
-    prediction where rows carry one). rows: results.json `true`; slope = X̂·v (bars_dot)."""
+    prediction where rows carry one). rows: results.json `true`; slope = X̂·v (x_hat_dot_v)."""
     pts = [(r["eta"], r["deltaH_true"], r.get("se")) for r in rows if r.get("deltaH_true") is not None]
     if not pts:
         return '<p class="note">ΔH(η) was not measured (importance sampling off).</p>'

@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import io_utils
 from ..errors import output_error_on_os_error
 from .html_parts import H_RGB, attr, delta_h_svg, num, rgba, scale_of, signed_colour, text_html
-from .results_schema import load_results
+from .results_schema import load_results, x_hat_dot_v_of
 from .run_dir import HTML_REPORT_FILE, RunDirectory
 from .token_table import read_token_table
 
@@ -54,12 +54,13 @@ def summary_section(res: dict) -> str:
     counts = res.get("counts") or {}
     items += [(text_html(k), text_html(str(v))) for k, v in counts.items()]
     out = ["<h2>Summary</h2>", _rows_table(["", ""], [[f"<th>{k}</th>", f"<td>{v}</td>"] for k, v in items])]
+    slope = x_hat_dot_v_of(res)
     rows = [[_n(r["eta"], ".3g"), _n(r.get("deltaH_true")), _n(r.get("se")),
-             _n(r["eta"] * res["bars_dot"] if res.get("bars_dot") is not None else None),
+             _n(r["eta"] * slope if slope is not None else None),
              _n(r.get("ess_frac"), ".3f"), _n(r.get("psis_khat"), ".3f")] for r in res.get("true") or []]
     if rows:
         out.append(_rows_table(["η", "ΔH measured", "SE", "η·X̂·v (first order)", "ESS/N", "k̂"], rows))
-    out.append(delta_h_svg(res.get("true") or [], res.get("bars_dot") or 0.0))
+    out.append(delta_h_svg(res.get("true") or [], slope or 0.0))
     out.append('<p class="note">Points: ΔH(η) by importance sampling on E ± SE; orange line: the first-order '
                'prediction η·X̂·v; violet circles: the second-order prediction (when computed).</p>')
     predictors = res.get("predictors") or {}

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import io_utils
 from ..errors import output_error_on_os_error
+from .results_schema import x_hat_dot_v_of
 from .summary import IMPORTANCE_OFF_NOTE, UNITS_LONG, is_finite_number, run_label
 
 
@@ -43,7 +44,7 @@ def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    bars_dot, lr = results.get("bars_dot"), results.get("learning_rate")
+    x_hat_dot_v, lr = x_hat_dot_v_of(results), results.get("learning_rate")
     entries = results.get("true") or []
     points = [(e["eta"], e["deltaH_true"], e.get("se")) for e in entries
               if is_finite_number(e.get("eta")) and is_finite_number(e.get("deltaH_true"))]
@@ -57,8 +58,8 @@ def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3 if residuals else 2)
     ax, ax_ratio = axes[0], axes[1]
-    if nonzero and is_finite_number(bars_dot):
-        _draw_prediction(ax, ax_ratio, _eta_grid(etas), bars_dot, results.get("se", {}).get("total"), lr)
+    if nonzero and is_finite_number(x_hat_dot_v):
+        _draw_prediction(ax, ax_ratio, _eta_grid(etas), x_hat_dot_v, results.get("se", {}).get("total"), lr)
     if points:
         _draw_measured(ax, ax_ratio, points)
     elif measured:
@@ -86,17 +87,17 @@ def save_png(fig: Any, path: str | os.PathLike) -> Path:
     return path
 
 
-def _draw_prediction(ax: Any, ax_ratio: Any, grid: np.ndarray, bars_dot: float, se_total: Any,
+def _draw_prediction(ax: Any, ax_ratio: Any, grid: np.ndarray, x_hat_dot_v: float, se_total: Any,
                      lr: Any) -> None:
     """δH₁(η) = η·X̂·v with its ± SE band (left) and the flat X̂·v with its band (right)."""
-    line = grid * bars_dot
+    line = grid * x_hat_dot_v
     ax.plot(grid, line, color="C0", label="δH₁(η) = η·X̂·v")
     if is_finite_number(se_total) and is_finite_number(lr) and lr > 0:
         band = np.abs(grid) / lr * se_total
         ax.fill_between(grid, line - band, line + band, color="C0", alpha=0.2, label="δH₁ ± SE")
         # ΔH/η vs η: the prediction is flat at X̂·v with half-width se_total/lr.
-        ax_ratio.axhspan(bars_dot - se_total / lr, bars_dot + se_total / lr, color="C0", alpha=0.2)
-    ax_ratio.axhline(bars_dot, color="C0", label="X̂·v")
+        ax_ratio.axhspan(x_hat_dot_v - se_total / lr, x_hat_dot_v + se_total / lr, color="C0", alpha=0.2)
+    ax_ratio.axhline(x_hat_dot_v, color="C0", label="X̂·v")
 
 
 def _draw_measured(ax: Any, ax_ratio: Any, points: list[tuple[float, float, Any]]) -> None:

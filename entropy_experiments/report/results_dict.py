@@ -54,7 +54,9 @@ def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[d
     its paired residuals, one per η, the second-order report and the competing predictors)."""
     scores = res.scores
     results = {
-        "deltaH1": res.delta_h1, "bars_dot": res.bars_dot, "learning_rate": res.learning_rate,
+        "deltaH1": res.delta_h1, "x_hat_dot_v": res.x_hat_dot_v,
+        "bars_dot": res.x_hat_dot_v,  # legacy alias (results_schema.LEGACY_RESULT_KEYS)
+        "learning_rate": res.learning_rate,
         "normalize": facts.normalize, "se": bars.se,
         "H_orig": entropy_estimates(scores.seq_entropies, scores.lengths),
         "true": [{**row, "residual": resid,

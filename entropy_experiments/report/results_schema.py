@@ -57,7 +57,8 @@ def dumps_strict(obj: Any, indent: int | None = None) -> str:
 # Nested keys every results.json holds (ARCHITECTURE.md). None = a leaf whose inner layout is free.
 REQUIRED_SCHEMA: dict[str, Any] = {
     "deltaH1": None,
-    "bars_dot": None,
+    "x_hat_dot_v": None,  # X̂·v, δH₁ per unit lr
+    "bars_dot": None,     # legacy alias of x_hat_dot_v (LEGACY_RESULT_KEYS)
     "learning_rate": None,
     "se": {"E": None, "U": None, "total": None},
     "H_orig": {"per_token": None, "per_sequence": None},
@@ -78,6 +79,14 @@ TRUE_ENTRY_SCHEMA: dict[str, Any] = {
     "se": None,
 }
 NORMALIZE_MODES = ("per_token", "per_sequence")
+# Legacy keys results.json still writes, each with the same value as its canonical key, for the consumers that
+# read the old name: legacy key -> canonical key.
+LEGACY_RESULT_KEYS: dict[str, str] = {"bars_dot": "x_hat_dot_v"}
+
+
+def x_hat_dot_v_of(results: dict[str, Any]) -> Any:
+    """X̂·v of a results dict, also of one written before `x_hat_dot_v` existed (it has only `bars_dot`)."""
+    return results["x_hat_dot_v"] if "x_hat_dot_v" in results else results.get("bars_dot")
 
 
 def _check_keys(obj: Any, schema: dict[str, Any], where: str) -> None:
@@ -102,6 +111,15 @@ def validate_results_schema(results: dict[str, Any]) -> None:
         raise ValueError(f"results: 'normalize' must be one of {NORMALIZE_MODES}, got {results['normalize']!r}")
     if not isinstance(results["warnings"], list):
         raise ValueError("results: 'warnings' must be a list of strings")  # noqa: TRY004
+    for legacy, canonical in LEGACY_RESULT_KEYS.items():
+        if not _same_value(results[legacy], results[canonical]):
+            raise ValueError(f"results: '{legacy}' must equal '{canonical}' (its legacy alias), "
+                             f"got {results[legacy]!r} and {results[canonical]!r}")
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal, or both NaN / null (a non-finite float is written as null)."""
+    return a == b or all(x is None or (isinstance(x, float) and math.isnan(x)) for x in (a, b))
 
 
 def load_results(run_dir: str | os.PathLike) -> dict[str, Any]:

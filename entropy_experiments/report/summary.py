@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from ..estimators.snis import PSIS_PRIOR_DRAWS, psis_tail_size
+from .results_schema import x_hat_dot_v_of
 
 UNITS = {"per_token": "nats/token", "per_sequence": "nats/seq"}
 UNITS_LONG = {"per_token": "nats per token", "per_sequence": "nats per sequence"}
@@ -56,20 +57,20 @@ def render_summary(results: dict[str, Any]) -> str:
     from rich.console import Console
 
     unit = UNITS.get(results.get("normalize", "per_token"), "nats")
-    bars_dot = results.get("bars_dot")
+    x_hat_dot_v = x_hat_dot_v_of(results)
     buffer = io.StringIO()
     console = Console(file=buffer, width=110, color_system=None, force_terminal=False, soft_wrap=False)
     console.print(_head_table(results, unit))
     console.print()
     entries = results.get("true") or []
     if entries:
-        console.print(_eta_table(entries, unit, bars_dot))
+        console.print(_eta_table(entries, unit, x_hat_dot_v))
         if note := _khat_note(entries):
             console.print(note, markup=False, highlight=False)
         if any(entry.get("residual") for entry in entries):
             console.print(RESIDUAL_NOTE, markup=False, highlight=False)
         console.print()
-        console.print(_fit_table(results.get("linearity") or {}, bars_dot, results.get("second_order")))
+        console.print(_fit_table(results.get("linearity") or {}, x_hat_dot_v, results.get("second_order")))
     else:
         console.print(IMPORTANCE_OFF_NOTE, markup=False, highlight=False)
     if results.get("predictors"):
@@ -92,7 +93,7 @@ def _head_table(results: dict[str, Any], unit: str) -> Any:
     """Ĥ, δH₁ ± SE, X̂·v, lr, batch counts, update and time."""
     from rich.table import Table
 
-    se, bars_dot, label = results.get("se", {}), results.get("bars_dot"), run_label(results)
+    se, x_hat_dot_v, label = results.get("se", {}), x_hat_dot_v_of(results), run_label(results)
     head = Table(title="Entropy probe" + (f": {label}" if label else ""), show_header=False, box=None,
                  title_justify="left", padding=(0, 2))
     head.add_column(style="bold")
@@ -103,7 +104,7 @@ def _head_table(results: dict[str, Any], unit: str) -> Any:
     head.add_row("normalize", str(results.get("normalize", "per_token")))
     head.add_row("δH₁ ± SE", f"{format_number(results.get('deltaH1'), '+.4g')} ± {format_number(se.get('total'), '.2g')} {unit}"
                              f"  (SE_E {format_number(se.get('E'), '.2g')}, SE_U {format_number(se.get('U'), '.2g')})")
-    head.add_row("X̂·v (bars_dot)", f"{format_number(bars_dot, '+.4g')} {unit} per unit lr")
+    head.add_row("X̂·v", f"{format_number(x_hat_dot_v, '+.4g')} {unit} per unit lr")
     head.add_row("learning rate", format_number(results.get("learning_rate"), ".3g"))
     counts = results.get("counts", {})
     if counts:
@@ -121,7 +122,7 @@ def _head_table(results: dict[str, Any], unit: str) -> Any:
     return head
 
 
-def _eta_table(entries: list[dict[str, Any]], unit: str, bars_dot: Any) -> Any:
+def _eta_table(entries: list[dict[str, Any]], unit: str, x_hat_dot_v: Any) -> Any:
     """One row per measured η: ΔH ± SE, ESS/N, k̂ (✗ above its threshold), ΔH/δH₁(η), the paired residual
     ΔH − δH₁(η) ± SE with its z and whether first order holds there (|z| < 2), zero weights."""
     from rich.table import Table
@@ -133,7 +134,7 @@ def _eta_table(entries: list[dict[str, Any]], unit: str, bars_dot: Any) -> Any:
         eta = entry.get("eta")
         khat, thr = entry.get("psis_khat"), entry.get("khat_threshold")
         flag = " ✗" if is_finite_number(khat) and is_finite_number(thr) and khat > thr else ""
-        predicted = eta * bars_dot if is_finite_number(eta) and is_finite_number(bars_dot) else None
+        predicted = eta * x_hat_dot_v if is_finite_number(eta) and is_finite_number(x_hat_dot_v) else None
         etas.add_row(format_number(eta, ".3g"),
                      f"{format_number(entry.get('deltaH_true'), '+.4g')} ± {format_number(entry.get('se'), '.2g')}",
                      format_number(entry.get("ess_frac"), ".3f"),
@@ -154,7 +155,7 @@ def _residual_cells(residual: dict[str, Any] | None) -> tuple[str, str]:
             format_number(z, "+.2f") + verdict)
 
 
-def _fit_table(lin: dict[str, Any], bars_dot: Any, second_order: dict[str, Any] | None = None) -> Any:
+def _fit_table(lin: dict[str, Any], x_hat_dot_v: Any, second_order: dict[str, Any] | None = None) -> Any:
     """The linearity fits of ΔH in η against X̂·v, and the second-order coefficient with η* when measured."""
     from rich.table import Table
 
@@ -162,13 +163,13 @@ def _fit_table(lin: dict[str, Any], bars_dot: Any, second_order: dict[str, Any] 
     fit.add_column(style="bold")
     fit.add_column()
     slope = lin.get("slope_through_origin")
-    fit.add_row("slope through origin", f"{format_number(slope, '+.4g')}  vs X̂·v {format_number(bars_dot, '+.4g')}  "
-                                        f"(ratio {format_number(_ratio(slope, bars_dot), '.3f')})")
+    fit.add_row("slope through origin", f"{format_number(slope, '+.4g')}  vs X̂·v {format_number(x_hat_dot_v, '+.4g')}  "
+                                        f"(ratio {format_number(_ratio(slope, x_hat_dot_v), '.3f')})")
     fit.add_row("log-log slope", f"{format_number(lin.get('loglog_slope'), '.3f')}  (1 in the linear regime)")
     for item in lin.get("symmetric_slopes") or []:
         s = item.get("slope")
         fit.add_row(f"symmetric slope η={format_number(item.get('eta'), '.3g')}",
-                    f"{format_number(s, '+.4g')}  (ratio {format_number(_ratio(s, bars_dot), '.3f')})")
+                    f"{format_number(s, '+.4g')}  (ratio {format_number(_ratio(s, x_hat_dot_v), '.3f')})")
     if second_order:
         fit.add_row("second order d2 = D²_v H", f"{format_number(second_order.get('d2'), '+.4g')} ± "
                                                 f"{format_number(second_order.get('se'), '.2g')} per unit η²")

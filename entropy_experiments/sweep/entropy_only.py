@@ -44,7 +44,7 @@ def _sample_E(config: ProbeConfig, policy: Policy, run_dir: RunDirectory, logger
     policy.engine.chunk_store = GenerationChunkStore(run_dir)
     E = sample_sharded(policy.engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt,
                        seed=config.seed + 1, rewards=None,
-                       reference=not config.probe_rework.use_sequence_processor_sampling, dist=SINGLE, what="E",
+                       reference=not config.sampler.batched, dist=SINGLE, what="E",
                        chat_template_kwargs=config.batch_config.chat_template_kwargs)
     run_dir.save_batch("E", E)
     GenerationChunkStore(run_dir).clear()
