@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
 # Run the probe end to end on the embedded default model and data: `scripts/demo.sh [demo args]`.
 set -euo pipefail
-# The demo needs no optional extra.
-EXTRAS=""
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
 exec entropy-probe demo "$@"

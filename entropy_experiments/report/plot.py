@@ -1,11 +1,14 @@
 """The ΔH(η) plot: measured ΔH(η) ± SE against the first-order prediction δH₁(η) = η·X̂·v and its band.
 
-matplotlib is imported when a plot is drawn, not when this module is.
+matplotlib is imported when a plot is drawn, not when this module is. It is an optional dependency
+(`pip install entropy_experiments[plots]`): without it every plot is skipped, with one warning per process.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,20 @@ from .. import io_utils
 from ..errors import output_error_on_os_error
 from .results_schema import x_hat_dot_v_of
 from .summary import IMPORTANCE_OFF_NOTE, UNITS_LONG, is_finite_number, run_label
+
+_warned_no_matplotlib = False
+
+
+def can_plot() -> bool:
+    """True when matplotlib is installed; else False, and the first call warns that plots are skipped."""
+    global _warned_no_matplotlib
+    if importlib.util.find_spec("matplotlib") is not None:
+        return True
+    if not _warned_no_matplotlib:
+        _warned_no_matplotlib = True
+        logging.getLogger("entropy_experiments").warning(
+            "matplotlib is not installed: skipping the plots (pip install 'entropy_experiments[plots]')")
+    return False
 
 
 def _eta_grid(etas: list[float]) -> np.ndarray:
@@ -31,7 +48,7 @@ def _eta_grid(etas: list[float]) -> np.ndarray:
     return np.sort(np.concatenate(parts))
 
 
-def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
+def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path | None:
     """Plot measured ΔH(η) (± SE) against the first-order prediction δH₁(η) = η·X̂·v (± its SE band).
 
     Left panel: ΔH vs η. Middle panel: ΔH/η vs η against the constant X̂·v, which shows where the
@@ -39,8 +56,10 @@ def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path:
     against ½η²·d2 (when the second-order coefficient was measured). The SE of δH₁ at the config lr is se.total, so the band at η is |η|/lr·se.total.
     x is symlog when the η values span more than a decade. Without ΔH(η) rows (`true` = [],
     importance.enabled: false) only the prediction is drawn, over η ∈ [0, lr], and the title says
-    ΔH(η) was not measured. Written atomically as PNG.
+    ΔH(η) was not measured. Written atomically as PNG. None (nothing written) without matplotlib.
     """
+    if not can_plot():
+        return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

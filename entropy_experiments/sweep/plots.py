@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-from ..report.plot import save_png
+from ..report.plot import can_plot, save_png
 
 __all__ = ["plot_calibration", "plot_trajectory"]
 
@@ -79,8 +79,10 @@ def _realised_panel(ax, doc: dict) -> None:
     ax.legend(fontsize=8)
 
 
-def plot_trajectory(doc: dict, path: str | os.PathLike) -> Path:
-    """trajectory.png from sweep.json `doc` (see the module docstring); written atomically."""
+def plot_trajectory(doc: dict, path: str | os.PathLike) -> Path | None:
+    """trajectory.png from sweep.json `doc` (see the module docstring); written atomically (None: no matplotlib)."""
+    if not can_plot():
+        return None
     fig, (ax, ax_real) = _figure(2)
     _trajectory_panel(ax, doc)
     _realised_panel(ax_real, doc)
@@ -127,8 +129,11 @@ def _scatter(ax, pairs: dict[str, list[tuple[float, float, float | None]]], titl
     ax.legend(fontsize=8)
 
 
-def plot_calibration(doc: dict, path: str | os.PathLike) -> Path:
-    """calibration.png from sweep.json `doc`: predicted vs measured with the 1:1 line, one colour per predictor."""
+def plot_calibration(doc: dict, path: str | os.PathLike) -> Path | None:
+    """calibration.png from sweep.json `doc`: predicted vs measured with the 1:1 line, one colour per predictor
+    (None: no matplotlib)."""
+    if not can_plot():
+        return None
     names = list(doc["calibration"])
     own = {n: [(r["predictors"][n]["delta_h1"], r["deltaH_true"]["scaled"], r["deltaH_true"]["se_scaled"])
                for r in doc["rows"] if n in r["predictors"] and r["deltaH_true"]

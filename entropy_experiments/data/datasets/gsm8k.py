@@ -40,10 +40,11 @@ def _hub_records(split: str) -> Iterator[tuple[int, dict[str, Any]]]:
     if _env_flag("HF_HUB_OFFLINE") or _env_flag("HF_DATASETS_OFFLINE"):
         raise DataError(f"{NAME}: GSM8K cannot be downloaded (HF_HUB_OFFLINE is set): {_OFFLINE_HINT}")
     try:
-        import datasets  # a core dependency, imported only here (~1 s)
+        import datasets  # an optional dependency (extra `hf`), imported only here (~1 s)
     except ImportError:
         raise DataError(
-            f"{NAME}: the optional package 'datasets' is not installed: {_OFFLINE_HINT}"
+            f"{NAME}: the optional package 'datasets' is not installed (pip install "
+            f"'entropy_experiments[hf]'): {_OFFLINE_HINT}"
         ) from None
     try:
         splits = datasets.load_dataset(HUB_ID, "main")

@@ -28,8 +28,18 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+def _datasets() -> Any:
+    """The `datasets` module (~1 s to import, so only when this data set is used); DataError without it."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"data set '{NAME}' needs the optional package 'datasets': "
+                        "pip install 'entropy_experiments[hf]'") from None
+    return datasets
+
+
 def _from_disk(path: Path, split: str) -> Any:
-    import datasets  # a core dependency, imported only when this data set is used (~1 s)
+    datasets = _datasets()
 
     try:
         loaded = datasets.load_from_disk(str(path))
@@ -44,7 +54,7 @@ def _from_disk(path: Path, split: str) -> Any:
 
 
 def _from_file(path: Path, split: str) -> Any:
-    import datasets
+    datasets = _datasets()
 
     builder = FILE_BUILDERS.get(path.suffix.lower())
     if builder is None:
@@ -59,7 +69,7 @@ def _from_file(path: Path, split: str) -> Any:
 
 
 def _from_hub(name: str, split: str) -> Any:
-    import datasets
+    datasets = _datasets()
 
     try:
         return datasets.load_dataset(name, split=split)
