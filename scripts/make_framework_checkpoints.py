@@ -118,7 +118,7 @@ def deepspeed_rank(rank: int, out: Path) -> None:
               "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": LR,
                                                            "warmup_num_steps": WARMUP, "warmup_type": "linear"}}}
     trainable = [p for p in model.parameters() if p.requires_grad]
-    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, model_parameters=trainable, config=config)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=trainable, config=config)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     reference = {}
     for step in range(1, STEPS + 2):

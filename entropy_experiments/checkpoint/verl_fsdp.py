@@ -67,7 +67,7 @@ def is_verl_actor_dir(path: Path) -> bool:
 
 def _load(path: Path) -> Any:
     """torch.load(weights_only=True) of one rank file, with one-line errors."""
-    import torch.distributed.tensor  # noqa: F401  (weights_only unpickling of DTensors needs it imported)
+    import torch.distributed.tensor
 
     if not path.is_file():
         raise CheckpointError(f"verl checkpoint file missing: {path}")
@@ -172,7 +172,7 @@ def _scheduler_lr(actor: Path, world: int, sources: dict[str, str]) -> float | N
         with torch.serialization.safe_globals(_numpy_rng_globals()):
             extra = torch.load(path, map_location="cpu", weights_only=True)
         last = extra["lr_scheduler"]["_last_lr"]
-    except Exception as exc:  # absent, RNG objects not allowed, no scheduler saved
+    except (OSError, RuntimeError, pickle.UnpicklingError, KeyError, TypeError) as exc:  # absent, unsafe, no scheduler
         sources["learning_rate"] = f"the optimizer's param groups ({path.name} unreadable: {first_line(exc)})"
         return None
     values = sorted({float(v) for v in last})
