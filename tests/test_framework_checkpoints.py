@@ -122,3 +122,13 @@ def test_sweep_finds_the_verl_global_steps():
     found = find_checkpoints(VERL)
     assert [(c.name, c.step, c.files.layout) for c in found] == [("global_step_1", 1, "verl_fsdp"),
                                                                   ("global_step_2", 2, "verl_fsdp")]
+
+
+def test_deepspeed_state_stays_refused_naming_the_universal_converter(tmp_path):
+    """DeepSpeed 0.19.8's own save could not be run on this CPU (see docs/checkpoints-verl-deepspeed.md), so no
+    DeepSpeed layout is read: the refusal names the command that writes per-parameter moments."""
+    step = tmp_path / "global_step2"
+    step.mkdir()
+    (step / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"a DeepSpeed checkpoint .* deepspeed\.checkpoint\.ds_to_universal"):
+        resolve_checkpoint(str(tmp_path), None, None)

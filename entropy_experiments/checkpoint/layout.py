@@ -148,11 +148,21 @@ def _sharded_optimizer_file(folders: list[Path]) -> tuple[str, Path] | None:
     return None
 
 
+_CONSOLIDATE = {
+    "verl": ("the probe reads verl FSDP2 actors directly (fsdp_config.json beside the shards, strategy fsdp2); "
+             "for this one `python -m verl.model_merger merge --backend fsdp --local_dir <actor> --target_dir "
+             "<out>` gives the adapter but no AdamW moments"),
+    "DeepSpeed": ("`python -m deepspeed.checkpoint.ds_to_universal --input_folder <global_stepN> --output_folder "
+                  "<out>` writes per-parameter zero/<name>/exp_avg.pt, exp_avg_sq.pt (zero_to_fp32.py drops them)"),
+}
+
+
 def _refuse_sharded(kind: str, file: Path) -> CheckpointError:
     what = "FSDP-sharded" if kind == "verl" else "DeepSpeed"
     return CheckpointError(
         f"{file}: a {kind} checkpoint — its {what} optimizer state is not loadable without consolidation; "
-        f"consolidate it into one torch optimizer state_dict and set checkpoint.optimizer_path")
+        f"consolidate it into one torch optimizer state_dict (name → exp_avg, exp_avg_sq, step) and set "
+        f"checkpoint.optimizer_path: {_CONSOLIDATE[kind]}")
 
 
 def _refuse_named_shard(path: Path) -> None:
