@@ -10,11 +10,14 @@
 * ``adapter_with_parent_optimizer``: the adapter directory itself with optimizer.pt in its parent
   (the seeds' `step_N/model` + `step_N/optimizer.pt`);
 * ``adapter_only``: an adapter directory with no optimizer.pt beside it or in its parent;
+* ``verl_fsdp``: a verl FSDP2 actor, `global_step_N/actor/` (or `global_step_N/`): the ranks' model and
+  optimizer shards, `fsdp_config.json`, `lora_train_meta.json`; `adapter_dir` and `optimizer_path` are then
+  that directory, read by verl_fsdp.py when loaded;
 * ``explicit``: no checkpoint_path, or both `checkpoint.adapter_path` and `checkpoint.optimizer_path`
   given. Explicit paths always win over what a layout would give.
 
-verl (FSDP-sharded `optim_world_size_W_rank_R.pt`) and DeepSpeed (`*optim_states.pt`, `latest`)
-optimizer states are refused with one line naming the file: they need consolidation first.
+Other verl shards (FSDP1, or files without fsdp_config.json) and DeepSpeed (`*optim_states.pt`, `latest`)
+optimizer states are refused with one line naming the file and the consolidation command.
 
 Everything here only looks at files; nothing is loaded.
 """
@@ -27,14 +30,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, ConfigError
+from .verl_fsdp import is_verl_actor_dir
 
 if TYPE_CHECKING:
     from .base_model import BaseModelChoice
     from .learning_rate import LearningRate
 
-__all__ = ["ADAPTER_CONFIG_FILE", "ADAPTER_SUBDIR", "CHECKPOINT_META_FILE", "OPTIMIZER_FILE", "PARAM_NAMES_FILE",
-           "SCHEDULER_FILE", "TRAINER_STATE_FILE", "CheckpointFiles", "adapter_dir_of", "checkpoint_info",
-           "log_checkpoint_files", "resolve_checkpoint"]
+__all__ = [
+    "ADAPTER_CONFIG_FILE",
+    "ADAPTER_SUBDIR",
+    "CHECKPOINT_META_FILE",
+    "FRAMEWORK_LAYOUTS",
+    "OPTIMIZER_FILE",
+    "PARAM_NAMES_FILE",
+    "SCHEDULER_FILE",
+    "TRAINER_STATE_FILE",
+    "VERL_FSDP_LAYOUT",
+    "CheckpointFiles",
+    "adapter_dir_of",
+    "checkpoint_info",
+    "log_checkpoint_files",
+    "resolve_checkpoint",
+]
 
 OPTIMIZER_FILE = "optimizer.pt"
 PARAM_NAMES_FILE = "optimizer_param_names.json"
@@ -44,6 +61,9 @@ ADAPTER_CONFIG_FILE = "adapter_config.json"
 SCHEDULER_FILE = "scheduler.pt"
 TRAINER_STATE_FILE = "trainer_state.json"
 
+VERL_FSDP_LAYOUT = "verl_fsdp"
+FRAMEWORK_LAYOUTS = (VERL_FSDP_LAYOUT,)  # read shard by shard and consolidated in memory when loaded
+
 _VERL_SHARD_GLOB = "optim_world_size_*_rank_*.pt"
 _DEEPSPEED_GLOB = "*optim_states.pt"
 
@@ -52,7 +72,7 @@ _DEEPSPEED_GLOB = "*optim_states.pt"
 class CheckpointFiles:
     """The files one checkpoint is made of, and where each came from (`sources`: what -> where from)."""
 
-    layout: str  # own | trainer | adapter_with_parent_optimizer | adapter_only | explicit
+    layout: str  # own | trainer | adapter_with_parent_optimizer | adapter_only | explicit | verl_fsdp
     adapter_dir: Path
     optimizer_path: Path | None  # None: no optimizer state anywhere the layout looks
     param_names_path: Path | None = None  # optimizer_param_names.json beside the optimizer state
@@ -86,8 +106,19 @@ def adapter_dir_of(adapter_path: str | Path) -> Path:
     raise CheckpointError(f"{path} is not a PEFT adapter (no adapter_config.json)")
 
 
+def _framework_dir(root: Path) -> Path | None:
+    """The verl FSDP actor directory at or under `root` (`global_step_N/` or `global_step_N/actor/`)."""
+    for candidate in (root, root / "actor"):
+        if is_verl_actor_dir(candidate):
+            return candidate
+    return None
+
+
 def _detect_layout(root: Path) -> tuple[str | None, Path | None, Path | None]:
     """(layout, adapter_dir, directory of the optimizer state) recognised in checkpoint_path `root`."""
+    framework = _framework_dir(root)
+    if framework is not None:
+        return VERL_FSDP_LAYOUT, framework, framework
     if (root / ADAPTER_CONFIG_FILE).is_file():
         if (root / OPTIMIZER_FILE).is_file() or (root / TRAINER_STATE_FILE).is_file():
             return "trainer", root, root
@@ -117,11 +148,21 @@ def _sharded_optimizer_file(folders: list[Path]) -> tuple[str, Path] | None:
     return None
 
 
+_CONSOLIDATE = {
+    "verl": ("the probe reads verl FSDP2 actors directly (fsdp_config.json beside the shards, strategy fsdp2); "
+             "for this one `python -m verl.model_merger merge --backend fsdp --local_dir <actor> --target_dir "
+             "<out>` gives the adapter but no AdamW moments"),
+    "DeepSpeed": ("`python -m deepspeed.checkpoint.ds_to_universal --input_folder <global_stepN> --output_folder "
+                  "<out>` writes per-parameter zero/<name>/exp_avg.pt, exp_avg_sq.pt (zero_to_fp32.py drops them)"),
+}
+
+
 def _refuse_sharded(kind: str, file: Path) -> CheckpointError:
     what = "FSDP-sharded" if kind == "verl" else "DeepSpeed"
     return CheckpointError(
         f"{file}: a {kind} checkpoint — its {what} optimizer state is not loadable without consolidation; "
-        f"consolidate it into one torch optimizer state_dict and set checkpoint.optimizer_path")
+        f"consolidate it into one torch optimizer state_dict (name → exp_avg, exp_avg_sq, step) and set "
+        f"checkpoint.optimizer_path: {_CONSOLIDATE[kind]}")
 
 
 def _refuse_named_shard(path: Path) -> None:
@@ -158,6 +199,8 @@ def _optimizer_from_layout(root: Path, layout: str, opt_dir: Path | None) -> tup
         if found is not None:
             raise _refuse_sharded(*found)
         return None, f"looked for {root / OPTIMIZER_FILE} and {root.parent / OPTIMIZER_FILE}"
+    if layout in FRAMEWORK_LAYOUTS:
+        return opt_dir, f"checkpoint_path ({layout} layout: the ranks' shards, consolidated when loaded)"
     candidate = (opt_dir or root) / OPTIMIZER_FILE
     if candidate.is_file():
         where = "parent of checkpoint_path" if candidate.parent != root else "checkpoint_path"
@@ -197,7 +240,7 @@ def _with_side_files(layout: str, adapter_dir: Path, optimizer: Path | None,
                      sources: dict[str, str]) -> CheckpointFiles:
     """Add optimizer_param_names.json, scheduler.pt and trainer_state.json found beside the optimizer."""
     side: dict[str, Path | None] = {"param_names": None, "scheduler": None, "trainer_state": None}
-    if optimizer is not None:
+    if optimizer is not None and layout not in FRAMEWORK_LAYOUTS:
         for key, name in (("param_names", PARAM_NAMES_FILE), ("scheduler", SCHEDULER_FILE),
                           ("trainer_state", TRAINER_STATE_FILE)):
             candidate = optimizer.with_name(name)

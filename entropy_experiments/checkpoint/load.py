@@ -10,6 +10,7 @@ returned, not logged away, so that the caller keeps them for results.json.
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,21 @@ from torch import nn
 from ..errors import CheckpointError, OptimizerStateError
 from .adapter import load_peft_for_probe
 from .base_model import BaseModelChoice, resolve_base_model_id
-from .layout import CheckpointFiles, checkpoint_info, log_checkpoint_files, resolve_checkpoint
+from .framework import framework_tokenizer_dir, read_framework_checkpoint, write_peft_adapter
+from .layout import (
+    ADAPTER_CONFIG_FILE,
+    FRAMEWORK_LAYOUTS,
+    CheckpointFiles,
+    checkpoint_info,
+    log_checkpoint_files,
+    resolve_checkpoint,
+)
 from .learning_rate import LearningRate, resolve_learning_rate, schedule_hint
-from .optimizer_state import fresh_adam_optimizer, load_adam_optimizer_from_path
+from .optimizer_state import (
+    fresh_adam_optimizer,
+    load_adam_optimizer_from_path,
+    load_adam_optimizer_from_state,
+)
 from .runtime_precision import to_runtime_precision
 from .tokenizer_source import choose_tokenizer, load_chosen_tokenizer, tokenizer_info
 
@@ -45,7 +58,13 @@ def locate_checkpoint(ck: Any, logger: logging.Logger = log) -> tuple[Checkpoint
     """The files of the config's `checkpoint` section `ck` (logged) and the base model to load under them."""
     files = resolve_checkpoint(ck.checkpoint_path, ck.adapter_path, ck.optimizer_path)
     log_checkpoint_files(files, logger)
-    base = resolve_base_model_id(ck.base_model, files.adapter_dir)
+    if files.layout in FRAMEWORK_LAYOUTS and not (files.adapter_dir / ADAPTER_CONFIG_FILE).is_file():
+        if ck.base_model is None:
+            raise CheckpointError(f"{files.adapter_dir}: a {files.layout} checkpoint does not name its base model; "
+                                  "set checkpoint.base_model")
+        base = resolve_base_model_id(ck.base_model, None)
+    else:
+        base = resolve_base_model_id(ck.base_model, files.adapter_dir)
     logger.info("base model: %s (from %s)", base.name, base.source)
     return files, base
 
@@ -55,6 +74,9 @@ def load_for_probe(ck: Any, files: CheckpointFiles, base: BaseModelChoice, confi
                    logger: logging.Logger = log) -> LoadedCheckpoint:
     """Load what `locate_checkpoint` found; `config_lr` is the config's learning_rate (None: the optimizer's
     saved lr); `device_map` replaces ck.device_map (one GPU per rank). The warnings are returned, not logged."""
+    if files.layout in FRAMEWORK_LAYOUTS:
+        return _load_framework_checkpoint(ck, files, base, config_lr, device_map=device_map,
+                                         runtime_dtype=runtime_dtype, logger=logger)
     model, tokenizer = load_policy(ck, str(files.adapter_dir), base, device_map or ck.device_map, runtime_dtype)
     optimizer, lr, fresh_warning = load_optimizer(ck, model, files, config_lr, logger)
     info = checkpoint_info(files, base, lr)
@@ -64,13 +86,14 @@ def load_for_probe(ck: Any, files: CheckpointFiles, base: BaseModelChoice, confi
 
 
 def load_policy(ck: Any, adapter_dir: str, base: BaseModelChoice, device_map: str | None,
-                runtime_dtype: str = "fp32") -> tuple[nn.Module, Any]:
+                runtime_dtype: str = "fp32", tokenizer_dir: Path | None = None) -> tuple[nn.Module, Any]:
     """Base model + LoRA adapter (trainable, active) at `runtime_dtype` (fp32: all upcast; bf16: base bf16,
-    adapter fp32 — checkpoint/runtime_precision.py), eval mode (MATH.md §7), and the tokenizer."""
+    adapter fp32 — checkpoint/runtime_precision.py), eval mode (MATH.md §7), and the tokenizer (from
+    `tokenizer_dir`, default the adapter directory, when it holds one; else the base model's)."""
     try:
         model = load_peft_for_probe(base.name, adapter_dir, use_qlora=ck.use_qlora, dtype=ck.dtype,
                                     device_map=device_map, trust_remote_code=ck.trust_remote_code)
-        choice = choose_tokenizer(Path(adapter_dir), base)
+        choice = choose_tokenizer(tokenizer_dir or Path(adapter_dir), base)
         tokenizer = load_chosen_tokenizer(choice, trust_remote_code=ck.trust_remote_code)
     except CheckpointError as exc:
         if base.source == "checkpoint.base_model" or f"base model {base.name!r}" not in str(exc):
@@ -110,3 +133,34 @@ def load_optimizer(ck: Any, model: nn.Module, files: CheckpointFiles, config_lr:
     logger.info("learning rate %.6g from %s%s", lr.value, lr.source,
                 "" if lr.initial_lr is None else f" (saved initial_lr {lr.initial_lr})")
     return optimizer, lr, fresh_warning
+
+
+def _load_framework_checkpoint(ck: Any, files: CheckpointFiles, base: BaseModelChoice, config_lr: float | None, *,
+                               device_map: str | None, runtime_dtype: str,
+                               logger: logging.Logger) -> LoadedCheckpoint:
+    """`load_for_probe` of a framework layout: its shards consolidated in memory (framework.py), the adapter
+    written to a scratch directory and loaded like any other, the AdamW state mapped by name; the lr is the
+    config's, else the scheduler's (the next step's), else the saved param groups'."""
+    consolidated = read_framework_checkpoint(files)
+    for what, where in consolidated.sources.items():
+        logger.info("checkpoint %s: %s — from %s", what, files.optimizer_path, where)
+    with tempfile.TemporaryDirectory(prefix="probe-adapter-") as scratch:
+        adapter_dir = files.adapter_dir
+        if not (adapter_dir / ADAPTER_CONFIG_FILE).is_file():
+            adapter_dir = write_peft_adapter(consolidated, base.name, Path(scratch))
+        model, tokenizer = load_policy(ck, str(adapter_dir), base, device_map or ck.device_map, runtime_dtype,
+                                       tokenizer_dir=framework_tokenizer_dir(files))
+    path = files.optimizer_path or files.adapter_dir
+    optimizer = load_adam_optimizer_from_state(model, consolidated.optimizer_state, path, lr=config_lr)
+    if config_lr is None and consolidated.lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = consolidated.lr
+    lr = resolve_learning_rate(config_lr, optimizer.param_groups)
+    if config_lr is None and consolidated.lr is not None:
+        lr = LearningRate(lr.value, consolidated.sources["learning_rate"], lr.initial_lr)
+    logger.info("learning rate %.6g from %s", lr.value, lr.source)
+    info = checkpoint_info(files, base, lr)
+    info["sources"].update(consolidated.sources)
+    choice = choose_tokenizer(framework_tokenizer_dir(files), base)
+    info["tokenizer"] = tokenizer_info(choice, tokenizer)
+    return LoadedCheckpoint(model, tokenizer, optimizer, lr, files, info, [])

@@ -24,7 +24,8 @@ from .layout import PARAM_NAMES_FILE
 from .messages import first_line
 from .optimizer_mapping import TRAINER_ORDER, map_by_name, map_by_position, saved_group_names
 
-__all__ = ["fresh_adam_optimizer", "load_adam_optimizer_from_path", "trainable_named_parameters"]
+__all__ = ["fresh_adam_optimizer", "load_adam_optimizer_from_path", "load_adam_optimizer_from_state",
+           "trainable_named_parameters"]
 
 logger = logging.getLogger(__name__)
 
@@ -243,9 +244,28 @@ def load_adam_optimizer_from_path(
         back to a fresh optimizer).
     """
     path = Path(optimizer_path).expanduser()
-    saved = read_optimizer_file(path)
-    named = _trainable_or_raise(model, OptimizerStateError, f"loading {path}")
     names_path = Path(param_names_path) if param_names_path is not None else path.with_name(PARAM_NAMES_FILE)
+    return load_adam_optimizer_from_state(model, read_optimizer_file(path), path, lr=lr, weight_decay=weight_decay,
+                                          betas=betas, eps=eps, param_names_path=names_path,
+                                          position_order=position_order)
+
+
+def load_adam_optimizer_from_state(
+    model: torch.nn.Module,
+    saved: dict[str, Any],
+    path: Path,
+    *,
+    lr: float | None = None,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    param_names_path: Path | None = None,
+    position_order: str = "model",
+) -> torch.optim.AdamW:
+    """`load_adam_optimizer_from_path` for a state_dict already in memory (a framework checkpoint consolidated
+    by checkpoint/verl_fsdp.py or deepspeed_zero.py); `path` names where it came from in every message."""
+    named = _trainable_or_raise(model, OptimizerStateError, f"loading {path}")
+    names_path = param_names_path if param_names_path is not None else path.with_name(PARAM_NAMES_FILE)
     positions, labels = _saved_positions(model, named, saved, path, names_path, position_order)
 
     saved_ids = [key for group in saved["param_groups"] for key in group["params"]]

@@ -3,6 +3,7 @@
 Recognised subdirectories of `--checkpoints DIR` (one level down):
 
 * `checkpoint-N/`: a Hugging Face Trainer / TRL checkpoint (adapter files, optimizer.pt, trainer_state.json);
+* `global_step_N/` (also `global_stepN/`): verl's, with the FSDP2 actor in `actor/` (checkpoint/verl_fsdp.py);
 * `step_N/` (also `step-N/`): the seeds' layout (`step_N/model/` + `step_N/optimizer.pt`) and this
   project's (`entropy-probe make-checkpoint --save-every K`, `save_checkpoint`).
 
@@ -25,6 +26,7 @@ from ..checkpoint.layout import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_SUBDIR,
     CHECKPOINT_META_FILE,
+    FRAMEWORK_LAYOUTS,
     TRAINER_STATE_FILE,
     CheckpointFiles,
     resolve_checkpoint,
@@ -35,7 +37,7 @@ __all__ = ["SweepCheckpoint", "find_checkpoints", "select_every"]
 
 log = logging.getLogger("entropy_experiments.sweep")
 
-CHECKPOINT_NAME = re.compile(r"^(?:checkpoint-|step[_-])(\d+)$")
+CHECKPOINT_NAME = re.compile(r"^(?:checkpoint-|step[_-]|global_step_?)(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ def checkpoint_step(path: Path, name_step: int) -> tuple[int, str]:
 
 def _checkpoint_files(path: Path, allow_fresh_optimizer: bool) -> CheckpointFiles:
     """The checkpoint's files (layout.py); an adapter or an optimizer state missing is one line naming `path`."""
+    framework = resolve_checkpoint(str(path), None, None) if (path / "actor").is_dir() else None
+    if framework is not None and framework.layout in FRAMEWORK_LAYOUTS:
+        return framework  # verl's global_step_N/actor/ (checkpoint/verl_fsdp.py)
     if not ((path / ADAPTER_CONFIG_FILE).is_file() or (path / ADAPTER_SUBDIR / ADAPTER_CONFIG_FILE).is_file()):
         raise CheckpointError(f"unreadable checkpoint {path}: no {ADAPTER_CONFIG_FILE} in it or in its "
                               f"{ADAPTER_SUBDIR}/ subdirectory")
