@@ -19,7 +19,7 @@ from ..errors import ProbeError
 from ..report.plot import plot_delta_h
 from ..report.results_schema import validate_results_schema
 from ..report.run_dir import GenerationChunkStore, RunDirectory
-from ..report.summary import print_summary
+from ..report.summary import objective_lines, print_summary
 from ..test_hooks import hold_for_kill_test
 from . import recipe as probe
 from .parallel import DistContext, init_from_env
@@ -170,6 +170,7 @@ def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, ba
             hold_for_kill_test("batches_saved")
 
     sampling_warnings = list(run_dir.load_partial("sampling_warnings") or []) if batches is not None else []
+    logger.info("objective (v is its next AdamW step): %s; %s", *objective_lines(config.objective_options().to_dict()))
     return probe.run(config, dist=dist, batches=batches, on_batches=save_batches,
                      chunk_store=chunks if config.output.save_batches else None,
                      sampling_warnings=sampling_warnings, logger=logger, policy=policy, notes=notes)

@@ -115,10 +115,28 @@ def _head_table(results: dict[str, Any], unit: str) -> Any:
     if update:
         head.add_row("update", f"{update.get('direction')}: ‖v‖ {format_number(update.get('norm'), '.4g')}, "
                                f"‖g‖ {format_number(update.get('grad_norm'), '.4g')}, clipped {update.get('clipped')}")
+        if objective := objective_lines(update.get("objective")):
+            head.add_row("objective", objective[0])
+            head.add_row("objective terms", objective[1])
     total_time = results.get("timing", {}).get("total")
     if is_finite_number(total_time):
         head.add_row("time", f"{total_time:.1f} s")
     return head
+
+
+def objective_lines(objective: dict[str, Any] | None) -> tuple[str, str] | None:
+    """The resolved trainer objective v is the step of (results.json update.objective): (loss and advantages,
+    the other terms and constants)."""
+    if not objective:
+        return None
+    o, scaling = objective, objective.get("scale_rewards")
+    eps = f" (ε {format_number(o.get('advantage_eps'), 'g')})" if scaling not in (None, "none") else ""
+    kl = f" ({o.get('kl_estimator')})" if is_finite_number(o.get("kl_coef")) and o["kl_coef"] != 0 else ""
+    trainer = f" (trainer {o['trainer']})" if o.get("trainer") else ""
+    terms = (f"β {format_number(o.get('kl_coef'), 'g')}{kl}, entropy_coef {format_number(o.get('entropy_coef'), 'g')}, "
+             f"max_grad_norm {format_number(o.get('max_grad_norm'), 'g')}, max_completion_length "
+             f"{o.get('max_completion_length')}, micro_batches {o.get('micro_batches')}")
+    return f"{o.get('loss_type')}{trainer}, advantages {scaling}{eps}", terms
 
 
 def _eta_table(entries: list[dict[str, Any]], unit: str, bars_dot: Any) -> Any:

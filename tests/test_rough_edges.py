@@ -1,0 +1,46 @@
+"""Rough edges a TRL user met in `entropy-probe run` / `sweep`, one test (or a few) per edge."""
+
+from __future__ import annotations
+
+import torch
+
+from entropy_experiments.config import config_from_dict
+from entropy_experiments.estimators import objectives
+from entropy_experiments.report.summary import render_summary
+from tests.report_helpers import fake_results
+
+# ---- a. the resolved objective: printed, and TRL's max_completion_length follows the generation length -----------
+
+def test_trl_max_completion_length_follows_max_new_tokens():
+    """trainer trl, max_completion_length unset: L_const = generation.max_new_tokens (TRL generates that many)."""
+    for loss_type in (None, "dr_grpo"):
+        config = config_from_dict({"objective": {"trainer": "trl", "loss_type": loss_type},
+                                   "generation": {"max_new_tokens": 24}})
+        assert config.objective_options().max_completion_length == 24
+    explicit = config_from_dict({"objective": {"trainer": "trl", "max_completion_length": 30},
+                                 "generation": {"max_new_tokens": 24}})
+    assert explicit.objective_options().max_completion_length == 30
+    # no trainer, a loss that does not read it: left unset, as before
+    assert config_from_dict({"objective": {"loss_type": "grpo"}}).objective_options().max_completion_length is None
+
+
+def test_trl_dr_grpo_normaliser_uses_the_generation_length():
+    """dr_grpo's weight is 1/(B·G·L_const): with L_const from max_new_tokens (24), not TRL's 512."""
+    config = config_from_dict({"objective": {"trainer": "trl", "loss_type": "dr_grpo"},
+                               "generation": {"max_new_tokens": 24}})
+    lengths = torch.tensor([[3, 24], [7, 11]])
+    w = objectives.token_weights(lengths, config.objective_options())
+    assert torch.equal(w, torch.full((2, 2), 1.0 / (4 * 24), dtype=torch.float64))
+    assert not any("max_completion_length" in m for m in config.objective_warnings("trainer"))
+
+
+def test_summary_prints_the_resolved_objective():
+    options = config_from_dict({"objective": {"trainer": "trl", "loss_type": "dr_grpo", "kl_coef": 0.04},
+                                "generation": {"max_new_tokens": 24}}).objective_options()
+    results = fake_results()
+    results["update"]["objective"] = options.to_dict()
+    text = render_summary(results)
+    line = " ".join(line for line in text.splitlines() if line.strip().startswith("objective"))
+    for part in ("dr_grpo (trainer trl)", "advantages group (ε 0.0001)", "β 0.04 (k3)", "entropy_coef 0",
+                 "max_grad_norm 1", "max_completion_length 24", "micro_batches 1"):
+        assert part in line, (part, line)
