@@ -44,3 +44,23 @@ def test_summary_prints_the_resolved_objective():
     for part in ("dr_grpo (trainer trl)", "advantages group (ε 0.0001)", "β 0.04 (k3)", "entropy_coef 0",
                  "max_grad_norm 1", "max_completion_length 24", "micro_batches 1"):
         assert part in line, (part, line)
+
+
+# ---- b. every ratio in the summary reads measured / predicted -------------------------------------------------
+
+def test_summary_ratios_all_read_measured_over_predicted():
+    """The η table's ΔH/δH₁(η) and the predictors table show the same pair the same way (not 0.711 and 1.406)."""
+    results = fake_results()
+    lr, row = results["learning_rate"], next(e for e in results["true"] if e["eta"] == 1e-6)
+    measured = row["deltaH_true"] * lr / row["eta"]  # ΔH at the smallest positive η, scaled to the lr
+    predicted = results["deltaH1"]
+    results["predictors"] = {"adamw_step": {"delta_h1": predicted, "se": 2.5e-5, "se_E": 1.5e-5, "se_U": 2e-5,
+                                            "ratio_to_measured": predicted / measured}}
+    text = render_summary(results)
+    assert f"{measured / predicted:.3f}" == "1.010"
+    eta_row = next(line for line in text.splitlines() if line.startswith("│  1e-06"))
+    pred_row = next(line for line in text.splitlines() if line.strip().startswith("adamw_step"))
+    assert "1.010" in eta_row and "1.010" in pred_row and f"{predicted / measured:.3f}" not in pred_row
+    header = [line for line in text.splitlines() if line.startswith("┃")]
+    assert any("ΔH/δH₁(η)" in line for line in header) and any("measured/predicted" in line for line in header)
+    assert "ratio " not in text  # no unlabelled ratio left

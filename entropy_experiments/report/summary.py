@@ -44,6 +44,7 @@ def run_label(results: dict[str, Any]) -> str | None:
 
 RESIDUAL_NOTE = ("ΔH − δH₁(η): measured minus first-order prediction on the same E, with its paired SE; "
                  "first order holds at η where |z| < 2")
+MEASURED_OVER_PREDICTED = "ΔH/δH₁(η) measured/predicted"
 IMPORTANCE_OFF_NOTE = "ΔH(η) not measured (importance.enabled: false)"
 
 
@@ -140,12 +141,13 @@ def objective_lines(objective: dict[str, Any] | None) -> tuple[str, str] | None:
 
 
 def _eta_table(entries: list[dict[str, Any]], unit: str, bars_dot: Any) -> Any:
-    """One row per measured η: ΔH ± SE, ESS/N, k̂ (✗ above its threshold), ΔH/δH₁(η), the paired residual
+    """One row per measured η: ΔH ± SE, ESS/N, k̂ (✗ above its threshold), measured/predicted ΔH/δH₁(η), the paired residual
     ΔH − δH₁(η) ± SE with its z and whether first order holds there (|z| < 2), zero weights."""
     from rich.table import Table
 
     etas = Table(title="Measured ΔH(η) by SNIS on E", title_justify="left")
-    for col in ("η", f"ΔH ± SE ({unit})", "ESS/N", "k̂", "ΔH/δH₁(η)", "ΔH − δH₁(η) ± paired SE", "z", "zero-w"):
+    for col in ("η", f"ΔH ± SE ({unit})", "ESS/N", "k̂", MEASURED_OVER_PREDICTED, "ΔH − δH₁(η) ± paired SE", "z",
+                "zero-w"):
         etas.add_column(col, justify="right")
     for entry in entries:
         eta = entry.get("eta")
@@ -181,12 +183,12 @@ def _fit_table(lin: dict[str, Any], bars_dot: Any, second_order: dict[str, Any] 
     fit.add_column()
     slope = lin.get("slope_through_origin")
     fit.add_row("slope through origin", f"{format_number(slope, '+.4g')}  vs X̂·v {format_number(bars_dot, '+.4g')}  "
-                                        f"(ratio {format_number(_ratio(slope, bars_dot), '.3f')})")
+                                        f"(measured/predicted {format_number(_ratio(slope, bars_dot), '.3f')})")
     fit.add_row("log-log slope", f"{format_number(lin.get('loglog_slope'), '.3f')}  (1 in the linear regime)")
     for item in lin.get("symmetric_slopes") or []:
         s = item.get("slope")
         fit.add_row(f"symmetric slope η={format_number(item.get('eta'), '.3g')}",
-                    f"{format_number(s, '+.4g')}  (ratio {format_number(_ratio(s, bars_dot), '.3f')})")
+                    f"{format_number(s, '+.4g')}  (measured/predicted {format_number(_ratio(s, bars_dot), '.3f')})")
     if second_order:
         fit.add_row("second order d2 = D²_v H", f"{format_number(second_order.get('d2'), '+.4g')} ± "
                                                 f"{format_number(second_order.get('se'), '.2g')} per unit η²")
@@ -203,19 +205,21 @@ PREDICTOR_MEANINGS = {
 
 
 def _predictors_table(predictors: dict[str, dict[str, Any]], entries: list[dict[str, Any]], unit: str) -> Any:
-    """Competing predictors of the same step: prediction ± SE (SE_E, SE_U) and its ratio to the measured ΔH."""
+    """Competing predictors of the same step: prediction ± SE (SE_E, SE_U) and measured/predicted, the measured ΔH
+    over the prediction (1 / results.json's ratio_to_measured), read the same way as the η table's column."""
     from rich.table import Table
 
     positive = [e["eta"] for e in entries if is_finite_number(e.get("eta")) and e["eta"] > 0]
     against = f"ΔH(η={min(positive):.3g})·lr/η" if positive else "ΔH (not measured)"
-    table = Table(title=f"Competing predictors of the same step ({unit}; ratio to {against})",
+    table = Table(title=f"Competing predictors of the same step ({unit}; measured = {against})",
                   title_justify="left", box=None, padding=(0, 2))
-    for column in ("predictor", "predicted ΔH", "± SE", "SE_E / SE_U", "ratio", "what it assumes"):
+    for column in ("predictor", "predicted ΔH", "± SE", "SE_E / SE_U", "measured/predicted", "what it assumes"):
         table.add_column(column, justify="left" if column in ("predictor", "what it assumes") else "right")
     for name, entry in predictors.items():
         table.add_row(name, format_number(entry.get("delta_h1"), "+.4g"), format_number(entry.get("se"), ".2g"),
                       f"{format_number(entry.get('se_E'), '.2g')} / {format_number(entry.get('se_U'), '.2g')}",
-                      format_number(entry.get("ratio_to_measured"), ".3f"), PREDICTOR_MEANINGS.get(name, ""))
+                      format_number(_ratio(1.0, entry.get("ratio_to_measured")), ".3f"),
+                      PREDICTOR_MEANINGS.get(name, ""))
     return table
 
 
