@@ -64,3 +64,46 @@ def test_summary_ratios_all_read_measured_over_predicted():
     header = [line for line in text.splitlines() if line.startswith("┃")]
     assert any("ΔH/δH₁(η)" in line for line in header) and any("measured/predicted" in line for line in header)
     assert "ratio " not in text  # no unlabelled ratio left
+
+
+# ---- c. a module:function reward that is not on the import path: the message says what to do ----------------
+
+def test_reward_module_in_the_working_directory_but_not_on_the_path(tmp_path, monkeypatch):
+    import sys
+
+    import pytest
+
+    from entropy_experiments.data.rewards import get_reward
+    from entropy_experiments.errors import RewardError
+
+    (tmp_path / "my_rewards_rough_edge.py").write_text("def fn(prompt, responses, example):\n    return [0.0]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    with pytest.raises(RewardError) as info:
+        get_reward("my_rewards_rough_edge:fn")
+    message = str(info.value)
+    assert message.startswith("reward 'my_rewards_rough_edge:fn': cannot import module 'my_rewards_rough_edge' "
+                              "(ModuleNotFoundError: No module named 'my_rewards_rough_edge')")
+    assert f"is in the working directory {tmp_path}" in message and "PYTHONPATH=$PWD entropy-probe" in message
+    assert "\n" not in message
+    # elsewhere: it says which directory to add
+    monkeypatch.chdir(tmp_path.parent)
+    with pytest.raises(RewardError, match=r"add the directory that holds my_rewards_rough_edge\.py .*to PYTHONPATH"):
+        get_reward("my_rewards_rough_edge:fn")
+    # with the directory on the path, the same spec resolves (the message's advice works)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert get_reward("my_rewards_rough_edge:fn")("p", ["r"], None) == [0.0]
+
+
+def test_reward_module_whose_own_import_fails_gets_no_path_hint(tmp_path, monkeypatch):
+    """A module that IS found but imports a missing package: the error is that package's, no PYTHONPATH advice."""
+    import pytest
+
+    from entropy_experiments.data.rewards import get_reward
+    from entropy_experiments.errors import RewardError
+
+    (tmp_path / "needs_missing_dep_rough_edge.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RewardError) as info:
+        get_reward("needs_missing_dep_rough_edge:fn")
+    assert "No module named 'no_such_dependency_xyz'" in str(info.value) and "PYTHONPATH" not in str(info.value)
