@@ -107,3 +107,36 @@ def test_reward_module_whose_own_import_fails_gets_no_path_hint(tmp_path, monkey
     with pytest.raises(RewardError) as info:
         get_reward("needs_missing_dep_rough_edge:fn")
     assert "No module named 'no_such_dependency_xyz'" in str(info.value) and "PYTHONPATH" not in str(info.value)
+
+
+# ---- d. k̂ n/a is explained ------------------------------------------------------------------------------
+
+def _results_with_n(n: int, logws: dict[float, list[float]]) -> dict:
+    """fake_results whose ΔH rows carry the real diagnostics of the given log-weights (N = n sequences)."""
+    from entropy_experiments.estimators.snis import importance_diagnostics
+
+    results = fake_results()
+    results["counts"]["B_E"] = n
+    results["true"] = [{**results["true"][0], "eta": eta, **importance_diagnostics(lw)} for eta, lw in logws.items()]
+    return results
+
+
+def test_khat_na_says_it_needs_25_sequences():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    small = _results_with_n(24, {1e-5: list(rng.normal(0, 0.3, 24))})
+    assert small["true"][0]["psis_khat"] != small["true"][0]["psis_khat"]  # NaN: psis_khat's own rule at N = 24
+    text = render_summary(small)
+    assert "k̂ n/a: PSIS k̂ fits a Pareto tail" in text and "N ≥ 25 E sequences; this run has N = 24" in text
+    enough = _results_with_n(25, {1e-5: list(rng.normal(0, 0.3, 25))})
+    assert enough["true"][0]["psis_khat"] == enough["true"][0]["psis_khat"]  # defined from N = 25 on
+    assert "k̂ n/a" not in render_summary(enough)
+
+
+def test_khat_na_from_zero_weights_is_named():
+    import numpy as np
+
+    lw = [0.0] * 5 + [-np.inf] * 35  # N = 40, M = 8: only 5 non-zero weights
+    text = render_summary(_results_with_n(40, {1e-4: lw}))
+    assert "k̂ n/a at η=0.0001: only 5 non-zero weights, the fit needs more than M = 8" in " ".join(text.split())

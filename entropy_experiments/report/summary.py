@@ -65,8 +65,9 @@ def render_summary(results: dict[str, Any]) -> str:
     entries = results.get("true") or []
     if entries:
         console.print(_eta_table(entries, unit, bars_dot))
-        if note := _khat_note(entries):
-            console.print(note, markup=False, highlight=False)
+        for note in (_khat_note(entries), khat_missing_note(entries, (results.get("counts") or {}).get("B_E"))):
+            if note:
+                console.print(note, markup=False, highlight=False)
         if any(entry.get("residual") for entry in entries):
             console.print(RESIDUAL_NOTE, markup=False, highlight=False)
         console.print()
@@ -237,6 +238,27 @@ def _khat_note(entries: list[dict[str, Any]]) -> str | None:
             f"worth {PSIS_PRIOR_DRAWS} draws, so at this N a k̂ above its threshold "
             f"({format_number(entry.get('khat_threshold'), '.2f')}) is weak evidence; "
             "ESS/N is the steadier guide.")
+
+
+def khat_missing_note(entries: list[dict[str, Any]], n: Any) -> str | None:
+    """Why k̂ shows n/a (estimators/snis.psis_khat's rules), for the N = `n` E sequences; None when every k̂ is there."""
+    missing = [e for e in entries if not is_finite_number(e.get("psis_khat"))]
+    if not missing:
+        return None
+    if is_finite_number(n) and psis_tail_size(int(n)) < 5:
+        return (f"k̂ n/a: PSIS k̂ fits a Pareto tail to the N/5 largest of the N importance weights and needs at least "
+                f"5 of them, so N ≥ 25 E sequences; this run has N = {n} (raise batch_config.B_E). ESS/N still holds.")
+    tail = psis_tail_size(int(n)) if is_finite_number(n) else None
+    reasons = []
+    for e in missing:
+        zeros = e.get("zero_weight_count")
+        if tail is not None and is_finite_number(zeros) and n - zeros <= tail:
+            reasons.append(f"η={format_number(e.get('eta'), '.3g')}: only {n - zeros} non-zero weights, the fit "
+                           f"needs more than M = {tail}")
+        else:
+            reasons.append(f"η={format_number(e.get('eta'), '.3g')}: the largest weights are all equal or the fit "
+                           "failed")
+    return "k̂ n/a at " + "; ".join(reasons) + "."
 
 
 def print_summary(results: dict[str, Any]) -> None:
