@@ -140,3 +140,90 @@ def test_khat_na_from_zero_weights_is_named():
     lw = [0.0] * 5 + [-np.inf] * 35  # N = 40, M = 8: only 5 non-zero weights
     text = render_summary(_results_with_n(40, {1e-4: lw}))
     assert "k̂ n/a at η=0.0001: only 5 non-zero weights, the fit needs more than M = 8" in " ".join(text.split())
+
+
+# ---- e / f. the run directory: no partial/ left by a completed run; a run that failed before computing ------
+# ---- anything does not block the corrected config -------------------------------------------------------
+
+def test_failed_run_with_nothing_computed_is_taken_over_by_a_new_config(tmp_path):
+    import pytest
+
+    from entropy_experiments.errors import OutputError
+    from entropy_experiments.report.run_dir import RunDirectory
+
+    run = RunDirectory.prepare(tmp_path, "seed: 1\n", "aaaa", overwrite=False, resume=False)
+    (tmp_path / "probe.log").write_text("error: data set not found\n")
+    run.mark_status("failed")
+    again = RunDirectory.prepare(tmp_path, "seed: 2\n", "bbbb", overwrite=False, resume=False)
+    assert again.read_meta()["config_hash"] == "bbbb" and again.read_meta()["status"] == "running"
+    assert (tmp_path / "config.yaml").read_text() == "seed: 2\n" and not (tmp_path / "probe.log").exists()
+    # --resume still needs the config the run was started with
+    again.mark_status("failed")
+    with pytest.raises(OutputError, match="holds a different config"):
+        RunDirectory.prepare(tmp_path, "seed: 3\n", "cccc", overwrite=False, resume=True)
+
+
+def test_failed_run_that_saved_samples_or_a_running_one_still_needs_overwrite(tmp_path):
+    import pytest
+
+    from entropy_experiments.errors import OutputError
+    from entropy_experiments.report.run_dir import GenerationChunkStore, RunDirectory
+
+    chunk = RunDirectory.prepare(tmp_path / "chunk", "seed: 1\n", "aaaa", overwrite=False, resume=False)
+    GenerationChunkStore(chunk).open({"seed": 1})[1](0, [[1, 2]])
+    chunk.mark_status("failed")
+    batch = RunDirectory.prepare(tmp_path / "batch", "seed: 1\n", "aaaa", overwrite=False, resume=False)
+    batch.save_batch("E", {"x": torch.ones(1)})
+    batch.mark_status("failed")
+    running = RunDirectory.prepare(tmp_path / "running", "seed: 1\n", "aaaa", overwrite=False, resume=False)
+    complete = RunDirectory.prepare(tmp_path / "complete", "seed: 1\n", "aaaa", overwrite=False, resume=False)
+    complete.mark_status("complete")
+    for run in (chunk, batch, running, complete):
+        with pytest.raises(OutputError, match="holds a different config"):
+            RunDirectory.prepare(run.path, "seed: 2\n", "bbbb", overwrite=False, resume=False)
+    assert chunk.has_partial_chunks() and batch.load_batch("E") is not None
+
+
+def test_clear_partial_removes_the_folder(tmp_path):
+    from entropy_experiments.report.run_dir import GenerationChunkStore, RunDirectory
+
+    run = RunDirectory.prepare(tmp_path, "seed: 1\n", "aaaa", overwrite=False, resume=False)
+    store = GenerationChunkStore(run)
+    store.open({"seed": 1})[1](0, [[1, 2]])
+    store.clear()  # the batches are saved whole: the chunks and their folder go
+    assert not (tmp_path / "partial").exists()
+    run.save_partial("older_state", {"x": 1})
+    run.clear_partial()
+    assert not (tmp_path / "partial").exists()
+    run.record_meta("sampling_warnings", ["w"])
+    resumed = RunDirectory.prepare(tmp_path, "seed: 1\n", "aaaa", overwrite=False, resume=True)
+    assert resumed.read_meta()["sampling_warnings"] == ["w"]  # kept for the resumed run's results.json
+    fresh = RunDirectory.prepare(tmp_path, "seed: 1\n", "aaaa", overwrite=False, resume=False)
+    assert "sampling_warnings" not in fresh.read_meta()
+
+
+def test_tiny_run_failed_config_then_corrected_config_completes_without_partial(tmp_path, tiny_model_dir, capsys):
+    """A real run: a data-set error leaves a failed directory the corrected config reuses (no --overwrite); the
+    completed run keeps no partial/ and prints its objective."""
+    import json
+
+    import yaml
+
+    from entropy_experiments import cli
+    from tests.run_helpers import logging_restored, make_run_setup
+
+    config_path, config = make_run_setup(tmp_path / "setup", tiny_model_dir)
+    bad = dict(config, batch_config={**config["batch_config"], "dataset_path": str(tmp_path / "missing.jsonl")})
+    bad_path = tmp_path / "bad.yaml"
+    bad_path.write_text(yaml.safe_dump(bad, allow_unicode=True))
+    out = tmp_path / "run"
+    with logging_restored():
+        assert cli.main(["run", "--config", str(bad_path), "--out", str(out)]) == 2
+        assert "missing.jsonl" in capsys.readouterr().err
+        assert json.loads((out / "run_meta.json").read_text())["status"] == "failed"
+        assert cli.main(["run", "--config", str(config_path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads((out / "run_meta.json").read_text())["status"] == "complete"
+    assert not (out / "partial").exists()
+    assert (out / "E_batch.pt").is_file() and (out / "results.json").is_file()
+    assert "objective" in printed and "max_completion_length" in printed
