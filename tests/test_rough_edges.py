@@ -58,11 +58,13 @@ def test_summary_ratios_all_read_measured_over_predicted():
                                             "ratio_to_measured": predicted / measured}}
     text = render_summary(results)
     assert f"{measured / predicted:.3f}" == "1.010"
-    eta_row = next(line for line in text.splitlines() if line.startswith("│  1e-06"))
+    eta_row = next(line for line in text.splitlines() if line.strip().startswith("1e-06"))
     pred_row = next(line for line in text.splitlines() if line.strip().startswith("adamw_step"))
     assert "1.010" in eta_row and "1.010" in pred_row and f"{predicted / measured:.3f}" not in pred_row
-    header = [line for line in text.splitlines() if line.startswith("┃")]
-    assert any("ΔH/δH₁(η)" in line for line in header) and any("measured/predicted" in line for line in header)
+    header = text.split("Measured ΔH(η) by SNIS on E")[1].splitlines()[:5]
+    words = " ".join(header).split()
+    assert "ΔH/δH₁(η)" in words and "measured/" in words and "predicted" in words  # the η table's header
+    assert "measured/predicted" in text  # the predictors table's column and the linearity ratios
     assert "ratio " not in text  # no unlabelled ratio left
 
 
@@ -227,3 +229,48 @@ def test_tiny_run_failed_config_then_corrected_config_completes_without_partial(
     assert not (out / "partial").exists()
     assert (out / "E_batch.pt").is_file() and (out / "results.json").is_file()
     assert "objective" in printed and "max_completion_length" in printed
+
+
+# ---- h. which optional phases ran and their seconds -----------------------------------------------------
+
+def test_summary_states_the_optional_phases_and_their_seconds():
+    timing = {"load": 3.0, "phase0_sampling": 10.0, "phase1_3_total": 20.0, "phase3_variance": 4.0,
+              "phase4_importance": 6.0, "phase5_second_order": 32.0, "phase6_predictors": 32.0, "total": 100.0}
+    text = " ".join(render_summary(fake_results(timing=timing)).split())
+    assert ("optional phases ran: variance 4.0 s (4 %), importance 6.0 s (6 %), second_order 32.0 s (32 %), "
+            "predictors 32.0 s (32 %) (set <phase>.enabled: false to skip one)") in text
+    del timing["phase5_second_order"], timing["phase6_predictors"]
+    text = " ".join(render_summary(fake_results(timing=timing)).split())
+    assert "ran: variance 4.0 s (4 %), importance 6.0 s (6 %) (set" in text and "; off: second_order, predictors" in text
+
+
+# ---- i. no claim of agreement when the ratio is far from 1 -------------------------------------------------
+
+def _with_residual(ratio: float, z: float) -> str:
+    """The summary of a run whose η = 1e-5 row has ΔH = ratio·δH₁(η) and a paired residual with that z."""
+    results = fake_results()
+    for entry in results["true"]:
+        predicted = entry["eta"] * results["bars_dot"]
+        entry["deltaH_true"] = ratio * predicted
+        value = entry["deltaH_true"] - predicted
+        entry["residual"] = {"value": value, "se": abs(value / z), "z": z}
+    return render_summary(results)
+
+
+def _row(text: str, eta: str) -> str:
+    return next(line for line in text.splitlines() if line.strip().startswith(f"{eta} "))
+
+
+def test_far_ratio_with_small_z_is_too_noisy_not_agreement():
+    row = _row(_with_residual(2.35, 0.99), "1e-05")  # the user's case: ΔH/δH₁ = 2.35, z +0.99
+    assert "2.350" in row and "+0.99 too noisy" in row
+    assert "consistent" not in row and "holds" not in row
+
+
+def test_consistent_only_with_small_z_and_an_informative_interval():
+    # ratio 1.1 with z 0.5: SE = 0.2·|δH₁(η)|, 1.96·SE = 0.39·|δH₁(η)| ≤ 0.5·|δH₁(η)|
+    assert "+0.50 consistent" in _row(_with_residual(1.1, 0.5), "1e-05")
+    # ratio 1.1 with z 0.15: SE = 0.67·|δH₁(η)|: the interval could not have shown a 50 % miss
+    assert "+0.15 too noisy" in _row(_with_residual(1.1, 0.15), "1e-05")
+    assert "+3.00 off" in _row(_with_residual(1.3, 3.0), "1e-05")
+    assert "'consistent': |z| < 2 and the 95 % interval" in " ".join(_with_residual(1.1, 0.5).split())

@@ -42,9 +42,15 @@ def run_label(results: dict[str, Any]) -> str | None:
     return None
 
 
-RESIDUAL_NOTE = ("ΔH − δH₁(η): measured minus first-order prediction on the same E, with its paired SE; "
-                 "first order holds at η where |z| < 2")
-MEASURED_OVER_PREDICTED = "ΔH/δH₁(η) measured/predicted"
+# A paired residual reads "consistent within noise" only when |z| < Z_AGREE AND its 95 % interval is narrow
+# enough to have shown a discrepancy: 1.96·SE ≤ INFORMATIVE_FRACTION·|δH₁(η)| (docs/faq.md, "Agreement").
+Z_AGREE = 2.0
+INFORMATIVE_FRACTION = 0.5
+RESIDUAL_NOTE = ("ΔH − δH₁(η): measured minus first-order prediction on the same E, with its paired SE and "
+                 "z = residual / SE. 'consistent': |z| < 2 and the 95 % interval (±1.96 SE) is within ±50 % of "
+                 "δH₁(η), i.e. first order agrees within noise; 'too noisy': |z| < 2 but that interval is wider, "
+                 "so the data cannot tell; 'off': |z| ≥ 2, first order misses ΔH at that η.")
+MEASURED_OVER_PREDICTED = "ΔH/δH₁(η)\nmeasured/\npredicted"
 IMPORTANCE_OFF_NOTE = "ΔH(η) not measured (importance.enabled: false)"
 
 
@@ -123,7 +129,31 @@ def _head_table(results: dict[str, Any], unit: str) -> Any:
     total_time = results.get("timing", {}).get("total")
     if is_finite_number(total_time):
         head.add_row("time", f"{total_time:.1f} s")
+        head.add_row("optional phases", optional_phases_line(results.get("timing", {})))
     return head
+
+
+# The optional phases: their switch in the config and their key in results.json `timing`.
+OPTIONAL_PHASES = (("variance.enabled", "phase3_variance"), ("importance.enabled", "phase4_importance"),
+                   ("second_order.enabled", "phase5_second_order"), ("predictors.enabled", "phase6_predictors"))
+
+
+def optional_phases_line(timing: dict[str, Any]) -> str:
+    """Which optional phases ran, with their seconds and share of the total (results.json `timing`), and which
+    were off, so that a user sees where the time went and which switch saves it."""
+    total = timing.get("total")
+    ran, off = [], []
+    for switch, key in OPTIONAL_PHASES:
+        seconds = timing.get(key)
+        if not is_finite_number(seconds):
+            off.append(switch.split(".")[0])
+            continue
+        share = f" ({100 * seconds / total:.0f} %)" if is_finite_number(total) and total > 0 else ""
+        ran.append(f"{switch.split('.')[0]} {seconds:.1f} s{share}")
+    text = "ran: " + (", ".join(ran) if ran else "none")
+    if ran:
+        text += " (set <phase>.enabled: false to skip one)"
+    return text + ("; off: " + ", ".join(off) if off else "")
 
 
 def objective_lines(objective: dict[str, Any] | None) -> tuple[str, str] | None:
@@ -143,13 +173,14 @@ def objective_lines(objective: dict[str, Any] | None) -> tuple[str, str] | None:
 
 def _eta_table(entries: list[dict[str, Any]], unit: str, bars_dot: Any) -> Any:
     """One row per measured η: ΔH ± SE, ESS/N, k̂ (✗ above its threshold), measured/predicted ΔH/δH₁(η), the paired residual
-    ΔH − δH₁(η) ± SE with its z and whether first order holds there (|z| < 2), zero weights."""
+    ΔH − δH₁(η) ± SE with its z and verdict (`residual_verdict`), zero weights."""
+    from rich import box
     from rich.table import Table
 
-    etas = Table(title="Measured ΔH(η) by SNIS on E", title_justify="left")
-    for col in ("η", f"ΔH ± SE ({unit})", "ESS/N", "k̂", MEASURED_OVER_PREDICTED, "ΔH − δH₁(η) ± paired SE", "z",
-                "zero-w"):
-        etas.add_column(col, justify="right")
+    etas = Table(title="Measured ΔH(η) by SNIS on E", title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("η", f"ΔH ± SE\n({unit})", "ESS/N", "k̂", MEASURED_OVER_PREDICTED, "ΔH − δH₁(η)\n± paired SE",
+                "z, verdict", "zero-w"):
+        etas.add_column(col, justify="right", no_wrap=True)
     for entry in entries:
         eta = entry.get("eta")
         khat, thr = entry.get("psis_khat"), entry.get("khat_threshold")
@@ -160,19 +191,31 @@ def _eta_table(entries: list[dict[str, Any]], unit: str, bars_dot: Any) -> Any:
                      format_number(entry.get("ess_frac"), ".3f"),
                      format_number(khat, ".2f") + flag,
                      format_number(_ratio(entry.get("deltaH_true"), predicted), ".3f"),
-                     *_residual_cells(entry.get("residual")),
+                     *_residual_cells(entry.get("residual"), predicted),
                      str(entry.get("zero_weight_count", "n/a")))
     return etas
 
 
-def _residual_cells(residual: dict[str, Any] | None) -> tuple[str, str]:
-    """('ρ ± SE', 'z, first order holds / fails') of a paired residual; 'n/a' for results without one."""
+def _residual_cells(residual: dict[str, Any] | None, predicted: Any) -> tuple[str, str]:
+    """('ρ ± SE', 'z verdict') of a paired residual (`residual_verdict`); 'n/a' for results without one."""
     if not residual:
         return "n/a", "n/a"
     z = residual.get("z")
-    verdict = "" if not is_finite_number(z) else (" holds" if abs(z) < 2 else " FAILS")
+    verdict = residual_verdict(z, residual.get("se"), predicted)
     return (f"{format_number(residual.get('value'), '+.2g')} ± {format_number(residual.get('se'), '.2g')}",
-            format_number(z, "+.2f") + verdict)
+            format_number(z, "+.2f") + (f" {verdict}" if verdict else ""))
+
+
+def residual_verdict(z: Any, se: Any, predicted: Any) -> str:
+    """'off' (|z| ≥ 2), 'consistent' (|z| < 2 with an informative interval) or 'too noisy' (|z| < 2 with an
+    interval wider than ±50 % of the prediction); '' when z is undefined."""
+    if not is_finite_number(z):
+        return ""
+    if abs(z) >= Z_AGREE:
+        return "off"
+    informative = (is_finite_number(se) and is_finite_number(predicted) and predicted != 0
+                   and 1.96 * se <= INFORMATIVE_FRACTION * abs(predicted))
+    return "consistent" if informative else "too noisy"
 
 
 def _fit_table(lin: dict[str, Any], bars_dot: Any, second_order: dict[str, Any] | None = None) -> Any:
