@@ -274,3 +274,32 @@ def test_consistent_only_with_small_z_and_an_informative_interval():
     assert "+0.15 too noisy" in _row(_with_residual(1.1, 0.15), "1e-05")
     assert "+3.00 off" in _row(_with_residual(1.3, 3.0), "1e-05")
     assert "'consistent': |z| < 2 and the 95 % interval" in " ".join(_with_residual(1.1, 0.5).split())
+
+
+# ---- j. an interrupted --dryrun does not suggest --resume ------------------------------------------------
+
+def test_interrupted_dryrun_says_there_is_nothing_to_resume(monkeypatch, capsys):
+    """The interrupt reaches cli.main as a real SIGINT would (lifecycle.RunInterrupted raised inside the run)."""
+    import signal
+
+    from entropy_experiments import cli
+    from entropy_experiments.config import packaged_config_path
+    from entropy_experiments.probe.lifecycle import RunInterrupted
+    from tests.run_helpers import logging_restored
+
+    calls = []
+
+    def interrupted(config, **kwargs):
+        calls.append(kwargs)
+        raise RunInterrupted(signal.SIGINT)
+
+    monkeypatch.setattr(cli, "run_probe", interrupted)
+    with logging_restored():
+        assert cli.main(["run", "--config", str(packaged_config_path("default")), "--dryrun"]) == 128 + signal.SIGINT
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err == "interrupted by SIGINT; a dry run writes nothing, so there is nothing to resume: start it again"
+        assert "--resume" not in err
+        assert cli.main(["run", "--config", str(packaged_config_path("default"))]) == 128 + signal.SIGINT
+        assert capsys.readouterr().err.strip().splitlines()[-1] == \
+            "interrupted by SIGINT; finish a run with --resume RUN_DIR"
+    assert [c["dryrun"] for c in calls] == [True, False]
