@@ -41,8 +41,20 @@ def setup_logging(verbose: bool = False) -> None:
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
-def run_with_clean_errors(fn: Callable[[], object]) -> int:
-    """Call fn; a ProbeError becomes `error: <one line>` on stderr and its exit code (2)."""
+# What to do after an interrupt (SIGTERM / SIGINT), by command; a dry run writes nothing, so it has nothing to resume.
+RESUME_HINTS = {"run": "finish a run with --resume RUN_DIR", "demo": "finish a run with --resume RUN_DIR",
+                "sweep": "finish a sweep with --resume SWEEP_DIR"}
+DRYRUN_INTERRUPTED = "a dry run writes nothing, so there is nothing to resume: start it again"
+
+
+def interrupt_hint(command: str, dryrun: bool = False) -> str | None:
+    """The line printed after an interrupted `command` (None: the interrupt alone)."""
+    return DRYRUN_INTERRUPTED if dryrun else RESUME_HINTS.get(command)
+
+
+def run_with_clean_errors(fn: Callable[[], object], on_interrupt: str | None = RESUME_HINTS["run"]) -> int:
+    """Call fn; a ProbeError becomes `error: <one line>` on stderr and its exit code (2); an interrupt prints
+    `on_interrupt` (what to do next) and exits 128 + signal."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         with interruptible():  # SIGTERM / SIGINT: the run is marked failed (resumable), exit 128 + signal
@@ -52,7 +64,7 @@ def run_with_clean_errors(fn: Callable[[], object]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        print(f"{exc or 'interrupted'}; finish a run with --resume RUN_DIR", file=sys.stderr)
+        print(f"{exc or 'interrupted'}" + (f"; {on_interrupt}" if on_interrupt else ""), file=sys.stderr)
         return getattr(exc, "exit_code", 130)
 
 
@@ -179,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed its usage line; return its code like every other error
         return int(exc.code or 0)
     setup_logging(args.verbose)
-    return run_with_clean_errors(lambda: args.func(args))
+    return run_with_clean_errors(lambda: args.func(args),
+                                 on_interrupt=interrupt_hint(args.command, getattr(args, "dryrun", False)))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli import run_with_clean_errors
+from .cli import interrupt_hint, run_with_clean_errors
 from .compat.offline_entropy_probe import OfflineEntropyProbe
 from .config import load_config
 from .probe.runner import DRYRUN_OVERRIDES, dryrun_config, run_probe
@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--dryrun", action="store_true", help="minimal sizes, print the summary, write nothing")
     args = parser.parse_args(argv)
-    return run_with_clean_errors(lambda: run_probe(load_config(args.config), dryrun=args.dryrun))
+    return run_with_clean_errors(lambda: run_probe(load_config(args.config), dryrun=args.dryrun),
+                                 on_interrupt=interrupt_hint("run", args.dryrun))
 
 
 if __name__ == "__main__":

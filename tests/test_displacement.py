@@ -50,6 +50,7 @@ def _config(config: dict, checkpoint: Path, next_checkpoint) -> dict:
     out = copy.deepcopy(config)
     out["checkpoint"]["checkpoint_path"] = str(checkpoint)
     out["predictors"] = {"enabled": True, "next_checkpoint": None if next_checkpoint is None else str(next_checkpoint)}
+    out["second_order"] = {"enabled": True}  # ½·D²_Δθ H is measured only with second order on
     return out
 
 
@@ -131,6 +132,26 @@ def test_an_unchanged_adapter_is_reported_as_zero_displacement(probed, toy_run):
     entry = res["predictors"]["displacement"]
     assert entry["zero_displacement"] is True and entry["delta_h1"] == 0.0 and entry["delta_theta_norm"] == 0.0
     assert any("Δθ = 0" in w for w in res["warnings"])
+
+
+def test_second_order_switch_turns_off_the_displacement_second_order_pass(probed, toy_run, monkeypatch):
+    """second_order.enabled: false skips ½·D²_Δθ H (a second-order pass over E) as it skips d2 along v."""
+    from entropy_experiments.probe import beyond
+
+    outcome, E, U = probed
+    _, run, config = toy_run
+    assert outcome.results["predictors"]["displacement"]["second_order"] is not None  # on by default
+    assert "s2" in outcome.per_sequence_rows[0]["displacement"]
+    calls = []
+    real = beyond.second_order_sums
+    monkeypatch.setattr(beyond, "second_order_sums", lambda *a, **k: calls.append(1) or real(*a, **k))
+    off = _config(config, run / "step_1", run / "step_2")
+    off["second_order"] = {"enabled": False}
+    again = probe_run(config_from_dict(off), policy=outcome.policy, batches=(E, U))
+    entry = again.results["predictors"]["displacement"]
+    assert calls == [] and entry["second_order"] is None and again.results["second_order"] is None
+    assert "s2" not in again.per_sequence_rows[0]["displacement"] and "a" in again.per_sequence_rows[0]["displacement"]
+    assert entry["delta_h1"] == pytest.approx(outcome.results["predictors"]["displacement"]["delta_h1"], rel=1e-6)
 
 
 def _edited_adapter(src: Path, dst: Path, **changes) -> Path:

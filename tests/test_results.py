@@ -86,7 +86,7 @@ def test_summary_contains_the_numbers():
                      "-12.35",                                                # X̂·v
                      "-0.0008765 ± 0.00012",                                  # ΔH at η = 1e-4 (ratio 0.71)
                      "0.93 ✗", "0.710", "0.980",                              # k̂ flag, ratios to δH₁(η)
-                     "-9.123", "ratio 0.739", "1.043", "-12.05",              # linearity
+                     "-9.123", "measured/predicted 0.739", "1.043", "-12.05",  # linearity
                      "runs/step_40", "k̂ > 0.7 at η=0.0001"):
         assert expected in text, expected
     assert text.count("✗") == 1  # only η = 1e-4 has k̂ above its threshold

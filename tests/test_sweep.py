@@ -50,7 +50,8 @@ def toy_dir(tmp_path_factory) -> Path:
 def trained(toy_dir, tmp_path_factory) -> tuple[Path, dict, Path]:
     """(checkpoints dir with step_1..step_3, probe config dict, config file)."""
     folder = tmp_path_factory.mktemp("sweep_run")
-    run, config = train_run(folder, toy_dir, steps=3, end_with_lr_zero=True)
+    # second order on: the decomposition's ½·D²_Δθ H (with_second_order) is measured only then
+    run, config = train_run(folder, toy_dir, steps=3, end_with_lr_zero=True, second_order={"enabled": True})
     path = folder / "sweep.yaml"
     path.write_text(yaml.safe_dump(config, allow_unicode=True))
     return run, config, path

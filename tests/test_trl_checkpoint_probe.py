@@ -127,11 +127,14 @@ def test_v_is_the_real_adamw_step_of_the_grpo_checkpoint(grpo_run, tmp_path):
 
 
 def test_dr_grpo_length_constant_differing_from_max_new_tokens_warns(grpo_run, tmp_path):
-    """TRL's preset L_const (512) against the probe's max_new_tokens (8): a loud, recorded warning."""
-    probe = OfflineEntropyProbe(config_from_dict(_config(grpo_run, tmp_path, trainer="trl", loss_type="dr_grpo")))
+    """An L_const set to TRL's default (512) against the probe's max_new_tokens (8): a loud, recorded warning;
+    left unset under trainer trl it follows max_new_tokens (TRL's max_completion_length is its generation length)."""
+    differs = _config(grpo_run, tmp_path, trainer="trl", loss_type="dr_grpo", max_completion_length=512)
+    probe = OfflineEntropyProbe(config_from_dict(differs))
     probe.load()
     assert any("objective.max_completion_length is 512" in w for w in probe.warnings), probe.warnings
-    same = _config(grpo_run, tmp_path, trainer="trl", loss_type="dr_grpo", max_completion_length=8)
-    probe = OfflineEntropyProbe(config_from_dict(same))
-    probe.load()
-    assert not any("max_completion_length" in w for w in probe.warnings)
+    for same in (_config(grpo_run, tmp_path, trainer="trl", loss_type="dr_grpo", max_completion_length=8),
+                 _config(grpo_run, tmp_path, trainer="trl", loss_type="dr_grpo")):
+        probe = OfflineEntropyProbe(config_from_dict(same))
+        probe.load()
+        assert not any("max_completion_length" in w for w in probe.warnings)

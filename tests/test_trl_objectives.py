@@ -96,7 +96,9 @@ def test_trl_preset_is_trls_default_objective():
     from entropy_experiments.config import config_from_dict
 
     defaults = GRPOConfig(output_dir="unused", report_to=[], use_cpu=True, bf16=False)
-    options = config_from_dict({"objective": {"trainer": "trl"}}).objective_options()
+    # TRL generates max_completion_length tokens: the probe's generation.max_new_tokens plays that part
+    options = config_from_dict({"objective": {"trainer": "trl"},
+                                "generation": {"max_new_tokens": defaults.max_completion_length}}).objective_options()
     assert options.loss_type == defaults.loss_type
     assert options.scale_rewards == defaults.scale_rewards
     assert options.kl_coef == defaults.beta

@@ -82,12 +82,13 @@ class ObjectiveOptions:
 
 # Trainer presets: every key a trainer fixes by default (sources in TRAINERS.md: trl 1.16.0
 # grpo_config.py loss_type ≈ L801 "dapo", scale_rewards ≈ L789 "group", beta ≈ L681 0.0,
-# entropy_coef ≈ L876 0.0, max_completion_length ≈ L494 512, advantages ε = 1e-4 in grpo_trainer.py
+# entropy_coef ≈ L876 0.0, max_completion_length ≈ L494 (TRL generates that many tokens, so the probe's
+# generation.max_new_tokens plays its part: `resolve` fills it from there), advantages ε = 1e-4 in grpo_trainer.py
 # ≈ L2787, max_grad_norm 1.0 from TrainingArguments; verl core_algos.py GRPO ε = 1e-6 ≈ L267–330,
 # loss_agg_mode token-mean, grad_clip 1.0, use_kl_loss false (low_var_kl when on); OpenRLHF
 # group_norm ε = 1e-9, PolicyLoss token_level_loss=True (token mean per micro-batch), max_norm 1.0).
 TRAINER_PRESETS: dict[str, dict[str, Any]] = {
-    "trl": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-4, "max_completion_length": 512,
+    "trl": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-4, "max_completion_length": None,
             "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "entropy_aggregation": "token_mean",
             "max_grad_norm": 1.0, "micro_batches": 1},
     "verl": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-6, "max_completion_length": None,
@@ -304,8 +305,9 @@ def contributes(terms_row: list[SequenceTerms], options: ObjectiveOptions) -> bo
 def resolve(explicit: dict[str, Any], *, default_completion_length: int) -> ObjectiveOptions:
     """ObjectiveOptions from the config's `objective` keys: explicit > trainer preset > defaults.
 
-    `explicit` holds only the keys the user set (None = unset); `default_completion_length` fills a
-    dr_grpo L_const that neither the user nor the preset fixed (the padded response length).
+    `explicit` holds only the keys the user set (None = unset); `default_completion_length` (the probe's
+    generation.max_new_tokens) fills a max_completion_length the user did not set, for dr_grpo (its L_const)
+    and for trainer trl (whose max_completion_length IS its generation length, whatever the loss).
     """
     trainer = explicit.get("trainer")
     values: dict[str, Any] = {}
@@ -316,7 +318,7 @@ def resolve(explicit: dict[str, Any], *, default_completion_length: int) -> Obje
     values.update({k: v for k, v in explicit.items() if v is not None and k != "trainer"})
     options = replace(ObjectiveOptions(), **values, trainer=trainer)
     options = replace(options, loss_type=canonical_loss_type(options.loss_type))
-    if options.max_completion_length is None and options.loss_type == "dr_grpo":
+    if options.max_completion_length is None and (options.loss_type == "dr_grpo" or trainer == "trl"):
         options = replace(options, max_completion_length=default_completion_length)
     for key, allowed in (("scale_rewards", ADVANTAGE_SCALINGS), ("kl_estimator", KL_ESTIMATORS),
                          ("entropy_aggregation", ENTROPY_AGGREGATIONS)):

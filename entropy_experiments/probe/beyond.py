@@ -98,16 +98,17 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH
 def displacement_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result,
                        dist: DistContext = SINGLE) -> dict:
     """The `displacement` predictor: δH_Δθ = X̂·Δθ with SE_E from the pieces along Δθ (same E pass as v),
-    ½·D²_Δθ H by the nested jvp, and how the probe's own step lr·v compares with Δθ. Its per-sequence pieces
-    and second-order sums go to per_sequence.jsonl (`res.per_sequence_extra`) for the sweep's joint jackknife."""
+    ½·D²_Δθ H by the nested jvp (only with second_order.enabled: it is a second-order pass over E; None
+    otherwise), and how the probe's own step lr·v compares with Δθ. Its per-sequence pieces and second-order
+    sums go to per_sequence.jsonl (`res.per_sequence_extra`) for the sweep's joint jackknife."""
     delta = policy.displacement
     pieces = res.predictor_pieces.get("displacement")
-    d2, cols = second_derivative_along(config, policy, E, delta, dist)
+    d2, cols = second_derivative_along(config, policy, E, delta, dist) if config.second_order.enabled else (None, {})
     entry = displacement_entry(res.X_hat, delta, pieces, res.scores, normalize=config.estimator.normalize,
                                second=d2)
     entry.update(step_comparison(res.v, res.learning_rate, delta))
     entry["next_checkpoint"] = config.predictors.next_checkpoint
-    extra = {k: [float(x) for x in cols[k]] for k in ("s", "s2", "dh", "d2h")}
+    extra = {k: [float(x) for x in cols[k]] for k in ("s", "s2", "dh", "d2h") if k in cols}
     if pieces is not None:
         extra.update(a=[float(x) for x in pieces[0]], r=[float(x) for x in pieces[1]])
     res.per_sequence_extra["displacement"] = extra

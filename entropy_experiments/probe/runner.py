@@ -20,7 +20,7 @@ from ..report.html_report import write_html_report
 from ..report.plot import plot_delta_h
 from ..report.results_schema import validate_results_schema
 from ..report.run_dir import GenerationChunkStore, RunDirectory
-from ..report.summary import print_summary
+from ..report.summary import objective_lines, print_summary
 from ..report.token_table import write_token_table
 from ..test_hooks import hold_for_kill_test
 from . import recipe as probe
@@ -140,6 +140,7 @@ def run_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume:
         if reused is not None:
             outcome.results["samples"] = {"reused_from": str(Path(reuse_samples).resolve())}
         write_outcome(run_dir, config, outcome)
+        run_dir.clear_partial()  # generation chunks exist only to resume an unfinished sampling
         run_dir.mark_status("complete")
         print_summary(outcome.results)
         logger.info("run directory: %s", run_dir.path)
@@ -167,14 +168,24 @@ def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, ba
         if config.output.save_batches and batches is None:
             run_dir.save_batch("E", E)
             run_dir.save_batch("U", U)
-            run_dir.save_partial("sampling_warnings", list(reward_warnings()))
+            run_dir.record_meta("sampling_warnings", list(reward_warnings()))
             chunks.clear()
             hold_for_kill_test("batches_saved")
 
-    sampling_warnings = list(run_dir.load_partial("sampling_warnings") or []) if batches is not None else []
+    sampling_warnings = saved_sampling_warnings(run_dir) if batches is not None else []
+    logger.info("objective (v is its next AdamW step): %s; %s", *objective_lines(config.objective_options().to_dict()))
     return probe.run(config, dist=dist, batches=batches, on_batches=save_batches,
                      chunk_store=chunks if config.output.save_batches else None,
                      sampling_warnings=sampling_warnings, logger=logger, policy=policy, notes=notes)
+
+
+def saved_sampling_warnings(run_dir: RunDirectory) -> list[str]:
+    """The reward warnings of the sampling that made a resumed run's batches (run_meta.json; partial/ in
+    run directories of older versions)."""
+    saved = (run_dir.read_meta() or {}).get("sampling_warnings")
+    if saved is None:
+        saved = run_dir.load_partial("sampling_warnings")
+    return [str(w) for w in saved or []]
 
 
 def write_outcome(run_dir: RunDirectory, config: ProbeConfig, outcome: probe.ProbeOutcome) -> None:

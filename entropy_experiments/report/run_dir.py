@@ -3,7 +3,8 @@
 A run directory holds everything a result needs to be checked or resumed (ARCHITECTURE.md, "Run directory"):
 
     config.yaml                 the fully resolved config
-    run_meta.json               {"config_hash", "created", "status"}: marks the directory as ours
+    run_meta.json               {"config_hash", "created", "status"[, "sampling_warnings"]}: marks the directory
+                                as ours; a resumed run keeps the reward warnings its sampling raised
     results.json                strict JSON (non-finite floats written as null), schema in REQUIRED_SCHEMA
     E_batch.pt, U_batch.pt      packed batch dicts, loadable with torch.load(weights_only=True)
     update_vector.safetensors   v per unit learning rate, keyed by parameter name
@@ -12,7 +13,8 @@ A run directory holds everything a result needs to be checked or resumed (ARCHIT
     E_tokens.parquet            one row per E token: H and its predicted change (E_tokens.jsonl without pyarrow)
     report.html                 the self-contained report (report/html_report.py)
     probe.log                   the log of the run
-    partial/<name>.pt           checkpointed intermediate state, used by --resume
+    partial/<name>.pt           checkpointed intermediate state (generation chunks), used by --resume;
+                                removed when the run completes
 
 Every file except probe.log is written to a temp file in the same directory, fsynced and moved into
 place with os.replace (`io_utils`), so a killed run never leaves a half-written file where a good one was;
@@ -57,6 +59,9 @@ GEN_CHUNK_PREFIX = "gen_"
 RUN_FILES: tuple[str, ...] = (CONFIG_FILE, META_FILE, RESULTS_FILE, *BATCH_FILES.values(),
                               UPDATE_VECTOR_FILE, PER_SEQUENCE_FILE, PLOT_FILE, LOG_FILE, *E_TOKENS_FILES,
                               HTML_REPORT_FILE)
+# What a run has sampled or computed: a failed run without any of these (nor partial/) holds nothing to keep.
+COMPUTED_FILES: tuple[str, ...] = (RESULTS_FILE, *BATCH_FILES.values(), UPDATE_VECTOR_FILE, PER_SEQUENCE_FILE, PLOT_FILE,
+                                   *E_TOKENS_FILES, HTML_REPORT_FILE)
 RUN_STATUSES = ("running", "complete", "failed")
 _PARTIAL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -118,6 +123,8 @@ class RunDirectory:
           (`resume` needs the same config, so it gets the same error);
         - directory of a run with the same config: `resume` keeps its batches and partial state;
           otherwise the stale files are cleared so that a later --resume never mixes two runs;
+        - directory of a run that failed before it sampled or computed anything (`failed_before_computing`):
+          a new run (any config) takes it over without --overwrite;
         - `overwrite` deletes only the files a run writes (and our temp files), never other content,
           and refuses a directory that holds other files but is not a run directory.
         """
@@ -129,6 +136,8 @@ class RunDirectory:
         ours = meta is not None
         old_hash = (meta or {}).get("config_hash") or "unknown"
         has_old_run = ours or (run.path / CONFIG_FILE).exists()
+        if not resume and run.failed_before_computing(meta):  # a config / data / preflight error: nothing to keep
+            has_old_run = False
         if resume and not ours:
             raise OutputError(f"nothing to resume in {run.path}: it holds no {META_FILE}")
         if has_old_run and old_hash != config_hash and not overwrite:
@@ -147,7 +156,7 @@ class RunDirectory:
             meta = None
         created = (meta or {}).get("created") or _now()
         run.write_config(config_yaml)
-        run._write_meta({"config_hash": config_hash, "created": created, "status": "running"})
+        run._write_meta({**(meta or {}), "config_hash": config_hash, "created": created, "status": "running"})
         return run
 
     def _create(self) -> None:
@@ -157,6 +166,15 @@ class RunDirectory:
             self.path.mkdir(parents=True, exist_ok=True)
         if not os.access(self.path, os.W_OK | os.X_OK):
             raise OutputError(f"cannot write to run directory {self.path}: permission denied")
+
+    def failed_before_computing(self, meta: dict[str, Any] | None) -> bool:
+        """Whether this is the directory of a run marked failed that left no samples and no results (only its
+        config, run_meta.json and log): e.g. a data set, reward or checkpoint error found before sampling."""
+        if (meta or {}).get("status") != "failed":
+            return False
+        partial = self.path / PARTIAL_DIR
+        return not any((self.path / n).exists() for n in COMPUTED_FILES) and not (
+            partial.is_dir() and any(partial.iterdir()))
 
     def _refuse_leftover_run_files(self) -> None:
         """OutputError when a directory without run_meta.json holds files a run writes."""
@@ -179,7 +197,13 @@ class RunDirectory:
                     entry = self.path / name
                     if entry.is_file() or entry.is_symlink():
                         entry.unlink()
-            partial = self.path / PARTIAL_DIR
+        self.clear_partial()
+
+    def clear_partial(self) -> None:
+        """Delete partial/'s state files and our temp files there, and partial/ itself once empty (a completed
+        run keeps none: its batches are saved whole)."""
+        partial = self.path / PARTIAL_DIR
+        with output_error_on_os_error(f"cannot clear {partial}"):
             if partial.is_dir():
                 for entry in partial.iterdir():
                     if entry.is_file() and (entry.suffix == ".pt" or io_utils.is_temp_name(entry.name)):
@@ -202,6 +226,12 @@ class RunDirectory:
 
     def _write_meta(self, meta: dict[str, Any]) -> None:
         self._write_text(META_FILE, dumps_strict(meta, indent=2) + "\n")
+
+    def record_meta(self, key: str, value: Any) -> None:
+        """Store `key` in run_meta.json (kept by a resume of the same config, dropped by a fresh start)."""
+        meta = self.read_meta() or {}
+        meta[key] = value
+        self._write_meta(meta)
 
     def mark_status(self, status: str) -> None:
         """Record the run's status in run_meta.json: "running" | "complete" | "failed"."""
@@ -368,3 +398,6 @@ class GenerationChunkStore:
             for path in folder.glob(f"{GEN_CHUNK_PREFIX}*.pt"):
                 with contextlib.suppress(OSError):
                     path.unlink()
+            with contextlib.suppress(OSError):  # nothing else is kept there: drop the folder once empty
+                if not any(folder.iterdir()):
+                    folder.rmdir()

@@ -43,8 +43,15 @@ def run_label(results: dict[str, Any]) -> str | None:
     return None
 
 
-RESIDUAL_NOTE = ("ΔH − δH₁(η): measured minus first-order prediction on the same E, with its paired SE; "
-                 "first order holds at η where |z| < 2")
+# A paired residual reads "consistent within noise" only when |z| < Z_AGREE AND its 95 % interval is narrow
+# enough to have shown a discrepancy: 1.96·SE ≤ INFORMATIVE_FRACTION·|δH₁(η)| (docs/faq.md, "Agreement").
+Z_AGREE = 2.0
+INFORMATIVE_FRACTION = 0.5
+RESIDUAL_NOTE = ("ΔH − δH₁(η): measured minus first-order prediction on the same E, with its paired SE and "
+                 "z = residual / SE. 'consistent': |z| < 2 and the 95 % interval (±1.96 SE) is within ±50 % of "
+                 "δH₁(η), i.e. first order agrees within noise; 'too noisy': |z| < 2 but that interval is wider, "
+                 "so the data cannot tell; 'off': |z| ≥ 2, first order misses ΔH at that η.")
+MEASURED_OVER_PREDICTED = "ΔH/δH₁(η)\nmeasured/\npredicted"
 IMPORTANCE_OFF_NOTE = "ΔH(η) not measured (importance.enabled: false)"
 
 
@@ -65,8 +72,9 @@ def render_summary(results: dict[str, Any]) -> str:
     entries = results.get("true") or []
     if entries:
         console.print(_eta_table(entries, unit, x_hat_dot_v))
-        if note := _khat_note(entries):
-            console.print(note, markup=False, highlight=False)
+        for note in (_khat_note(entries), khat_missing_note(entries, (results.get("counts") or {}).get("B_E"))):
+            if note:
+                console.print(note, markup=False, highlight=False)
         if any(entry.get("residual") for entry in entries):
             console.print(RESIDUAL_NOTE, markup=False, highlight=False)
         console.print()
@@ -116,20 +124,64 @@ def _head_table(results: dict[str, Any], unit: str) -> Any:
     if update:
         head.add_row("update", f"{update.get('direction')}: ‖v‖ {format_number(update.get('norm'), '.4g')}, "
                                f"‖g‖ {format_number(update.get('grad_norm'), '.4g')}, clipped {update.get('clipped')}")
+        if objective := objective_lines(update.get("objective")):
+            head.add_row("objective", objective[0])
+            head.add_row("objective terms", objective[1])
     total_time = results.get("timing", {}).get("total")
     if is_finite_number(total_time):
         head.add_row("time", f"{total_time:.1f} s")
+        head.add_row("optional phases", optional_phases_line(results.get("timing", {})))
     return head
 
 
+# The optional phases: their switch in the config and their key in results.json `timing`.
+OPTIONAL_PHASES = (("variance.enabled", "phase3_variance"), ("importance.enabled", "phase4_importance"),
+                   ("second_order.enabled", "phase5_second_order"), ("predictors.enabled", "phase6_predictors"))
+
+
+def optional_phases_line(timing: dict[str, Any]) -> str:
+    """Which optional phases ran, with their seconds and share of the total (results.json `timing`), and which
+    were off, so that a user sees where the time went and which switch saves it."""
+    total = timing.get("total")
+    ran, off = [], []
+    for switch, key in OPTIONAL_PHASES:
+        seconds = timing.get(key)
+        if not is_finite_number(seconds):
+            off.append(switch.split(".")[0])
+            continue
+        share = f" ({100 * seconds / total:.0f} %)" if is_finite_number(total) and total > 0 else ""
+        ran.append(f"{switch.split('.')[0]} {seconds:.1f} s{share}")
+    text = "ran: " + (", ".join(ran) if ran else "none")
+    if ran:
+        text += " (set <phase>.enabled: false to skip one)"
+    return text + ("; off: " + ", ".join(off) if off else "")
+
+
+def objective_lines(objective: dict[str, Any] | None) -> tuple[str, str] | None:
+    """The resolved trainer objective v is the step of (results.json update.objective): (loss and advantages,
+    the other terms and constants)."""
+    if not objective:
+        return None
+    o, scaling = objective, objective.get("scale_rewards")
+    eps = f" (ε {format_number(o.get('advantage_eps'), 'g')})" if scaling not in (None, "none") else ""
+    kl = f" ({o.get('kl_estimator')})" if is_finite_number(o.get("kl_coef")) and o["kl_coef"] != 0 else ""
+    trainer = f" (trainer {o['trainer']})" if o.get("trainer") else ""
+    terms = (f"β {format_number(o.get('kl_coef'), 'g')}{kl}, entropy_coef {format_number(o.get('entropy_coef'), 'g')}, "
+             f"max_grad_norm {format_number(o.get('max_grad_norm'), 'g')}, max_completion_length "
+             f"{o.get('max_completion_length')}, micro_batches {o.get('micro_batches')}")
+    return f"{o.get('loss_type')}{trainer}, advantages {scaling}{eps}", terms
+
+
 def _eta_table(entries: list[dict[str, Any]], unit: str, x_hat_dot_v: Any) -> Any:
-    """One row per measured η: ΔH ± SE, ESS/N, k̂ (✗ above its threshold), ΔH/δH₁(η), the paired residual
-    ΔH − δH₁(η) ± SE with its z and whether first order holds there (|z| < 2), zero weights."""
+    """One row per measured η: ΔH ± SE, ESS/N, k̂ (✗ above its threshold), measured/predicted ΔH/δH₁(η), the paired residual
+    ΔH − δH₁(η) ± SE with its z and verdict (`residual_verdict`), zero weights."""
+    from rich import box
     from rich.table import Table
 
-    etas = Table(title="Measured ΔH(η) by SNIS on E", title_justify="left")
-    for col in ("η", f"ΔH ± SE ({unit})", "ESS/N", "k̂", "ΔH/δH₁(η)", "ΔH − δH₁(η) ± paired SE", "z", "zero-w"):
-        etas.add_column(col, justify="right")
+    etas = Table(title="Measured ΔH(η) by SNIS on E", title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("η", f"ΔH ± SE\n({unit})", "ESS/N", "k̂", MEASURED_OVER_PREDICTED, "ΔH − δH₁(η)\n± paired SE",
+                "z, verdict", "zero-w"):
+        etas.add_column(col, justify="right", no_wrap=True)
     for entry in entries:
         eta = entry.get("eta")
         khat, thr = entry.get("psis_khat"), entry.get("khat_threshold")
@@ -140,19 +192,31 @@ def _eta_table(entries: list[dict[str, Any]], unit: str, x_hat_dot_v: Any) -> An
                      format_number(entry.get("ess_frac"), ".3f"),
                      format_number(khat, ".2f") + flag,
                      format_number(_ratio(entry.get("deltaH_true"), predicted), ".3f"),
-                     *_residual_cells(entry.get("residual")),
+                     *_residual_cells(entry.get("residual"), predicted),
                      str(entry.get("zero_weight_count", "n/a")))
     return etas
 
 
-def _residual_cells(residual: dict[str, Any] | None) -> tuple[str, str]:
-    """('ρ ± SE', 'z, first order holds / fails') of a paired residual; 'n/a' for results without one."""
+def _residual_cells(residual: dict[str, Any] | None, predicted: Any) -> tuple[str, str]:
+    """('ρ ± SE', 'z verdict') of a paired residual (`residual_verdict`); 'n/a' for results without one."""
     if not residual:
         return "n/a", "n/a"
     z = residual.get("z")
-    verdict = "" if not is_finite_number(z) else (" holds" if abs(z) < 2 else " FAILS")
+    verdict = residual_verdict(z, residual.get("se"), predicted)
     return (f"{format_number(residual.get('value'), '+.2g')} ± {format_number(residual.get('se'), '.2g')}",
-            format_number(z, "+.2f") + verdict)
+            format_number(z, "+.2f") + (f" {verdict}" if verdict else ""))
+
+
+def residual_verdict(z: Any, se: Any, predicted: Any) -> str:
+    """'off' (|z| ≥ 2), 'consistent' (|z| < 2 with an informative interval) or 'too noisy' (|z| < 2 with an
+    interval wider than ±50 % of the prediction); '' when z is undefined."""
+    if not is_finite_number(z):
+        return ""
+    if abs(z) >= Z_AGREE:
+        return "off"
+    informative = (is_finite_number(se) and is_finite_number(predicted) and predicted != 0
+                   and 1.96 * se <= INFORMATIVE_FRACTION * abs(predicted))
+    return "consistent" if informative else "too noisy"
 
 
 def _fit_table(lin: dict[str, Any], x_hat_dot_v: Any, second_order: dict[str, Any] | None = None) -> Any:
@@ -164,12 +228,12 @@ def _fit_table(lin: dict[str, Any], x_hat_dot_v: Any, second_order: dict[str, An
     fit.add_column()
     slope = lin.get("slope_through_origin")
     fit.add_row("slope through origin", f"{format_number(slope, '+.4g')}  vs X̂·v {format_number(x_hat_dot_v, '+.4g')}  "
-                                        f"(ratio {format_number(_ratio(slope, x_hat_dot_v), '.3f')})")
+                                        f"(measured/predicted {format_number(_ratio(slope, x_hat_dot_v), '.3f')})")
     fit.add_row("log-log slope", f"{format_number(lin.get('loglog_slope'), '.3f')}  (1 in the linear regime)")
     for item in lin.get("symmetric_slopes") or []:
         s = item.get("slope")
         fit.add_row(f"symmetric slope η={format_number(item.get('eta'), '.3g')}",
-                    f"{format_number(s, '+.4g')}  (ratio {format_number(_ratio(s, x_hat_dot_v), '.3f')})")
+                    f"{format_number(s, '+.4g')}  (measured/predicted {format_number(_ratio(s, x_hat_dot_v), '.3f')})")
     if second_order:
         fit.add_row("second order d2 = D²_v H", f"{format_number(second_order.get('d2'), '+.4g')} ± "
                                                 f"{format_number(second_order.get('se'), '.2g')} per unit η²")
@@ -186,19 +250,21 @@ PREDICTOR_MEANINGS = {
 
 
 def _predictors_table(predictors: dict[str, dict[str, Any]], entries: list[dict[str, Any]], unit: str) -> Any:
-    """Competing predictors of the same step: prediction ± SE (SE_E, SE_U) and its ratio to the measured ΔH."""
+    """Competing predictors of the same step: prediction ± SE (SE_E, SE_U) and measured/predicted, the measured ΔH
+    over the prediction (1 / results.json's ratio_to_measured), read the same way as the η table's column."""
     from rich.table import Table
 
     positive = [e["eta"] for e in entries if is_finite_number(e.get("eta")) and e["eta"] > 0]
     against = f"ΔH(η={min(positive):.3g})·lr/η" if positive else "ΔH (not measured)"
-    table = Table(title=f"Competing predictors of the same step ({unit}; ratio to {against})",
+    table = Table(title=f"Competing predictors of the same step ({unit}; measured = {against})",
                   title_justify="left", box=None, padding=(0, 2))
-    for column in ("predictor", "predicted ΔH", "± SE", "SE_E / SE_U", "ratio", "what it assumes"):
+    for column in ("predictor", "predicted ΔH", "± SE", "SE_E / SE_U", "measured/predicted", "what it assumes"):
         table.add_column(column, justify="left" if column in ("predictor", "what it assumes") else "right")
     for name, entry in predictors.items():
         table.add_row(name, format_number(entry.get("delta_h1"), "+.4g"), format_number(entry.get("se"), ".2g"),
                       f"{format_number(entry.get('se_E'), '.2g')} / {format_number(entry.get('se_U'), '.2g')}",
-                      format_number(entry.get("ratio_to_measured"), ".3f"), PREDICTOR_MEANINGS.get(name, ""))
+                      format_number(_ratio(1.0, entry.get("ratio_to_measured")), ".3f"),
+                      PREDICTOR_MEANINGS.get(name, ""))
     return table
 
 
@@ -216,6 +282,27 @@ def _khat_note(entries: list[dict[str, Any]]) -> str | None:
             f"worth {PSIS_PRIOR_DRAWS} draws, so at this N a k̂ above its threshold "
             f"({format_number(entry.get('khat_threshold'), '.2f')}) is weak evidence; "
             "ESS/N is the steadier guide.")
+
+
+def khat_missing_note(entries: list[dict[str, Any]], n: Any) -> str | None:
+    """Why k̂ shows n/a (estimators/snis.psis_khat's rules), for the N = `n` E sequences; None when every k̂ is there."""
+    missing = [e for e in entries if not is_finite_number(e.get("psis_khat"))]
+    if not missing:
+        return None
+    if is_finite_number(n) and psis_tail_size(int(n)) < 5:
+        return (f"k̂ n/a: PSIS k̂ fits a Pareto tail to the N/5 largest of the N importance weights and needs at least "
+                f"5 of them, so N ≥ 25 E sequences; this run has N = {n} (raise batch_config.B_E). ESS/N still holds.")
+    tail = psis_tail_size(int(n)) if is_finite_number(n) else None
+    reasons = []
+    for e in missing:
+        zeros = e.get("zero_weight_count")
+        if tail is not None and is_finite_number(zeros) and n - zeros <= tail:
+            reasons.append(f"η={format_number(e.get('eta'), '.3g')}: only {n - zeros} non-zero weights, the fit "
+                           f"needs more than M = {tail}")
+        else:
+            reasons.append(f"η={format_number(e.get('eta'), '.3g')}: the largest weights are all equal or the fit "
+                           "failed")
+    return "k̂ n/a at " + "; ".join(reasons) + "."
 
 
 def print_summary(results: dict[str, Any]) -> None:

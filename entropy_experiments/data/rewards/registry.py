@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +41,7 @@ def _import_reward(spec: str) -> RewardFn:
     except Exception as exc:  # noqa: BLE001  ImportError, or any error raised while the module runs
         raise RewardError(
             f"reward '{spec}': cannot import module '{module_name}' ({exception_line(exc)})"
+            f"{import_path_hint(module_name, exc)}"
         ) from None
     owner = module_name
     for attr in attr_path.split("."):
@@ -52,6 +55,23 @@ def _import_reward(spec: str) -> RewardFn:
     if not callable(obj):
         raise RewardError(f"reward '{spec}': '{owner}' is a {type(obj).__name__}, not a function")
     return obj
+
+
+def import_path_hint(module_name: str, exc: Exception) -> str:
+    """What to do when the reward's own module (or its package) is not on the import path; "" for other errors.
+
+    The probe does not add the working directory to sys.path itself (the `entropy-probe` command, unlike
+    `python -m`, does not): where a module is imported from stays the user's choice (docs/faq.md)."""
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if not missing or not (module_name == missing or module_name.startswith(missing + ".")):
+        return ""
+    top, cwd = missing.split(".")[0], os.getcwd()
+    on_path = any(os.path.abspath(p or os.curdir) == cwd for p in sys.path)
+    if not on_path and (os.path.exists(os.path.join(cwd, top + ".py")) or os.path.isdir(os.path.join(cwd, top))):
+        return (f": '{top}' is in the working directory {cwd}, but the entropy-probe command does not import from "
+                "the working directory; add it to PYTHONPATH (PYTHONPATH=$PWD entropy-probe ...) or install the module")
+    return (f": '{top}' is not on the import path; add the directory that holds {top}.py (or the {top}/ package) "
+            "to PYTHONPATH (from that directory: PYTHONPATH=$PWD entropy-probe ...) or install the module")
 
 
 def get_reward(spec: str) -> RewardFn:
