@@ -20,7 +20,6 @@ from ..report.plot import plot_delta_h
 from ..report.results_schema import validate_results_schema
 from ..report.run_dir import GenerationChunkStore, RunDirectory
 from ..report.summary import print_summary
-from ..test_hooks import hold_for_kill_test
 from . import recipe as probe
 from .parallel import DistContext, init_from_env
 from .reanalysis import copy_samples, reusable_samples
@@ -167,7 +166,6 @@ def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, ba
             run_dir.save_batch("U", U)
             run_dir.save_partial("sampling_warnings", list(reward_warnings()))
             chunks.clear()
-            hold_for_kill_test("batches_saved")
 
     sampling_warnings = list(run_dir.load_partial("sampling_warnings") or []) if batches is not None else []
     return probe.run(config, dist=dist, batches=batches, on_batches=save_batches,
@@ -184,6 +182,5 @@ def write_outcome(run_dir: RunDirectory, config: ProbeConfig, outcome: probe.Pro
                                                        "units": "parameter change per unit learning rate"})
     run_dir.write_per_sequence(outcome.per_sequence_rows)
     run_dir.write_results(results)
-    hold_for_kill_test("results_written")
     if config.output.plot:
         plot_delta_h(results, run_dir.path / "delta_h_vs_eta.png")

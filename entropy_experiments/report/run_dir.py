@@ -36,7 +36,6 @@ from safetensors.torch import save as safetensors_bytes
 
 from .. import io_utils
 from ..errors import OutputError, os_error_reason, output_error_on_os_error
-from ..test_hooks import hold_for_kill_test
 from .results_schema import RESULTS_FILE, dumps_strict, validate_results_schema
 
 CONFIG_FILE = "config.yaml"
@@ -352,7 +351,6 @@ class GenerationChunkStore:
         def save(index: int, responses: list[list[int]]) -> None:
             self.run_dir.save_partial(f"{GEN_CHUNK_PREFIX}{digest}_{index:05d}",
                                       {"key": digest, "index": int(index), "responses": responses})
-            hold_for_kill_test("chunk_saved")
 
         return done, save
 
