@@ -10,6 +10,8 @@ import torch
 
 from entropy_experiments.data.rewards.weighted import RewardSet
 from entropy_experiments.errors import DeviceError, NumericsError
+from entropy_experiments.estimators.entropy_gradient import E_BACKWARD
+from entropy_experiments.estimators.sequence_scores import E_SCORING
 from entropy_experiments.policy.engine import PolicyEngine
 from entropy_experiments.policy.generate import chunk_seed
 from entropy_experiments.policy.generation_config import parse_settings
@@ -84,8 +86,8 @@ def test_teacher_forcing_oom_halves_and_gives_the_same_numbers(tiny_peft_model_a
     monkeypatch.setattr(sp, "_forward_logits",
                         lambda batch, *a: oom() if len(batch.pairs) > 1 else real(batch, *a))
     with caplog.at_level(logging.WARNING):
-        got = sp.teacher_force_logprobs(seqs, compute_rb=True)
-        got_grad = sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True)
+        got = sp.teacher_force_logprobs(seqs, compute_rb=True, phase=E_SCORING)
+        got_grad = sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True, phase=E_BACKWARD)
     assert "out of memory during teacher forcing (E scoring) (batch 0) at 4 rows per forward; retrying with 2" \
         in caplog.text
     assert "retrying with 1" in caplog.text
@@ -105,10 +107,10 @@ def test_teacher_forcing_oom_that_cannot_split_names_the_phase(tiny_peft_model_a
     monkeypatch.setattr(sp, "_forward_logits", oom)
     with pytest.raises(DeviceError, match=r"^out of memory during teacher forcing \(E scoring\) \(batch 0\) at "
                                           r"1 row\(s\) per forward"):
-        sp.teacher_force_logprobs(seqs, compute_rb=True)
+        sp.teacher_force_logprobs(seqs, compute_rb=True, phase=E_SCORING)
     # the E backward needs each microbatch in one forward (row hooks): no split, a pointer to the knob
     with pytest.raises(DeviceError, match=r"with grad \(E backward\).*lower estimator\.microbatch_size"):
-        sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True, tf_batch_size=6)
+        sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True, tf_batch_size=6, phase=E_BACKWARD)
 
 
 # ------------------------------------------------------------------------------- chunk seeds, saved chunks
