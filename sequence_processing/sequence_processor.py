@@ -1,4 +1,5 @@
-"""Re-export of `entropy_experiments.compat.sequence_processor` (seed 004) under the seed-era module path."""
+"""Legacy import path of the original (seed) API: SequenceProcessor and its result types, a thin re-export of
+`entropy_experiments.compat.sequence_processor` (where the façade lives)."""
 
 from entropy_experiments.compat.sequence_processor import (
     BatchedSequences,

@@ -21,7 +21,7 @@ from entropy_experiments.testing.tiny_model import add_random_lora, build_tiny_m
 # per test run, never the user's ~/.cache: the controller makes it and names it in _SHARED_CACHE_ENV
 # before the xdist workers start (they inherit the environment; a worker that somehow lacks it derives
 # the same path from the run's PYTEST_XDIST_TESTRUNUID). Converting SmolLM2 into it costs ~40 s of CPU
-# and 0.5 GB of disk once per run (model_loader's file lock: once across workers). To reuse a cache
+# and 0.5 GB of disk once per run (models/embedded.py's file lock: once across workers). To reuse a cache
 # between runs, set ENTROPY_TESTS_SHARED_CACHE=/some/dir yourself (never the user's probe cache).
 _SHARED_CACHE_ENV = "ENTROPY_TESTS_SHARED_CACHE"
 _CACHE_ENV = "ENTROPY_EXPERIMENTS_CACHE"

@@ -6,7 +6,7 @@
   the mean reported SE_U (grouped jackknife with v rebuilt through AdamW) within 1.3×.
 
 The reference is the empirical spread over independent batches, which shares nothing with the
-jackknife formulas. Each side runs through ProbeComponents / conditional_variance directly (no full
+jackknife formulas. Each side runs through the recipe's phase functions / the jackknife directly (no full
 probe runs): one sampling + one backward per seed. The ratios are printed (`pytest -s`) and carried in
 the assertion messages. About 1 s per seed and side on two idle cores (~60 s in all; much more when
 the cores are shared), hence `slow`.
@@ -20,13 +20,17 @@ import random
 import numpy as np
 import pytest
 
-from entropy_experiments.compat.sampling import sample_batch
+from entropy_experiments.checkpoint.learning_rate import resolve_learning_rate
 from entropy_experiments.data.datasets import load_examples
+from entropy_experiments.data.rewards.weighted import RewardSet
 from entropy_experiments.estimators import jackknife as cv
 from entropy_experiments.estimators import update_direction as adam
 from entropy_experiments.estimators.delta_h import measure_delta_h
+from entropy_experiments.estimators.objective_gradient import split_into_groups
 from entropy_experiments.estimators.paired import paired_residual
-from entropy_experiments.probe_components import ProbeComponents, split_into_groups
+from entropy_experiments.estimators.step_directions import step_direction
+from entropy_experiments.probe import recipe
+from entropy_experiments.probe.sampling import sample_batch
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
 from tests.probe_helpers import make_probe, write_prompts
 
@@ -51,21 +55,19 @@ def setup(tmp_path_factory):
         "batch_config": {"B_E": B_E, "B_U": B_U, "G": G},
         "generation": {"max_new_tokens": 3, "gen_batch_size": 512, "tf_batch_size": 512},
         "estimator": {"microbatch_size": 512}, "variance": {"u_groups": K}})
-    probe._ensure_sequence_processor()
-    comps = ProbeComponents(probe.model, probe.config, sequence_processor=probe._sequence_processor)
     examples = load_examples("jsonl", "train", dataset_path=str(data))
-    return probe, comps, examples
+    return probe, examples
 
 
 def _E(probe, examples, seed: int) -> dict:
     rng = random.Random(seed)
     indices = [rng.randrange(len(examples)) for _ in range(B_E)]  # with replacement, one response each
-    return sample_batch(probe._sequence_processor, examples, indices, 1, seed=seed, with_rewards=False)
+    return sample_batch(probe.engine, examples, indices, 1, seed=seed, rewards=None)
 
 
 def _U(probe, examples, seed: int) -> dict:
     indices = random.Random(seed).sample(range(len(examples)), B_U)  # distinct prompts
-    return sample_batch(probe._sequence_processor, examples, indices, G, seed=seed, with_rewards=True)
+    return sample_batch(probe.engine, examples, indices, G, seed=seed, rewards=RewardSet.resolve([probe.config.reward.name]))
 
 
 def _ratio(values: list[float], ses: list[float], side: str) -> float:
@@ -79,18 +81,21 @@ def _ratio(values: list[float], ses: list[float], side: str) -> float:
 @pytest.fixture(scope="module")
 def e_side_runs(setup):
     """U (hence v) and θ fixed; per E seed: δH₁, SE_E, and the paired residual ρ(η) ± SE at ETA."""
-    probe, comps, examples = setup
-    optimizer = probe.optimizer
-    lr = comps.learning_rate(optimizer)
-    v, _ = comps.update_direction(comps.accumulate_sum_Y(_U(probe, examples, 999)).total, optimizer)
+    probe, examples = setup
+    config, policy = probe.config, probe.policy
+    lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
+    U = _U(probe, examples, 999)
+    v, _ = step_direction(config.step_options(), policy,
+                          recipe.update_gradients(config, policy, U, [list(range(U["num_prompts"]))]).total)
     normalize = probe.config.estimator.normalize
     runs = []
     for seed in range(SEEDS):
         E = _E(probe, examples, 1000 + seed)
-        X, scores, _, (a, r) = comps.accumulate_X_one_pass(E, v)
+        X, scores, _, pieces = recipe.one_pass_phase(config, policy, E, {recipe.MAIN: v})
+        a, r = pieces[recipe.MAIN]
         _, se_e = cv.se_E(a, r, scores.seq_entropies, scores.lengths, scores.unit_of_sequence,
                           normalize=normalize, learning_rate=lr)
-        truth = measure_delta_h(probe._sequence_processor, E, v, [ETA], normalize=normalize)
+        truth = measure_delta_h(probe.engine, E, v, [ETA], normalize=normalize)
         per = truth["per_sequence"][ETA]
         rho = paired_residual(per["logw"], per["h_new"], truth["base"]["h"], truth["base"]["T"], a.numpy(),
                               r.numpy(), ETA, normalize=normalize, units=scores.unit_of_sequence)
@@ -120,16 +125,18 @@ def test_paired_residual_se_matches_the_spread_over_E_batches(e_side_runs):
 
 @pytest.mark.slow
 def test_se_U_matches_the_spread_over_U_batches(setup):
-    probe, comps, examples = setup
-    optimizer = probe.optimizer
-    lr = comps.learning_rate(optimizer)
-    X = comps.accumulate_X_one_pass(_E(probe, examples, 2999), None)[0]
+    probe, examples = setup
+    config, policy = probe.config, probe.policy
+    lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
+    X = recipe.one_pass_phase(config, policy, _E(probe, examples, 2999), {})[0]
     groups = split_into_groups(B_U, K)
     values, ses = [], []
     for seed in range(SEEDS):
-        grads = comps.accumulate_sum_Y(_U(probe, examples, 3000 + seed), groups)
-        v, _ = comps.update_direction(grads.total, optimizer)
-        se_u, _ = cv.se_U(X, cv.leave_one_group_out_directions(lambda g: comps.update_direction(g, optimizer)[0], grads), learning_rate=lr)
+        grads = recipe.update_gradients(config, policy, _U(probe, examples, 3000 + seed), groups)
+        v, _ = step_direction(config.step_options(), policy, grads.total)
+        directions = cv.leave_one_group_out_directions(
+            lambda g: step_direction(config.step_options(), policy, g)[0], grads)
+        se_u, _ = cv.se_U(X, directions, learning_rate=lr)
         values.append(lr * adam.named_dot(X, v))
         ses.append(se_u)
     assert np.all(np.isfinite(ses)) and min(ses) > 0

@@ -16,8 +16,13 @@ import pytest
 import torch
 
 from entropy_experiments import checkpoint as cl
-from entropy_experiments import model_loader as ml
+from entropy_experiments.checkpoint.adapter import create_lora_model, load_peft_for_probe
+from entropy_experiments.checkpoint.optimizer_state import (
+    load_adam_optimizer_from_path,
+    trainable_named_parameters,
+)
 from entropy_experiments.errors import CheckpointError, ConfigError, OptimizerStateError
+from entropy_experiments.models.embedded import CACHE_ENV_VAR, EMBEDDED_MODEL_NAME, embedded_model_dir
 
 
 def _touch(path: Path, text: str = "") -> Path:
@@ -145,17 +150,17 @@ def test_deepspeed_state_is_refused(tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 def test_base_model_defaults_to_the_adapters(tmp_path, monkeypatch):
-    monkeypatch.setenv(ml.CACHE_ENV_VAR, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV_VAR, str(tmp_path / "cache"))
     adapter = _adapter(tmp_path / "a", base="Qwen/Qwen2.5-1.5B")
     choice = cl.resolve_base_model_id(None, adapter)
     assert (choice.name, choice.warning) == ("Qwen/Qwen2.5-1.5B", None)
     assert "adapter_config.json base_model_name_or_path" in choice.source
     assert cl.resolve_base_model_id("Qwen/Qwen2.5-1.5B/", adapter).warning is None
-    assert cl.resolve_base_model_id(None, None).name == ml.EMBEDDED_MODEL_NAME  # make-checkpoint, demo
+    assert cl.resolve_base_model_id(None, None).name == EMBEDDED_MODEL_NAME  # make-checkpoint, demo
     # The embedded name and the cache directory it is converted to are the same base.
-    embedded = _adapter(tmp_path / "e", base=str(ml.embedded_model_dir()))
-    ml.embedded_model_dir().mkdir(parents=True)
-    assert cl.resolve_base_model_id(ml.EMBEDDED_MODEL_NAME, embedded).warning is None
+    embedded = _adapter(tmp_path / "e", base=str(embedded_model_dir()))
+    embedded_model_dir().mkdir(parents=True)
+    assert cl.resolve_base_model_id(EMBEDDED_MODEL_NAME, embedded).warning is None
 
 
 def test_a_different_explicit_base_model_is_a_warning(tmp_path):
@@ -198,7 +203,7 @@ def test_learning_rate_provenance():
 # ------------------------------------------------------------------------------------------------
 
 def _lora(tiny_model_dir, seed=0):
-    return ml.create_lora_model(str(tiny_model_dir), r=4, alpha=8, device_map="cpu", seed=seed)
+    return create_lora_model(str(tiny_model_dir), r=4, alpha=8, device_map="cpu", seed=seed)
 
 
 def _named_adamw(named, lr=1e-3, steps=2) -> torch.optim.AdamW:
@@ -227,10 +232,10 @@ def test_param_names_saved_by_torch_map_by_name(tiny_model_dir, tmp_path, prefix
     assert saved["param_groups"][0]["param_names"] == [n for n, _ in named]
     torch.save(saved, tmp_path / "optimizer.pt")
 
-    loaded = ml.load_adam_optimizer_from_path(model, tmp_path / "optimizer.pt")
+    loaded = load_adam_optimizer_from_path(model, tmp_path / "optimizer.pt")
     ref_state = {n: reference.state[p] for n, p in named}
     prefix_of = "" if prefix == "peft" else "base_model.model."
-    for name, p in ml.trainable_named_parameters(model):
+    for name, p in trainable_named_parameters(model):
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(loaded.state[p][key], ref_state[name.removeprefix(prefix_of)][key]), (name, key)
     assert loaded.param_groups[0]["lr"] == 2e-3
@@ -238,12 +243,12 @@ def test_param_names_saved_by_torch_map_by_name(tiny_model_dir, tmp_path, prefix
 
 def test_param_names_that_do_not_match_are_refused(tiny_model_dir, tmp_path):
     model = _lora(tiny_model_dir)
-    named = ml.trainable_named_parameters(model)
+    named = trainable_named_parameters(model)
     saved = _named_adamw(named).state_dict()
     saved["param_groups"][0]["param_names"][2] = "base_model.model.no.such.lora_A.default.weight"
     torch.save(saved, tmp_path / "optimizer.pt")
     with pytest.raises(OptimizerStateError, match=r"1 saved parameter\(s\) are not trainable .*no\.such.*param_names"):
-        ml.load_adam_optimizer_from_path(model, tmp_path / "optimizer.pt")
+        load_adam_optimizer_from_path(model, tmp_path / "optimizer.pt")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -262,7 +267,7 @@ def test_non_finite_adapter_weights_are_named(tiny_model_dir, tmp_path, poison):
     tensors[key].view(-1)[[0, 5, 9]] = float(poison)
     save_file(tensors, str(weights))
     with pytest.raises(CheckpointError) as info:
-        ml.load_peft_for_probe(str(tiny_model_dir), tmp_path / "adapter", device_map="cpu")
+        load_peft_for_probe(str(tiny_model_dir), tmp_path / "adapter", device_map="cpu")
     what = "3 NaN" if poison == "nan" else "3 inf"
     assert str(info.value) == f"adapter {weights}: tensor {key!r} holds {what} values"
 
@@ -270,7 +275,7 @@ def test_non_finite_adapter_weights_are_named(tiny_model_dir, tmp_path, poison):
 def test_empty_no_decay_group(tiny_model_dir, tmp_path):
     """A plain LoRA under the Trainer: every parameter decays, the no-decay group is empty."""
     model = _lora(tiny_model_dir)
-    params = [p for _, p in ml.trainable_named_parameters(model)]
+    params = [p for _, p in trainable_named_parameters(model)]
     reference = torch.optim.AdamW([{"params": params, "weight_decay": 0.01}, {"params": [], "weight_decay": 0.0}],
                                   lr=1e-3)
     gen = torch.Generator().manual_seed(0)
@@ -279,7 +284,7 @@ def test_empty_no_decay_group(tiny_model_dir, tmp_path):
             p.grad = torch.randn(p.shape, generator=gen)
         reference.step()
     torch.save(reference.state_dict(), tmp_path / "optimizer.pt")
-    loaded = ml.load_adam_optimizer_from_path(model, tmp_path / "optimizer.pt", position_order="trainer")
+    loaded = load_adam_optimizer_from_path(model, tmp_path / "optimizer.pt", position_order="trainer")
     assert len(loaded.param_groups) == 1 and loaded.param_groups[0]["weight_decay"] == 0.01
     assert all(torch.equal(loaded.state[p]["exp_avg"], reference.state[p]["exp_avg"]) for p in params)
     assert cl.resolve_learning_rate(None, reference.state_dict()["param_groups"]).value == 1e-3

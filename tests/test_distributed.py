@@ -25,7 +25,7 @@ import yaml
 from entropy_experiments import cli
 from entropy_experiments.data.batch import concat_batches
 from entropy_experiments.probe import parallel as D
-from entropy_experiments.test_hooks import FAULT_ENV
+from tests.hooked_cli import FAULT_ENV, hooked_command
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
 from tests.run_helpers import base_config, logging_restored
 
@@ -256,8 +256,7 @@ def _two_ranks_one_killed(path: Path, out: Path) -> tuple[list[int], str]:
         env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port), FAULT_ENV: "sampled:1:kill"})
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "entropy_experiments.cli", "run", "--config", str(path), "--out",
-             str(out), "--set", "distributed.timeout_s=10"],
+            hooked_command("run", "--config", str(path), "--out", str(out), "--set", "distributed.timeout_s=10"),
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
     try:
         _, err0 = procs[0].communicate(timeout=180)

@@ -1,7 +1,7 @@
 """No lost work: a real `entropy-probe run` subprocess is killed (SIGTERM, SIGINT, SIGKILL) at several
 points, then `--resume` finishes it with results identical to an uninterrupted run of the same seed.
 
-The run is held at a named point by the test-only hook `test_hooks.hold_for_kill_test` (env
+The run goes through the test shim tests/hooked_cli.py, which holds it at a named point (env
 ENTROPY_PROBE_TEST_HOLD=point[:n]); the test waits for its marker file and sends the signal. E and U
 are generated 2 rows per chunk (2 chunks each), so a kill during sampling leaves saved chunks.
 """
@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from entropy_experiments import cli
-from tests.run_helpers import cli_command, make_run_setup, numbers, results, subprocess_env
+from tests.hooked_cli import HOLD_ENV, HOLD_FILE_ENV, hooked_command
+from tests.run_helpers import make_run_setup, numbers, results, subprocess_env
 
 # (signal, hold point, what must be on disk when it is killed)
 CASES = [
@@ -51,8 +52,8 @@ def reference(setup, tmp_path_factory) -> dict:
 
 def _kill_at(config: Path, out: Path, point: str, sig: signal.Signals, tmp: Path) -> subprocess.CompletedProcess:
     marker = tmp / "held"
-    env = subprocess_env(ENTROPY_PROBE_TEST_HOLD=point, ENTROPY_PROBE_TEST_HOLD_FILE=str(marker))
-    proc = subprocess.Popen(cli_command("run", "--config", str(config), "--out", str(out)), cwd=tmp, env=env,
+    env = subprocess_env(**{HOLD_ENV: point, HOLD_FILE_ENV: str(marker)})
+    proc = subprocess.Popen(hooked_command("run", "--config", str(config), "--out", str(out)), cwd=tmp, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while not marker.exists():

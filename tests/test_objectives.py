@@ -4,7 +4,7 @@
 - every loss_type's loss, with KL and entropy terms, against the TRAINERS.md formula written out as
   loops over prompts, responses and tokens (independent of objectives.py), whole batch and per
   microbatch;
-- the U gradient of ProbeComponents against autograd of that written-out loss through an
+- the U gradient of the probe (`recipe.update_gradients`) against autograd of that written-out loss through an
   independent, unpadded forward of the tiny model, for microbatched and whole-batch backward passes;
 - the leave-one-group-out scales against the objective recomputed without the group.
 """
@@ -19,7 +19,7 @@ import torch
 from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError
 from entropy_experiments.estimators import objectives
-from entropy_experiments.probe_components import ProbeComponents
+from entropy_experiments.probe import recipe
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
 LOSS_TYPES = ["dr_grpo_per_prompt", "grpo", "bnpo", "dapo", "dr_grpo", "luspo"]
@@ -197,8 +197,7 @@ def test_presets_explicit_keys_and_refusals():
 def sampled_U(tiny_model_dir, tmp_path_factory):
     prompts = write_prompts(tmp_path_factory.mktemp("objdata") / "p.jsonl", SHORT_PROMPTS)
     probe = make_probe(tiny_model_dir, prompts, {"batch_config": {"B_U": 4, "G": 3}})
-    probe._ensure_sequence_processor()
-    _, U = probe._sample_EU_via_sequence_processor(B_E=1, B_U=4, G_U=3)
+    _, U = probe.sample(B_E=1, B_U=4, G=3)[:2]
     return probe, U
 
 
@@ -241,8 +240,7 @@ def test_u_gradient_matches_autograd_of_written_out_loss(sampled_U, loss_type, s
     for microbatch in (1, 64):  # one prompt per backward, and the whole U in one backward
         cfg = config_from_dict({**probe.config.to_dict(), "estimator": {"microbatch_size": microbatch},
                                 "objective": {"loss_type": loss_type, "scale_rewards": scale, **extra}})
-        comps = ProbeComponents(probe.model, cfg, sequence_processor=probe._sequence_processor)
-        got = comps.accumulate_sum_Y(U).total
+        got = recipe.update_gradients(cfg, probe.policy, U, [list(range(U["num_prompts"]))]).total
         for name, w in zip(names, want):
             scale_ = w.abs().max().item()
             assert torch.allclose(got[name].double(), w.double(), rtol=1e-4, atol=1e-5 * scale_), (name, microbatch)
@@ -268,8 +266,6 @@ def test_trainer_logprobs_are_tempered_without_nucleus(temperature, top_p):
 
 def test_u_gradient_divides_the_logits_by_the_temperature(sampled_U):
     """At τ ≠ 1 the U gradient is that of the loss on log softmax(logits/τ) (TRL's), not on the raw logits."""
-    from entropy_experiments.compat.sequence_processor import SequenceProcessor
-
     probe, U = sampled_U
     tau = 0.6
     names = [n for n, p in probe.model.named_parameters() if p.requires_grad]
@@ -281,8 +277,8 @@ def test_u_gradient_divides_the_logits_by_the_temperature(sampled_U):
     cfg = config_from_dict({**probe.config.to_dict(), "generation": {**probe.config.to_dict()["generation"],
                                                                      "temperature": tau},
                             "objective": {"loss_type": "dapo", "scale_rewards": "group"}})
-    sp = SequenceProcessor(probe.model, probe._sequence_processor.tokenizer, config=cfg.sequence_processor_settings())
-    got = ProbeComponents(probe.model, cfg, sequence_processor=sp).accumulate_sum_Y(U).total
+    tempered = probe.with_config(cfg)  # a policy engine that scores at τ
+    got = recipe.update_gradients(cfg, tempered.policy, U, [list(range(U["num_prompts"]))]).total
     gap = max((w - a).abs().max().item() / w.abs().max().item() for w, a in zip(want, at_one, strict=True))
     assert gap > 1e-2, "τ must matter on this batch, else the test could not catch a missing /τ"
     for name, w in zip(names, want, strict=True):

@@ -75,7 +75,7 @@ def test_residual_entry_reports_z_and_nan_without_an_se():
 def test_a_probe_run_reports_the_paired_residual_of_every_eta(tiny_model_dir, tmp_path):
     prompts_file = write_prompts(tmp_path / "prompts.jsonl", SHORT_PROMPTS)
     probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"eta_list": [1e-3, 1e-2], "symmetric": True}})
-    results = probe.run_mixed_probe()
+    results = probe.run().results
     slope = results["consistency"]["deltaH1_from_pieces"] / results["learning_rate"]  # D_v H from the pieces
     assert len(results["true"]) == 4
     for row in results["true"]:

@@ -19,12 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from entropy_experiments.compat.sequence_processor import SequenceProcessor
 from entropy_experiments.estimators import delta_h as isamp
 from entropy_experiments.estimators.predictors import zero_second_moment_caveat
 from entropy_experiments.estimators.sequence_scores import score_sequences
 from entropy_experiments.estimators.update_direction import named_norm
-from entropy_experiments.probe_components import ProbeComponents
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 from tests.test_probe import (  # noqa: F401  (fixtures)
     TOY_PROMPTS,
@@ -32,6 +30,7 @@ from tests.test_probe import (  # noqa: F401  (fixtures)
     _enumerated,
     _run,
     _shifted,
+    _update_direction,
     toy_dir,
     toy_prompts_file,
 )
@@ -47,14 +46,11 @@ def prompts_file(tmp_path_factory):
 
 def _directions_by_hand(probe, U) -> tuple[dict, dict[str, dict]]:
     """(g, {name: v'}) with v' written out from the optimizer's saved state, independently of predictors.py."""
-    sp = SequenceProcessor(probe.model, probe.tokenizer, config=probe.config.sequence_processor_settings())
-    comps = ProbeComponents(probe.model, probe.config, sequence_processor=sp)
-    g = comps.accumulate_sum_Y(U).total
-    v, _ = comps.update_direction(g, probe.optimizer)
+    g, v, _ = _update_direction(probe, U)
     group = probe.optimizer.param_groups[0]
     beta2, eps = group["betas"][1], group["eps"]
     v_p = {}
-    for name, p in zip(comps.param_names, comps.params):
+    for name, p in zip(probe.policy.trainable.names, probe.policy.trainable.params):
         st = probe.optimizer.state[p]
         t = int(st["step"])
         v_p[name] = -g[name].double() / ((st["exp_avg_sq"].double() / (1 - beta2 ** t)).sqrt() + eps)
@@ -64,8 +60,7 @@ def _directions_by_hand(probe, U) -> tuple[dict, dict[str, dict]]:
 
 
 def _snis_slope(probe, E, direction: dict, eps: float) -> float:
-    sp = SequenceProcessor(probe.model, probe.tokenizer, config=probe.config.sequence_processor_settings())
-    out = isamp.measure_delta_h(sp, E, {n: t.float() for n, t in direction.items()}, [-eps, eps],
+    out = isamp.measure_delta_h(probe.engine, E, {n: t.float() for n, t in direction.items()}, [-eps, eps],
                                 normalize=probe.config.estimator.normalize)
     lo, hi = (row["deltaH_true"] for row in out["true"])
     return (hi - lo) / (2 * eps)
@@ -75,7 +70,7 @@ def _snis_slope(probe, E, direction: dict, eps: float) -> float:
 def test_direction_predictors_equal_the_snis_slope_along_their_direction(tiny_model_dir, prompts_file, normalize):
     probe = make_probe(tiny_model_dir, prompts_file, {
         "estimator": {"normalize": normalize, "x_mode": "full_return"}, "importance": {"eta_list": [1e-3]}})
-    results, E, U = _run(probe)
+    results, E, U, _ = _run(probe)
     lr = results["learning_rate"]
     _, dirs = _directions_by_hand(probe, U)
     for name in DIRECTION_NAMES:
@@ -107,10 +102,9 @@ def test_direct_only_against_finite_differences_of_the_entropies(tiny_model_dir,
     probe = make_probe(tiny_model_dir, prompts_file, {"batch_config": {"B_E": 12},
                                                       "variance": {"directional": directional},
                                                       "importance": {"enabled": False}})
-    results, E, _ = _run(probe)
+    results, E, _, v = _run(probe)
     entry, lr = results["predictors"]["direct_only"], results["learning_rate"]
-    sp = SequenceProcessor(probe.model, probe.tokenizer, config=probe.config.sequence_processor_settings())
-    v, eps = probe.update_vector, 3e-4
+    sp, eps = probe.engine, 3e-4
     h_plus = score_sequences(sp, E, params_override=sp.build_params_override(v, eps)).seq_entropies.numpy()
     h_minus = score_sequences(sp, E, params_override=sp.build_params_override(v, -eps)).seq_entropies.numpy()
     d = (h_plus - h_minus) / (2 * eps)                       # D_v h_i by finite differences, sequence by sequence
@@ -151,7 +145,7 @@ def test_predictors_on_the_enumerable_model(toy_dir, toy_prompts_file):  # noqa:
         "generation": {"max_new_tokens": max_new, "gen_batch_size": 1024, "tf_batch_size": 1024},
         "estimator": {"microbatch_size": 1024}, "importance": {"eta_list": [2e-2], "symmetric": False},
         "second_order": {"enabled": False}})
-    results, _, U = _run(probe)
+    results, _, U, _ = _run(probe)
     lr = results["learning_rate"]
     _, dirs = _directions_by_hand(probe, U)
     model64 = copy.deepcopy(probe.model).double()
@@ -182,7 +176,7 @@ def test_predictors_on_the_enumerable_model(toy_dir, toy_prompts_file):  # noqa:
 
 def test_no_momentum_is_unavailable_on_a_fresh_optimizer_state(tiny_model_dir, prompts_file):
     probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False}})
-    probe.optimizer = torch.optim.AdamW([p for p in probe.model.parameters() if p.requires_grad], lr=1e-3)
+    probe.policy.optimizer = torch.optim.AdamW([p for p in probe.model.parameters() if p.requires_grad], lr=1e-3)
     predictors = _run(probe)[0]["predictors"]
     assert predictors["no_momentum"]["delta_h1"] is None
     assert "step ≥ 1" in predictors["no_momentum"]["unavailable"]

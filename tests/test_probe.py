@@ -17,8 +17,10 @@ import pytest
 import torch
 
 from entropy_experiments.estimators import delta_h as isamp
+from entropy_experiments.estimators.entropy_gradient import coefficients
+from entropy_experiments.estimators.step_directions import step_direction
 from entropy_experiments.estimators.surrogate import directional_pieces
-from entropy_experiments.probe_components import ProbeComponents
+from entropy_experiments.probe import recipe
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
@@ -41,9 +43,17 @@ def toy_prompts_file(tmp_path_factory):
 
 
 def _run(probe):
+    """`recipe.run` on the set-up: (results, E, U, v)."""
     captured = {}
-    results = probe.run_mixed_probe(on_batches=lambda E, U: captured.update(E=E, U=U))
-    return results, captured["E"], captured["U"]
+    outcome = probe.run(on_batches=lambda E, U: captured.update(E=E, U=U))
+    return outcome.results, captured["E"], captured["U"], outcome.update_vector
+
+
+def _update_direction(probe, U) -> tuple[dict, dict, dict]:
+    """(g, v, description): ∇L_U over all of U (one group) and the AdamW step direction from it."""
+    g = recipe.update_gradients(probe.config, probe.policy, U, [list(range(U["num_prompts"]))]).total
+    v, info = step_direction(probe.config.step_options(), probe.policy, g)
+    return g, v, info
 
 
 @pytest.mark.parametrize("normalize", ["per_token", "per_sequence"])
@@ -53,7 +63,7 @@ def test_full_return_identity_matches_snis_slope(tiny_model_dir, prompts_file, n
     probe = make_probe(tiny_model_dir, prompts_file, {
         "estimator": {"normalize": normalize, "x_mode": "full_return", "baseline": "none"},
         "importance": {"eta_list": [h], "symmetric": True}, "variance": {"enabled": False}})
-    results, _, _ = _run(probe)
+    results, _, _, _ = _run(probe)
     slope = results["linearity"]["symmetric_slopes"][0]["slope"]
     assert results["x_hat_dot_v"] != 0
     assert abs(slope - results["x_hat_dot_v"]) <= 1e-3 * abs(results["x_hat_dot_v"]), (slope, results["x_hat_dot_v"])
@@ -65,7 +75,7 @@ def test_per_sequence_pieces_sum_to_backward(tiny_model_dir, prompts_file, basel
     probe = make_probe(tiny_model_dir, prompts_file, {"estimator": {"baseline": baseline},
                                                       "variance": {"directional": directional},
                                                       "importance": {"enabled": False}})
-    results, _, _ = _run(probe)
+    results, _, _, _ = _run(probe)
     assert results["consistency"]["pieces_method"] == method
     assert results["consistency"]["relative_difference"] < 1e-4
     assert np.isfinite(results["se"]["E"]) and results["se"]["E"] > 0
@@ -78,11 +88,10 @@ def test_without_error_bars_one_backward_gives_the_same_delta_h1(tiny_model_dir,
     from entropy_experiments.config import config_from_dict
 
     probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False}})
-    with_bars, E, U = _run(probe)
+    with_bars, E, U, _ = _run(probe)
     d = probe.config.to_dict()
     d["variance"]["enabled"] = False
-    probe.config = config_from_dict(d)
-    without = probe.run_mixed_probe(batches=(E, U))
+    without = probe.with_config(config_from_dict(d)).run(batches=(E, U)).results
     assert "phase1_3_E_scoring" in without["timing"] and "phase1_3_E_scoring" not in with_bars["timing"]
     assert without["deltaH1"] != 0
     assert abs(without["deltaH1"] - with_bars["deltaH1"]) <= 1e-5 * abs(with_bars["deltaH1"])
@@ -96,14 +105,15 @@ def test_one_pass_backward_matches_forward_mode_and_two_pass(tiny_model_dir, pro
     probe = make_probe(tiny_model_dir, prompts_file, {"estimator": {"normalize": normalize, "x_mode": x_mode},
                                                       "importance": {"enabled": False},
                                                       "variance": {"enabled": False}})
-    _, E, U = _run(probe)
-    comps = ProbeComponents(probe.model, probe.config, sequence_processor=probe._sequence_processor)
-    v, _ = comps.update_direction(comps.accumulate_sum_Y(U).total, probe.optimizer)
-    X_one, _scores, coefs, (a, r) = comps.accumulate_X_one_pass(E, v)
+    _, E, U, _ = _run(probe)
+    config, policy = probe.config, probe.policy
+    _, v, _ = _update_direction(probe, U)
+    X_one, _scores, coefs, pieces = recipe.one_pass_phase(config, policy, E, {recipe.MAIN: v})
+    a, r = pieces[recipe.MAIN]
 
-    jvp_scores = comps.score_E(E, v)
-    jvp_coefs = comps.coefficients(jvp_scores)
-    X_two = comps.accumulate_sum_X(E, jvp_coefs)
+    jvp_scores = recipe.score_E(config, policy, E, v)
+    jvp_coefs = coefficients(jvp_scores, config.entropy_options())
+    X_two = recipe.surrogate_gradient_phase(config, policy, E, jvp_coefs)
     a_ref, r_ref = directional_pieces(jvp_scores.d_logq, jvp_scores.d_entropy, jvp_coefs)
 
     assert coefs.H_hat == pytest.approx(jvp_coefs.H_hat, rel=1e-6)
@@ -120,24 +130,23 @@ def test_real_step_matches_param_override(tiny_model_dir, prompts_file):
     probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False},
                                                       "variance": {"enabled": False},
                                                       "estimator": {"max_grad_norm": 0.5}})
-    _, E, U = _run(probe)
-    comps = ProbeComponents(probe.model, probe.config, sequence_processor=probe._sequence_processor)
-    grads = comps.accumulate_sum_Y(U).total
-    v, _ = comps.update_direction(grads, probe.optimizer)
-    before = {n: p.detach().clone() for n, p in zip(comps.param_names, comps.params)}
+    _, E, U, _ = _run(probe)
+    grads, v, _ = _update_direction(probe, U)
+    trainable = probe.policy.trainable
+    before = {n: p.detach().clone() for n, p in zip(trainable.names, trainable.params)}
     state_before = copy.deepcopy(probe.optimizer.state_dict())
     # θ + η·v and AdamW's own update round differently at the ulp of θ; η large enough that this
     # rounding is far below the 1e-5 tolerance.
     etas = [-3e-2, 3e-2]
-    kw = {"normalize": "per_token", "optimizer": probe.optimizer, "named_params": list(zip(comps.param_names, comps.params)),
+    kw = {"normalize": "per_token", "optimizer": probe.optimizer, "named_params": list(zip(trainable.names, trainable.params)),
               "grads": grads, "max_grad_norm": 0.5}
-    over = isamp.measure_delta_h(probe._sequence_processor, E, v, etas, mode="param_override", **kw)
-    real = isamp.measure_delta_h(probe._sequence_processor, E, v, etas, mode="real_step", **kw)
+    over = isamp.measure_delta_h(probe.engine, E, v, etas, mode="param_override", **kw)
+    real = isamp.measure_delta_h(probe.engine, E, v, etas, mode="real_step", **kw)
     for a, b in zip(over["true"], real["true"]):
         assert a["deltaH_true"] != 0
         assert abs(a["deltaH_true"] - b["deltaH_true"]) <= 1e-5 * abs(a["deltaH_true"]) + 1e-9
     # real_step restored parameters and optimizer state exactly
-    for n, p in zip(comps.param_names, comps.params):
+    for n, p in zip(trainable.names, trainable.params):
         assert torch.equal(p.detach(), before[n])
     after = probe.optimizer.state_dict()
     for k, st in state_before["state"].items():
@@ -149,15 +158,14 @@ def test_update_direction_is_the_real_adamw_step(tiny_model_dir, prompts_file):
     probe = make_probe(tiny_model_dir, prompts_file, {"estimator": {"max_grad_norm": 0.1},
                                                       "importance": {"enabled": False},
                                                       "variance": {"enabled": False}})
-    _, _, U = _run(probe)
-    comps = ProbeComponents(probe.model, probe.config, sequence_processor=probe._sequence_processor)
-    grads = comps.accumulate_sum_Y(U).total
-    v, info = comps.update_direction(grads, probe.optimizer)
+    _, _, U, _ = _run(probe)
+    grads, v, info = _update_direction(probe, U)
+    trainable = probe.policy.trainable
     assert info["clipped"], "the test gradient should be large enough to be clipped at 0.1"
     lr = 1e-2  # (θ_after − θ_before)/lr loses ~ulp(θ)/lr to cancellation; keep lr large enough
-    with isamp.real_optimizer_step(probe.optimizer, list(zip(comps.param_names, comps.params)), grads, lr, 0.1):
-        moved = {n: p.detach().clone() for n, p in zip(comps.param_names, comps.params)}
-    for n, p in zip(comps.param_names, comps.params):
+    with isamp.real_optimizer_step(probe.optimizer, list(zip(trainable.names, trainable.params)), grads, lr, 0.1):
+        moved = {n: p.detach().clone() for n, p in zip(trainable.names, trainable.params)}
+    for n, p in zip(trainable.names, trainable.params):
         step = (moved[n] - p.detach()) / lr
         ulp = torch.finfo(torch.float32).eps * p.detach().abs().max().item()
         assert torch.allclose(step, v[n], rtol=1e-4, atol=4 * ulp / lr)
@@ -218,8 +226,7 @@ def test_exact_on_enumerable_model(toy_dir, toy_prompts_file, normalize, tau, x_
         "estimator": {"normalize": normalize, "microbatch_size": 1024, "x_mode": x_mode, "baseline": baseline},
         "importance": {"eta_list": [eta], "symmetric": False},
         "variance": {"u_groups": 4}})
-    results, _, _ = _run(probe)
-    v = probe.update_vector
+    results, _, _, v = _run(probe)
     model64 = copy.deepcopy(probe.model).double()
     params = {n: p.detach() for n, p in model64.named_parameters()}
     tok = probe.tokenizer
@@ -251,12 +258,12 @@ def test_second_order_on_enumerable_model(toy_dir, toy_prompts_file, normalize):
         "generation": {"max_new_tokens": max_new, "gen_batch_size": 1024, "tf_batch_size": 1024},
         "estimator": {"normalize": normalize, "microbatch_size": 1024},
         "importance": {"eta_list": [2e-2], "symmetric": False}, "second_order": {"enabled": True}})
-    results, _, _ = _run(probe)
+    results, _, _, v = _run(probe)
     model64 = copy.deepcopy(probe.model).double()
     params = {n: p.detach() for n, p in model64.named_parameters()}
 
     def H(s):
-        return _exact_entropy(model64, _shifted(params, probe.update_vector, s), probe.tokenizer, TOY_PROMPTS, 1.0,
+        return _exact_entropy(model64, _shifted(params, v, s), probe.tokenizer, TOY_PROMPTS, 1.0,
                               normalize, max_new)
 
     eps = 1e-2
@@ -275,13 +282,12 @@ def test_error_bars_are_calibrated(toy_dir, toy_prompts_file):
     values, ses = [], []
     base = make_probe(toy_dir, toy_prompts_file, {})
     for seed in range(20):
-        probe = make_probe(toy_dir, toy_prompts_file, {
+        config = make_probe(toy_dir, toy_prompts_file, {
             "seed": 100 + seed, "batch_config": {"B_E": 300, "B_U": 8, "G": 4},
             "generation": {"max_new_tokens": 3, "gen_batch_size": 512, "tf_batch_size": 512},
-            "estimator": {"microbatch_size": 512}, "importance": {"enabled": False}, "variance": {"u_groups": 8}})
-        probe.model, probe.optimizer = base.model, base.optimizer  # same θ and Adam state every time
-        probe._sequence_processor = None
-        results, _, _ = _run(probe)
+            "estimator": {"microbatch_size": 512}, "importance": {"enabled": False}, "variance": {"u_groups": 8}}).config
+        probe = base.with_config(config)  # same θ and Adam state every time
+        results, _, _, _ = _run(probe)
         values.append(results["deltaH1"])
         ses.append(results["se"]["total"])
     spread, reported = float(np.std(values, ddof=1)), float(np.sqrt(np.mean(np.square(ses))))
@@ -289,23 +295,10 @@ def test_error_bars_are_calibrated(toy_dir, toy_prompts_file):
 
 
 def test_same_seed_gives_identical_results(tiny_model_dir, prompts_file):
-    r1, _, _ = _run(make_probe(tiny_model_dir, prompts_file, {"seed": 7}))
-    r2, _, _ = _run(make_probe(tiny_model_dir, prompts_file, {"seed": 7}))
+    r1, _, _, _ = _run(make_probe(tiny_model_dir, prompts_file, {"seed": 7}))
+    r2, _, _, _ = _run(make_probe(tiny_model_dir, prompts_file, {"seed": 7}))
     assert r1["deltaH1"] == r2["deltaH1"] and r1["se"] == r2["se"]
     assert [t["deltaH_true"] for t in r1["true"]] == [t["deltaH_true"] for t in r2["true"]]
-
-
-@pytest.mark.parametrize("mode", ["replacement", "distinct"])
-def test_seed_sampling_entry_point_on_a_fresh_probe(tiny_model_dir, prompts_file, mode):
-    """`_sample_EU_via_sequence_processor` (seed 000's API) works before any run, in both E modes."""
-    probe = make_probe(tiny_model_dir, prompts_file, {"batch_config": {"E_sampling_mode": mode, "G": 2}})
-    E, U = probe._sample_EU_via_sequence_processor(B_E=3, B_U=2, G_U=2)
-    E_per_prompt = 1 if mode == "replacement" else 2
-    assert (E["num_prompts"], E["num_responses_per_prompt"]) == (3, E_per_prompt)
-    assert (U["num_prompts"], U["num_responses_per_prompt"]) == (2, 2)
-    assert len(set(probe.index_plan.U_prompt_indices)) == 2
-    if mode == "distinct":
-        assert len(set(probe.index_plan.E_prompt_indices)) == 3
 
 
 def test_delta_h_reuses_the_phase_1_scores_without_a_pass_at_theta(tiny_model_dir, prompts_file):
@@ -314,13 +307,12 @@ def test_delta_h_reuses_the_phase_1_scores_without_a_pass_at_theta(tiny_model_di
     probe = make_probe(tiny_model_dir, prompts_file, {"estimator": {"microbatch_size": 4},
                                                       "importance": {"eta_list": [1e-3]},
                                                       "predictors": {"enabled": False}})
-    results, E, _ = _run(probe)
-    sp, v = probe._sequence_processor, probe.update_vector
+    results, E, _, v = _run(probe)
+    sp = probe.engine
     rows = 4  # 2 prompts × G = 2 per microbatch
     again = isamp.measure_delta_h(sp, E, v, [-1e-3, 1e-3], normalize="per_token", tf_batch_size=rows)
     assert [r["deltaH_true"] for r in results["true"]] == [r["deltaH_true"] for r in again["true"]]
-    comps = ProbeComponents(probe.model, probe.config, sequence_processor=sp)
-    _, phase1_scores, _, _ = comps.accumulate_X_one_pass(E, None)
+    _, phase1_scores, _, _ = recipe.one_pass_phase(probe.config, probe.policy, E, {})
     at_zero = isamp.measure_delta_h(sp, E, v, [0.0], normalize="per_token", base=phase1_scores, tf_batch_size=rows)
     assert at_zero["per_sequence"][0.0]["logw"] == [0.0] * len(phase1_scores.token_logqs)
 

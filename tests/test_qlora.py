@@ -16,7 +16,7 @@ import torch
 
 bnb = pytest.importorskip("bitsandbytes")
 
-from entropy_experiments import model_loader as ml
+from entropy_experiments.checkpoint.adapter import load_peft_for_probe
 from entropy_experiments.testing.tiny_model import add_random_lora
 
 
@@ -34,7 +34,7 @@ def fp32_and_adapter(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def qlora_model(tiny_model_dir, fp32_and_adapter):
-    return ml.load_peft_for_probe(str(tiny_model_dir), fp32_and_adapter[1], use_qlora=True, device_map="cpu")
+    return load_peft_for_probe(str(tiny_model_dir), fp32_and_adapter[1], use_qlora=True, device_map="cpu")
 
 
 def test_base_layers_are_nf4_and_dequantise_to_the_fp32_weights(qlora_model, fp32_and_adapter):

@@ -8,8 +8,14 @@ import logging
 import pytest
 import torch
 
+from entropy_experiments.data.rewards.weighted import RewardSet
 from entropy_experiments.errors import DeviceError, NumericsError
-from entropy_experiments.utils.sequence_processor import SequenceProcessor, chunk_seed
+from entropy_experiments.estimators.entropy_gradient import E_BACKWARD
+from entropy_experiments.estimators.sequence_scores import E_SCORING
+from entropy_experiments.policy.engine import PolicyEngine
+from entropy_experiments.policy.generate import chunk_seed
+from entropy_experiments.policy.generation_config import parse_settings
+from entropy_experiments.probe.sampling import prompt_examples, sample_batch
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
 PROMPTS = ["User: Tom has 3 apples", "Hi", "What is 2 + 2?"]
@@ -19,9 +25,9 @@ PROMPTS = ["User: Tom has 3 apples", "Hi", "What is 2 + 2?"]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def make_sp(model, tok, **generation) -> SequenceProcessor:
-    return SequenceProcessor(model, tok, {"generation": {"max_new_tokens": 6, "gen_batch_size": 4,
-                                                         "tf_batch_size": 4, **generation}})
+def make_sp(model, tok, **generation) -> PolicyEngine:
+    return PolicyEngine(model, tok, parse_settings({"generation": {"max_new_tokens": 6, "gen_batch_size": 4,
+                                                                   "tf_batch_size": 4, **generation}}))
 
 
 def oom(*_args, **_kwargs):
@@ -80,8 +86,8 @@ def test_teacher_forcing_oom_halves_and_gives_the_same_numbers(tiny_peft_model_a
     monkeypatch.setattr(sp, "_forward_logits",
                         lambda batch, *a: oom() if len(batch.pairs) > 1 else real(batch, *a))
     with caplog.at_level(logging.WARNING):
-        got = sp.teacher_force_logprobs(seqs, compute_rb=True)
-        got_grad = sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True)
+        got = sp.teacher_force_logprobs(seqs, compute_rb=True, phase=E_SCORING)
+        got_grad = sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True, phase=E_BACKWARD)
     assert "out of memory during teacher forcing (E scoring) (batch 0) at 4 rows per forward; retrying with 2" \
         in caplog.text
     assert "retrying with 1" in caplog.text
@@ -101,10 +107,10 @@ def test_teacher_forcing_oom_that_cannot_split_names_the_phase(tiny_peft_model_a
     monkeypatch.setattr(sp, "_forward_logits", oom)
     with pytest.raises(DeviceError, match=r"^out of memory during teacher forcing \(E scoring\) \(batch 0\) at "
                                           r"1 row\(s\) per forward"):
-        sp.teacher_force_logprobs(seqs, compute_rb=True)
+        sp.teacher_force_logprobs(seqs, compute_rb=True, phase=E_SCORING)
     # the E backward needs each microbatch in one forward (row hooks): no split, a pointer to the knob
     with pytest.raises(DeviceError, match=r"with grad \(E backward\).*lower estimator\.microbatch_size"):
-        sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True, tf_batch_size=6)
+        sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True, tf_batch_size=6, phase=E_BACKWARD)
 
 
 # ------------------------------------------------------------------------------- chunk seeds, saved chunks
@@ -157,28 +163,26 @@ def test_non_finite_in_generation_names_chunk_and_sequence(tiny_model_dir, data)
     with torch.no_grad():
         probe.model.get_base_model().lm_head.weight[5, 0] = float("nan")
     with pytest.raises(NumericsError) as info:
-        probe.run_mixed_probe()
+        probe.run()
     assert str(info.value) == "non-finite logits in generation: chunk 0, sequence b=0 g=0, token 0"
 
 
 def test_non_finite_in_the_u_gradient_names_phase_batch_and_sequence(tiny_model_dir, data):
     probe = make_probe(tiny_model_dir, data, {"batch_config": {"B_E": 2, "B_U": 2}})
-    from entropy_experiments.compat.sampling import sample_batch
-
-    sp, examples = probe._ensure_sequence_processor(), probe._examples()
-    E = sample_batch(sp, examples, [0, 1], 1, seed=1, with_rewards=False)
-    U = sample_batch(sp, examples, [2, 3], 2, seed=2, with_rewards=True)
+    sp, examples = probe.engine, prompt_examples(probe.config.batch_config)
+    E = sample_batch(sp, examples, [0, 1], 1, seed=1, rewards=None)
+    U = sample_batch(sp, examples, [2, 3], 2, seed=2, rewards=RewardSet.resolve([probe.config.reward.name]))
     lora_A = next(p for n, p in probe.model.named_parameters() if "lora_A" in n)
     with torch.no_grad():
         lora_A[0, 0] = float("inf")
     with pytest.raises(NumericsError, match=r"^non-finite logits in teacher forcing with grad \(U gradient\): "
                                             r"batch 0, sequence b=\d+ g=\d+, token \d+$"):
-        probe.run_mixed_probe(batches=(E, U))
+        probe.run(batches=(E, U))
 
 
 def test_non_finite_in_delta_h_scoring_names_the_phase(tiny_model_dir, data, monkeypatch):
     probe = make_probe(tiny_model_dir, data, {"batch_config": {"B_E": 2, "B_U": 2}})
-    real = SequenceProcessor.build_params_override
+    real = PolicyEngine.build_params_override
 
     def poisoned(self, v_named, eta):
         mapping = real(self, v_named, eta)
@@ -187,10 +191,10 @@ def test_non_finite_in_delta_h_scoring_names_the_phase(tiny_model_dir, data, mon
         mapping[name][:, 0] = float("nan")
         return mapping
 
-    monkeypatch.setattr(SequenceProcessor, "build_params_override", poisoned)
+    monkeypatch.setattr(PolicyEngine, "build_params_override", poisoned)
     with pytest.raises(NumericsError, match=r"^non-finite logits in teacher forcing at θ \+ η·v \(ΔH\(η\) scoring\): "
                                             r"batch 0, sequence b=0 g=0, token 0$"):
-        probe.run_mixed_probe()
+        probe.run()
 
 
 # ------------------------------------------------------------------------------- warnings in results.json
@@ -201,7 +205,7 @@ def test_result_changing_warnings_reach_results_json(tiny_model_dir, tmp_path):
     import json
 
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.offline_entropy_probe import run_probe
+    from entropy_experiments.probe.runner import run_probe
     from tests.run_helpers import base_config, make_run_setup
 
     _, config = make_run_setup(tmp_path / "setup", tiny_model_dir)

@@ -84,8 +84,8 @@ def test_report_gives_eta_star_and_the_second_order_prediction():
 def test_forward_over_forward_matches_a_central_difference_of_forward_mode(tiny_model_dir, tmp_path):
     probe = make_probe(tiny_model_dir, write_prompts(tmp_path / "p.jsonl", SHORT_PROMPTS),
                        {"batch_config": {"B_E": 4, "B_U": 2, "G": 2}})
-    sp = probe._ensure_sequence_processor()
-    E, _ = probe._sample_EU_via_sequence_processor(B_E=4, B_U=2, G_U=2)
+    sp = probe.engine
+    E, _ = probe.sample(B_E=4, B_U=2, G=2)[:2]
     seqs = batch_to_sequences(E)
     named = {n: p for n, p in probe.model.named_parameters() if p.requires_grad}
     gen = torch.Generator().manual_seed(0)

@@ -1,5 +1,7 @@
-"""The seed-API entry points that had no test of their own (issue 26): `OfflineEntropyProbe.from_config_file`
-and `ProbeComponents.compute_delta_h1_from_batches`, each against an independent reference."""
+"""The seed-API entry points (the legacy import paths `entropy_experiments.offline_entropy_probe` and
+`entropy_experiments.probe_components`): `OfflineEntropyProbe.from_config_file`,
+`OfflineEntropyProbe._sample_EU_via_sequence_processor` and `ProbeComponents.compute_delta_h1_from_batches`,
+each against an independent reference."""
 
 from __future__ import annotations
 
@@ -12,6 +14,14 @@ from entropy_experiments.estimators.update_direction import named_dot
 from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
 from entropy_experiments.probe_components import ProbeComponents
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
+
+
+def seed_probe(model_dir, data, config: dict) -> OfflineEntropyProbe:
+    """The seed façade around make_probe's model (tiny model + random LoRA), tokenizer and trained AdamW."""
+    setup = make_probe(model_dir, data, config)
+    probe = OfflineEntropyProbe(setup.config)
+    probe.model, probe.tokenizer, probe.optimizer = setup.model, setup.tokenizer, setup.optimizer
+    return probe
 
 
 def test_from_config_file_reads_the_yaml_and_applies_overrides(tmp_path):
@@ -35,7 +45,7 @@ def test_from_config_file_reads_the_yaml_and_applies_overrides(tmp_path):
 def probed(tiny_model_dir, tmp_path_factory):
     """A tiny probe run (error bars on: the one-pass backward with hook pieces) and the batches it drew."""
     data = write_prompts(tmp_path_factory.mktemp("seed_api") / "p.jsonl", SHORT_PROMPTS)
-    probe = make_probe(tiny_model_dir, data, {"importance": {"enabled": False}, "predictors": {"enabled": False},
+    probe = seed_probe(tiny_model_dir, data, {"importance": {"enabled": False}, "predictors": {"enabled": False},
                                               "second_order": {"enabled": False}})
     captured = {}
     results = probe.run_mixed_probe(on_batches=lambda E, U: captured.update(E=E, U=U))
@@ -70,3 +80,30 @@ def test_compute_delta_h1_from_batches_matches_the_run_and_its_own_pieces(probed
     assert len(with_pieces.u_gradients.groups) == 2
     with pytest.raises(ValueError, match="per_sequence_pieces=True"):
         comps.pieces(plain)
+
+
+@pytest.mark.parametrize("mode", ["replacement", "distinct"])
+def test_seed_sampling_entry_point_on_a_fresh_probe(tiny_model_dir, tmp_path, mode):
+    """`_sample_EU_via_sequence_processor` (seed 000's API) works before any run, in both E modes."""
+    prompts_file = write_prompts(tmp_path / "prompts.jsonl", SHORT_PROMPTS)
+    probe = seed_probe(tiny_model_dir, prompts_file, {"batch_config": {"E_sampling_mode": mode, "G": 2}})
+    E, U = probe._sample_EU_via_sequence_processor(B_E=3, B_U=2, G_U=2)
+    E_per_prompt = 1 if mode == "replacement" else 2
+    assert (E["num_prompts"], E["num_responses_per_prompt"]) == (3, E_per_prompt)
+    assert (U["num_prompts"], U["num_responses_per_prompt"]) == (2, 2)
+    assert len(set(probe.index_plan.U_prompt_indices)) == 2
+    if mode == "distinct":
+        assert len(set(probe.index_plan.E_prompt_indices)) == 3
+
+
+def test_model_loader_legacy_names_are_the_checkpoint_functions():
+    """`entropy_experiments.model_loader` (legacy path) hands out the very objects of the core modules."""
+    import entropy_experiments.model_loader as ml
+    from entropy_experiments.checkpoint import adapter, optimizer_state, writer
+    from entropy_experiments.models import embedded
+
+    assert ml.load_peft_for_probe is adapter.load_peft_for_probe
+    assert ml.load_adam_optimizer_from_path is optimizer_state.load_adam_optimizer_from_path
+    assert ml.save_checkpoint is writer.save_checkpoint
+    assert ml.ensure_embedded_model is embedded.ensure_embedded_model
+    assert all(hasattr(ml, name) for name in ml.__all__)

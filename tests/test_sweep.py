@@ -33,7 +33,8 @@ from entropy_experiments.errors import CheckpointError, ConfigError, OutputError
 from entropy_experiments.sweep import run_sweep
 from entropy_experiments.sweep.discovery import find_checkpoints, select_every
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
-from tests.run_helpers import cli_command, logging_restored, subprocess_env
+from tests.hooked_cli import HOLD_ENV, HOLD_FILE_ENV, hooked_command
+from tests.run_helpers import logging_restored, subprocess_env
 from tests.sweep_helpers import exact_entropy, load_checkpoint_model, train_run
 from tests.sweep_reference import assert_close, jackknife, ref_calibration
 
@@ -186,8 +187,8 @@ def test_swapped_checkpoint_equals_a_fresh_load(trained):
 def test_resume_after_a_kill_gives_identical_sweep_json(swept, trained, tmp_path):
     run, _, config_file = trained
     out, marker = tmp_path / "sweep", tmp_path / "held"
-    env = subprocess_env(ENTROPY_PROBE_TEST_HOLD="batches_saved:2", ENTROPY_PROBE_TEST_HOLD_FILE=str(marker))
-    proc = subprocess.Popen(cli_command("sweep", "--config", str(config_file), "--checkpoints", str(run),
+    env = subprocess_env(**{HOLD_ENV: "batches_saved:2", HOLD_FILE_ENV: str(marker)})
+    proc = subprocess.Popen(hooked_command("sweep", "--config", str(config_file), "--checkpoints", str(run),
                                         "--out", str(out)), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240

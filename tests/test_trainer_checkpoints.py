@@ -21,7 +21,11 @@ import torch
 import yaml
 
 from entropy_experiments import checkpoint as cl
-from entropy_experiments import model_loader as ml
+from entropy_experiments.checkpoint.adapter import load_peft_for_probe
+from entropy_experiments.checkpoint.optimizer_state import (
+    load_adam_optimizer_from_path,
+    trainable_named_parameters,
+)
 from entropy_experiments.errors import CheckpointError, ConfigError, OptimizerStateError
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
 from tests.run_helpers import base_config, logging_restored
@@ -78,14 +82,14 @@ def test_trainer_state_loads_in_trainer_order(trainer_ckpt, tiny_model_dir, capl
     ckpt = out / "checkpoint-2"
     files = cl.resolve_checkpoint(str(ckpt), None, None)
     assert files.layout == "trainer" and files.position_order == "trainer"
-    model = ml.load_peft_for_probe(str(tiny_model_dir), files.adapter_dir, device_map="cpu")
+    model = load_peft_for_probe(str(tiny_model_dir), files.adapter_dir, device_map="cpu")
     with caplog.at_level(logging.INFO, logger="entropy_experiments"):
-        loaded = ml.load_adam_optimizer_from_path(model, files.optimizer_path, position_order=files.position_order)
+        loaded = load_adam_optimizer_from_path(model, files.optimizer_path, position_order=files.position_order)
     assert "mapped by position (Trainer order: decay then no-decay)" in caplog.text
 
     saved = torch.load(files.optimizer_path, weights_only=True)
     state_of = {name: saved["state"][i] for i, name in enumerate(saved_names)}
-    named = ml.trainable_named_parameters(model)
+    named = trainable_named_parameters(model)
     assert sorted(n for n, _ in named) == sorted(saved_names)
     for name, p in named:
         for key in ("exp_avg", "exp_avg_sq", "step"):
@@ -95,7 +99,7 @@ def test_trainer_state_loads_in_trainer_order(trainer_ckpt, tiny_model_dir, capl
         assert group["fused"] is True and group["initial_lr"] == 1e-3
     assert [id(p) for g in loaded.param_groups for p in g["params"]] == [id(p) for _, p in named]
     with pytest.raises(OptimizerStateError, match=r"mapped by position \(model order\).* shape"):
-        ml.load_adam_optimizer_from_path(model, files.optimizer_path, position_order="model")
+        load_adam_optimizer_from_path(model, files.optimizer_path, position_order="model")
 
     stepped = copy.deepcopy(loaded)  # fused=True steps on CPU (torch 2.13)
     for group in stepped.param_groups:
@@ -129,10 +133,10 @@ def test_fused_flag_dropped_where_torch_refuses_it(trainer_ckpt, tiny_model_dir,
                 raise RuntimeError("`fused=True` requires all the params to be of supported devices (test)")
             super().__init__(params, *args, fused=fused, **kwargs)
 
-    model = ml.load_peft_for_probe(str(tiny_model_dir), out / "checkpoint-1", device_map="cpu")
+    model = load_peft_for_probe(str(tiny_model_dir), out / "checkpoint-1", device_map="cpu")
     monkeypatch.setattr(torch.optim, "AdamW", NoFusedAdamW)
     with caplog.at_level(logging.INFO, logger="entropy_experiments"):
-        loaded = ml.load_adam_optimizer_from_path(model, out / "checkpoint-1" / "optimizer.pt", position_order="trainer")
+        loaded = load_adam_optimizer_from_path(model, out / "checkpoint-1" / "optimizer.pt", position_order="trainer")
     assert all(g["fused"] is False for g in loaded.param_groups)
     assert "was saved with fused=True, which torch" in caplog.text
 
@@ -188,7 +192,7 @@ def test_probe_load_of_an_adapter_without_optimizer(trainer_ckpt, tiny_model_dir
     """base_model null → the adapter's; no optimizer.pt anywhere → the error names where it looked, or
     (allow_fresh_optimizer) a FRESH OPTIMIZER warning and an lr source that says so."""
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
+    from tests.probe_helpers import load_probe
 
     out, _ = trainer_ckpt
     adapter = tmp_path / "run" / "adapter"
@@ -200,15 +204,14 @@ def test_probe_load_of_an_adapter_without_optimizer(trainer_ckpt, tiny_model_dir
     del config["checkpoint"]["base_model"]
     with pytest.raises(OptimizerStateError, match=rf"^optimizer state file not found: looked for {adapter}/optimizer"
                                                   r"\.pt and .*run/optimizer\.pt; set checkpoint\.optimizer_path$"):
-        OfflineEntropyProbe(config_from_dict(config)).load()
+        load_probe(config_from_dict(config))
     config["checkpoint"]["allow_fresh_optimizer"] = True
-    probe = OfflineEntropyProbe(config_from_dict(config))
-    probe.load()
-    info = probe.checkpoint_info
+    probe, warnings = load_probe(config_from_dict(config))
+    info = probe.policy.checkpoint_info
     assert (info["layout"], info["base_model"]) == ("adapter_only", str(tiny_model_dir))
     assert info["base_model_source"] == f"{adapter / 'adapter_config.json'} base_model_name_or_path"
     assert info["learning_rate_source"].startswith("the fresh optimizer's default")
-    assert any(w.startswith("FRESH OPTIMIZER: optimizer state file not found: looked for") for w in probe.warnings)
+    assert any(w.startswith("FRESH OPTIMIZER: optimizer state file not found: looked for") for w in warnings)
 
 
 def test_trainer_groups_that_do_not_fit_the_decay_split(trainer_ckpt, tiny_model_dir, tmp_path):
@@ -216,16 +219,16 @@ def test_trainer_groups_that_do_not_fit_the_decay_split(trainer_ckpt, tiny_model
     saved = torch.load(out / "checkpoint-1" / "optimizer.pt", weights_only=True)
     merged = {**saved["param_groups"][0], "params": [i for g in saved["param_groups"] for i in g["params"]]}
     torch.save({"state": saved["state"], "param_groups": [merged]}, tmp_path / "optimizer.pt")
-    model = ml.load_peft_for_probe(str(tiny_model_dir), out / "checkpoint-1", device_map="cpu")
+    model = load_peft_for_probe(str(tiny_model_dir), out / "checkpoint-1", device_map="cpu")
     with pytest.raises(OptimizerStateError, match=r"saved param groups have sizes \[13\], but a Hugging Face "
                                                   r"Trainer's decay / no-decay groups .* sizes \[8, 5\]"):
-        ml.load_adam_optimizer_from_path(model, tmp_path / "optimizer.pt", position_order="trainer")
+        load_adam_optimizer_from_path(model, tmp_path / "optimizer.pt", position_order="trainer")
 
 
 def test_a_base_model_from_adapter_config_that_cannot_load_says_where_it_came_from(trainer_ckpt, tiny_model_dir,
                                                                                     tmp_path):
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
+    from tests.probe_helpers import load_probe
 
     out, _ = trainer_ckpt
     ckpt = Path(shutil.copytree(out / "checkpoint-1", tmp_path / "checkpoint-1"))
@@ -236,7 +239,7 @@ def test_a_base_model_from_adapter_config_that_cannot_load_says_where_it_came_fr
                          checkpoint={"checkpoint_path": str(ckpt)})
     del config["checkpoint"]["base_model"]
     with pytest.raises(CheckpointError) as info:
-        OfflineEntropyProbe(config_from_dict(config)).load()
+        load_probe(config_from_dict(config))
     message = str(info.value)
     assert message.startswith("base model 'no-such-org/not-a-model-0000' is not a local directory")
     assert message.endswith(f"(the base model came from {ckpt / 'adapter_config.json'} base_model_name_or_path; "

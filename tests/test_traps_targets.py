@@ -14,10 +14,12 @@ import json
 import pytest
 import torch
 
-from entropy_experiments.compat.sampling import sample_batch
 from entropy_experiments.data.datasets import load_examples
-from entropy_experiments.probe_components import ProbeComponents
-from entropy_experiments.utils.sequence_processor import SequenceProcessor
+from entropy_experiments.data.rewards.weighted import RewardSet
+from entropy_experiments.policy.engine import PolicyEngine
+from entropy_experiments.policy.generation_config import parse_settings
+from entropy_experiments.probe import recipe
+from entropy_experiments.probe.sampling import sample_batch
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
 
@@ -33,18 +35,17 @@ def _set_attention_dropout(model, p: float) -> int:
 def test_u_gradient_is_taken_in_eval_mode_even_with_dropout(tiny_model_dir, tmp_path):
     prompts = write_prompts(tmp_path / "p.jsonl", SHORT_PROMPTS)
     probe = make_probe(tiny_model_dir, prompts, {"batch_config": {"B_U": 4, "G": 3}})
-    probe._ensure_sequence_processor()
-    _, U = probe._sample_EU_via_sequence_processor(B_E=1, B_U=4, G_U=3)
-    comps = ProbeComponents(probe.model, probe.config, sequence_processor=probe._sequence_processor)
+    _, U = probe.sample(B_E=1, B_U=4, G=3)[:2]
+    all_prompts = [list(range(U["num_prompts"]))]
 
     assert _set_attention_dropout(probe.model, 0.0) > 0
-    reference = comps.accumulate_sum_Y(U).total  # dropout off: train() and eval() coincide
+    reference = recipe.update_gradients(probe.config, probe.policy, U, all_prompts).total  # dropout off: train() and eval() coincide
     assert max(g.abs().max().item() for g in reference.values()) > 0, "the test batch must give a gradient"
 
     _set_attention_dropout(probe.model, 0.5)
     for _ in range(2):
         probe.model.train()  # a caller (or a trainer's leftover state) left dropout on
-        got = comps.accumulate_sum_Y(U).total
+        got = recipe.update_gradients(probe.config, probe.policy, U, all_prompts).total
         assert not probe.model.training, "the U backward must run in eval() mode"
         for name, ref in reference.items():
             assert torch.allclose(got[name], ref, rtol=1e-5, atol=1e-7 * ref.abs().max().item()), name
@@ -66,11 +67,10 @@ def test_probe_batches_pass_each_prompts_gold_answer_to_the_reward(tiny_peft_mod
     path.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
                             for i in range(3)))
     model, tok = tiny_peft_model_and_tokenizer
-    sp = SequenceProcessor(model, tok, {"generation": {"max_new_tokens": 3, "gen_batch_size": 8},
-                                        "reward": {"name": gold_reward}, "batch_config": {"dataset_path": str(path)}})
+    engine = PolicyEngine(model, tok, parse_settings({"generation": {"max_new_tokens": 3, "gen_batch_size": 8}}))
     examples = load_examples("jsonl", "train", dataset_path=str(path))
     indices = [2, 0, 2, 1]  # drawn with replacement: a repeat, out of order
-    batch = sample_batch(sp, examples, indices, 2, seed=0, with_rewards=True)
+    batch = sample_batch(engine, examples, indices, 2, seed=0, rewards=RewardSet.resolve([gold_reward]))
     want = [[float(examples[i].answer)] * 2 for i in indices]
     assert want == [[3.0, 3.0], [1.0, 1.0], [3.0, 3.0], [2.0, 2.0]]
     assert [list(map(float, row)) for row in batch["rewards"]] == want
@@ -80,13 +80,13 @@ def test_a_bf16_checkpoint_runs_in_fp32(tiny_model_dir, tmp_path):
     """checkpoint.dtype: bf16 stores the base in bf16, but the probe must compute in fp32 (MATH.md §7):
     a bf16 runtime quantises the log-prob changes of θ + η·v away (ΔH flat in η)."""
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
+    from entropy_experiments.probe.parallel import SINGLE
+    from entropy_experiments.probe.results import WarningLog
     from tests.run_helpers import make_run_setup
 
     _, config = make_run_setup(tmp_path / "setup", tiny_model_dir)
     config["checkpoint"]["dtype"] = "bf16"
-    probe = OfflineEntropyProbe(config_from_dict(config))
-    probe.load()
-    dtypes = {p.dtype for p in probe.model.parameters()}
+    model = recipe.load_phase(config_from_dict(config), SINGLE, WarningLog(recipe.log)).trainable.model
+    dtypes = {p.dtype for p in model.parameters()}
     assert dtypes == {torch.float32}, dtypes
-    assert not probe.model.training
+    assert not model.training

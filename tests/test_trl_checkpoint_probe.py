@@ -18,9 +18,9 @@ import yaml
 
 from entropy_experiments import cli
 from entropy_experiments.config import config_from_dict
-from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
-from entropy_experiments.probe_components import ProbeComponents
-from tests.probe_helpers import SHORT_PROMPTS, write_prompts
+from entropy_experiments.estimators.step_directions import step_direction
+from entropy_experiments.probe import recipe
+from tests.probe_helpers import SHORT_PROMPTS, load_probe, write_prompts
 from tests.run_helpers import logging_restored
 
 pytest.importorskip("trl")
@@ -89,12 +89,10 @@ def test_end_of_schedule_checkpoint_is_a_learning_rate_error(grpo_run, tmp_path,
 
 
 def test_v_is_the_real_adamw_step_of_the_grpo_checkpoint(grpo_run, tmp_path):
-    probe = OfflineEntropyProbe(config_from_dict(_config(grpo_run, tmp_path, trainer="trl")))
-    probe.load()
-    _, U = probe._sample_EU_via_sequence_processor(B_E=1, B_U=2, G_U=2)
-    comps = ProbeComponents(probe.model, probe.config, sequence_processor=probe._sequence_processor)
-    grads = comps.accumulate_sum_Y(U).total
-    v, info = comps.update_direction(grads, probe.optimizer)
+    probe, _ = load_probe(config_from_dict(_config(grpo_run, tmp_path, trainer="trl")))
+    _, U, _ = probe.sample(B_E=1, B_U=2, G=2)
+    grads = recipe.update_gradients(probe.config, probe.policy, U, [list(range(U["num_prompts"]))]).total
+    v, info = step_direction(probe.config.step_options(), probe.policy, grads)
     assert info["norm"] > 0
 
     # Independent reference: torch's own AdamW, built from the saved optimizer.pt by torch itself
@@ -130,11 +128,9 @@ def test_dr_grpo_length_constant_differing_from_max_new_tokens_warns(grpo_run, t
     """An L_const set to TRL's default (512) against the probe's max_new_tokens (8): a loud, recorded warning;
     left unset under trainer trl it follows max_new_tokens (TRL's max_completion_length is its generation length)."""
     differs = _config(grpo_run, tmp_path, trainer="trl", loss_type="dr_grpo", max_completion_length=512)
-    probe = OfflineEntropyProbe(config_from_dict(differs))
-    probe.load()
-    assert any("objective.max_completion_length is 512" in w for w in probe.warnings), probe.warnings
+    _, warnings = load_probe(config_from_dict(differs))
+    assert any("objective.max_completion_length is 512" in w for w in warnings), warnings
     for same in (_config(grpo_run, tmp_path, trainer="trl", loss_type="dr_grpo", max_completion_length=8),
                  _config(grpo_run, tmp_path, trainer="trl", loss_type="dr_grpo")):
-        probe = OfflineEntropyProbe(config_from_dict(same))
-        probe.load()
-        assert not any("max_completion_length" in w for w in probe.warnings)
+        _, warnings = load_probe(config_from_dict(same))
+        assert not any("max_completion_length" in w for w in warnings)

@@ -1,2 +1,13 @@
-"""The seed-era API as thin façades over the new modules (`compat/sequence_processor.py`: seed 004's
-SequenceProcessor over `entropy_experiments.policy`)."""
+"""The compatibility corner: the original (seed) API, all of its code, as thin façades over the core modules.
+
+- `offline_entropy_probe.py`: OfflineEntropyProbe and `python -m entropy_experiments.offline_entropy_probe`;
+- `probe_components.py`: ProbeComponents;
+- `sequence_processor.py`: SequenceProcessor (seed 004) over `entropy_experiments.policy`; `sampling.py`: its
+  `sample_batch`;
+- `model_loader.py`: the seed `model_loader` names.
+
+The legacy import paths (`entropy_experiments.offline_entropy_probe`, `.probe_components`, `.model_loader`,
+`.utils.sequence_processor`, the top-level `sequence_processing` package) re-export these modules. The seed config
+keys are mapped in `entropy_experiments.config` (`LEGACY_KEYS`), since every config load needs them and core code
+never imports compat/.
+"""

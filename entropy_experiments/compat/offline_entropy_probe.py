@@ -3,23 +3,31 @@
 It keeps the seeds' entry points (`run_mixed_probe`, `load`, `_sample_EU_via_sequence_processor`,
 `_pack_E_from_sequences`, `_pack_U_from_sequences`) and the attributes the seeds and tests read
 (`model`, `tokenizer`, `optimizer`, `_sequence_processor`, `update_vector`, `index_plan`, `warnings`,
-`checkpoint_info`), each filled from the typed results of probe.py's phases. New code calls
-`probe.run(config)` (or `entropy-probe run`).
+`checkpoint_info`), each filled from the typed results of probe.py's phases, and the seeds' command line
+`python -m entropy_experiments.offline_entropy_probe --config FILE [--dryrun]` (`main`). New code calls
+`entropy_experiments.probe.run(config)` (or `entropy-probe run`).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 from typing import Any
 
+from ..cli import interrupt_hint, run_with_clean_errors
 from ..config import ProbeConfig, config_from_dict, load_config
 from ..data.batch import pack_batch
 from ..estimators.objective_gradient import Trainable
 from ..estimators.objectives import batch_advantages
 from ..probe import recipe as probe
+from ..probe.runner import DRYRUN_OVERRIDES, dryrun_config, run_probe
 from ..probe.sampling import prompt_examples
+from ..report.results_dict import environment_info
 from .sequence_processor import SequenceProcessor
+
+# the seeds imported these from offline_entropy_probe too
+__all__ = ["DRYRUN_OVERRIDES", "OfflineEntropyProbe", "dryrun_config", "environment_info", "main", "run_probe"]
 
 log = logging.getLogger("entropy_experiments.probe")
 
@@ -129,3 +137,14 @@ class OfflineEntropyProbe:
         if outcome.plan is not None:
             self.index_plan = outcome.plan
         return outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m entropy_experiments.offline_entropy_probe --config FILE [--dryrun]` (the seeds' command line)."""
+    parser = argparse.ArgumentParser(prog="python -m entropy_experiments.offline_entropy_probe",
+                                     description="Run the offline entropy probe on a config file.")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--dryrun", action="store_true", help="minimal sizes, print the summary, write nothing")
+    args = parser.parse_args(argv)
+    return run_with_clean_errors(lambda: run_probe(load_config(args.config), dryrun=args.dryrun),
+                                 on_interrupt=interrupt_hint("run", args.dryrun))

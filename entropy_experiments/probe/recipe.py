@@ -60,7 +60,6 @@ from ..estimators.update_direction import named_dot, named_norm
 from ..policy.engine import PolicyEngine
 from ..policy.progress import progress as progress_bar
 from ..report.results_dict import ProbeOutcome, RunFacts, assemble_results
-from ..test_hooks import inject_fault_for_tests
 from .attribution import attribution_phase
 from .beyond import beyond_first_order_phase, scoring_share
 from .memory_plan import budgeted_config
@@ -328,7 +327,6 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, notes:
     res = delta_h1_phase(config, policy, E, U, u_groups=u_groups, per_sequence_pieces=config.variance.enabled,
                          dist=dist)
     timing = {f"phase1_3_{k}": v for k, v in res.timings.items()}
-    inject_fault_for_tests("delta_h1", dist.rank)
     t1 = time.perf_counter()
     bars = error_bars_phase(config, policy, res, u_groups or [], notes)
     if config.variance.enabled:
@@ -367,7 +365,6 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     samples = sample_phase(config, policy.engine, dist, logger) if batches is None else Samples(*saved_batches(batches))
     E, U = samples.E, samples.U
     timing["phase0_sampling"] = time.perf_counter() - t0
-    inject_fault_for_tests("sampled", dist.rank)
     if on_batches is not None:
         on_batches(E, U)
     n_zero = warn_zero_advantages(U, notes.warn, logger)

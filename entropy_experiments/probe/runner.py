@@ -22,7 +22,6 @@ from ..report.results_schema import validate_results_schema
 from ..report.run_dir import GenerationChunkStore, RunDirectory
 from ..report.summary import objective_lines, print_summary
 from ..report.token_table import write_token_table
-from ..test_hooks import hold_for_kill_test
 from . import recipe as probe
 from .parallel import DistContext, init_from_env
 from .reanalysis import copy_samples, reusable_samples
@@ -170,7 +169,6 @@ def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, ba
             run_dir.save_batch("U", U)
             run_dir.record_meta("sampling_warnings", list(reward_warnings()))
             chunks.clear()
-            hold_for_kill_test("batches_saved")
 
     sampling_warnings = saved_sampling_warnings(run_dir) if batches is not None else []
     logger.info("objective (v is its next AdamW step): %s; %s", *objective_lines(config.objective_options().to_dict()))
@@ -197,7 +195,6 @@ def write_outcome(run_dir: RunDirectory, config: ProbeConfig, outcome: probe.Pro
                                                        "units": "parameter change per unit learning rate"})
     run_dir.write_per_sequence(outcome.per_sequence_rows)
     run_dir.write_results(results)
-    hold_for_kill_test("results_written")
     if outcome.e_tokens is not None:
         write_token_table(run_dir.path, outcome.e_tokens)
     write_html_report(run_dir.path)

@@ -1,6 +1,6 @@
 """The run directory: its files, saved batches, update vector, per-sequence rows and partial state.
 
-A run directory holds everything a result needs to be checked or resumed (ARCHITECTURE.md, "Run directory"):
+A run directory holds everything a result needs to be checked or resumed (docs/outputs.md, "The run directory"):
 
     config.yaml                 the fully resolved config
     run_meta.json               {"config_hash", "created", "status"[, "sampling_warnings"]}: marks the directory
@@ -13,8 +13,7 @@ A run directory holds everything a result needs to be checked or resumed (ARCHIT
     E_tokens.parquet            one row per E token: H and its predicted change (E_tokens.jsonl without pyarrow)
     report.html                 the self-contained report (report/html_report.py)
     probe.log                   the log of the run
-    partial/<name>.pt           checkpointed intermediate state (generation chunks), used by --resume;
-                                removed when the run completes
+    partial/<name>.pt           generation chunks kept for --resume; removed when the run completes
 
 Every file except probe.log is written to a temp file in the same directory, fsynced and moved into
 place with os.replace (`io_utils`), so a killed run never leaves a half-written file where a good one was;
@@ -40,7 +39,6 @@ from safetensors.torch import save as safetensors_bytes
 
 from .. import io_utils
 from ..errors import OutputError, os_error_reason, output_error_on_os_error
-from ..test_hooks import hold_for_kill_test
 from .results_schema import RESULTS_FILE, dumps_strict, validate_results_schema
 
 CONFIG_FILE = "config.yaml"
@@ -387,7 +385,6 @@ class GenerationChunkStore:
         def save(index: int, responses: list[list[int]]) -> None:
             self.run_dir.save_partial(f"{GEN_CHUNK_PREFIX}{digest}_{index:05d}",
                                       {"key": digest, "index": int(index), "responses": responses})
-            hold_for_kill_test("chunk_saved")
 
         return done, save
 

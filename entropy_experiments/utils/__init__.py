@@ -1,2 +1,2 @@
-"""Earlier import path of the seed-era SequenceProcessor API (`utils/sequence_processor.py`, a re-export of
-`entropy_experiments.compat.sequence_processor`)."""
+"""Legacy import path of the original (seed) API: `entropy_experiments.utils.sequence_processor` (SequenceProcessor),
+a thin re-export of `entropy_experiments.compat.sequence_processor`."""

@@ -1,7 +1,8 @@
-"""Re-export of the seed-004 API (`entropy_experiments.compat.sequence_processor`) under its earlier path.
+"""Legacy import path of the original (seed) API: SequenceProcessor and its result types.
 
-The implementation lives in `entropy_experiments.policy` (generation, scoring, the sampling policy);
-SequenceProcessor is a thin façade over it.
+A thin re-export of `entropy_experiments.compat.sequence_processor`, where the façade lives (over
+`entropy_experiments.policy`: generation, scoring, the sampling policy). New code uses
+`entropy_experiments.policy.engine.PolicyEngine`.
 """
 
 from entropy_experiments.compat.sequence_processor import (
