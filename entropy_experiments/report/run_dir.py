@@ -1,6 +1,6 @@
 """The run directory: its files, saved batches, update vector, per-sequence rows and partial state.
 
-A run directory holds everything a result needs to be checked or resumed (docs/outputs.md, "The run directory"):
+A run directory holds everything a result needs to be checked or resumed (docs/outputs.md, "A run directory"):
 
     config.yaml                 the fully resolved config
     run_meta.json               {"config_hash", "created", "status"[, "sampling_warnings"]}: marks the directory
