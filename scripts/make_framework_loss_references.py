@@ -170,6 +170,83 @@ def make_verl() -> dict[str, object]:
             "defaults": verl_defaults()}
 
 
+
+# ----------------------------------------------------------------------------- OpenRLHF
+
+OPENRLHF_CASES = [
+    # name, PolicyLoss keywords, KL loss (estimator, coefficient, unbiased_gradient) or None, entropy_coef
+    ("token-mean", {}, None, None),
+    ("seq-mean-token-mean", {"token_level_loss": False}, None, None),
+    ("token-mean/clip", {"clip_eps_low": 0.1, "clip_eps_high": 0.28, "dual_clip": 3.0}, None, None),
+    ("token-mean/kl-k3", {}, ("k3", 0.04, False), None),
+    ("token-mean/kl-k1", {}, ("k1", 0.04, False), None),
+    ("token-mean/kl-k2", {}, ("k2", 0.04, False), None),
+    ("token-mean/kl-k3-unbiased", {}, ("k3", 0.04, True), None),
+    ("token-mean/entropy", {}, None, 0.01),
+    ("seq-mean-token-mean/kl-k3-entropy", {"token_level_loss": False}, ("k3", 0.04, False), 0.01),
+]
+
+
+def load_openrlhf(source: Path) -> dict[str, types.ModuleType]:
+    """openrlhf.models.loss / .utils and openrlhf.utils.loss_utils from the unzipped wheel, without running the
+    packages' __init__ (which import the CUDA-only model code); `deepspeed` is an empty stand-in module."""
+    sys.modules.setdefault("deepspeed", types.ModuleType("deepspeed"))
+    for package in ("openrlhf", "openrlhf.models", "openrlhf.utils"):
+        module = types.ModuleType(package)
+        module.__path__ = [str(source / package.replace(".", "/"))]
+        sys.modules[package] = module
+    loaded = {}
+    for name in ("openrlhf.models.utils", "openrlhf.models.loss", "openrlhf.utils.loss_utils"):
+        spec = importlib.util.spec_from_file_location(name, source / (name.replace(".", "/") + ".py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        loaded[name.rsplit(".", 1)[-1]] = module
+    return loaded
+
+
+def openrlhf_micro_loss(modules, batch, advantages, policy_keywords, kl, entropy_coef):
+    """PPOActor.training_step's loss on one micro-batch, with the step's normalisers, times DeepSpeed's 1/gas."""
+    loss_module, utils, loss_utils = modules["loss"], modules["utils"], modules["loss_utils"]
+    policy_loss = loss_module.PolicyLoss(**policy_keywords)
+    mask = batch["mask"]
+    infos = [info for _, info in loss_utils.iter_grad_accum_global_norm(
+        micro_batch_slices(), types.SimpleNamespace(), MICRO_BATCHES, lambda rows: mask[rows])]
+
+    def micro_loss(logps, entropies, rows):
+        info = infos[rows.start // (B * G // MICRO_BATCHES)]
+        loss, *_ = policy_loss(logps[rows], batch["logps"][rows], advantages[rows], action_mask=mask[rows], **info)
+        if kl is not None:
+            estimator, coef, unbiased = kl
+            per_token = utils.compute_approx_kl(logps[rows], batch["ref_logps"][rows], log_probs_old=batch["logps"][rows],
+                                                kl_estimator=estimator, unbiased_gradient=unbiased)
+            loss = loss + loss_module.aggregate_loss(per_token, mask[rows], **info) * coef
+        if entropy_coef is not None:
+            loss = loss - loss_module.aggregate_loss(entropies[rows], mask[rows], **info) * entropy_coef
+        return loss / MICRO_BATCHES   # DeepSpeed scales each micro-batch's backward by 1/gas
+
+    return micro_loss
+
+
+def make_openrlhf(source: Path | None) -> dict[str, object]:
+    if source is None:
+        raise SystemExit("openrlhf needs --source: the purelib folder of the unzipped openrlhf wheel")
+    modules = load_openrlhf(source)
+    batch = fixed_batch()
+    # group_norm advantages (experience_maker.py, not importable without ray): (r − mean_g) / (std_g + 1e-9),
+    # returned for the record; the test forms its own and checks them against this formula's values.
+    rewards = batch["rewards"]
+    advantages = (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-9)
+    per_token = advantages.reshape(-1, 1) * batch["mask"]
+    cases = {}
+    for name, policy_keywords, kl, entropy_coef in OPENRLHF_CASES:
+        micro_loss = openrlhf_micro_loss(modules, batch, per_token, policy_keywords, kl, entropy_coef)
+        cases[name] = {"token_level_loss": policy_keywords.get("token_level_loss", True),
+                       "kl_estimator": None if kl is None else kl[0], "kl_coef": 0.0 if kl is None else kl[1],
+                       "unbiased_gradient": kl is not None and kl[2], "entropy_coef": entropy_coef or 0.0,
+                       "advantages": advantages.reshape(-1).clone(), **loss_and_gradients(batch, micro_loss)}
+    return {"version": "0.11.2", "batch": batch, "micro_batches": MICRO_BATCHES, "cases": cases}
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("framework", choices=["verl", "openrlhf"])
