@@ -183,11 +183,10 @@ def test_openrlhf_seq_mean_with_kl_loss_is_refused_and_is_two_aggregations():
 
 def test_openrlhf_preset_and_kl_in_reward_refusal():
     """The preset is OpenRLHF's GRPO setting (group_norm, token-mean over the step, k1 when use_loss is on);
-    its default KL-in-reward is refused with the key named, and warned about when no KL loss is set."""
+    its default KL-in-reward is refused with the key named."""
     config = config_from_dict({"objective": {"trainer": "openrlhf"}})
     options = config.objective_options()
     assert (options.loss_type, options.scale_rewards, options.advantage_eps) == ("dapo", "group", 1e-9)
     assert (options.kl_coef, options.kl_estimator, options.max_grad_norm) == (0.0, "k1", 1.0)
-    assert any("--algo.kl.init_coef" in w for w in config.objective_warnings("trainer"))
     with pytest.raises(ConfigError, match=r"objective\.kl_in_reward_coef"):
         config_from_dict({"objective": {"trainer": "openrlhf", "kl_in_reward_coef": 0.01}})

@@ -135,11 +135,6 @@ class ProbeConfig(_Section):
             warnings.append(f"generation.stop_strings is {self.generation.stop_strings} but {objective.trainer} stops "
                             "at EOS only (or max length): responses cut at a stop string are not the trainer's samples")
         options, max_new = self.objective_options(), self.generation.max_new_tokens
-        if objective.trainer == "openrlhf" and options.kl_coef == 0.0:
-            warnings.append("objective.trainer is openrlhf with no KL loss: OpenRLHF's default --algo.kl.init_coef 0.01 "
-                            "without --algo.kl.use_loss puts a KL penalty in the reward, which the probe does not "
-                            "represent; v is your step only if your run set init_coef 0 (or use_loss: then set "
-                            "objective.kl_coef to init_coef)")
         if options.loss_type == "dr_grpo" and options.max_completion_length != max_new:
             warnings.append(f"objective.max_completion_length is {options.max_completion_length} (dr_grpo's constant "
                             f"normaliser) but generation.max_new_tokens is {max_new}: set both to your trainer's "
