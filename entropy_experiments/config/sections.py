@@ -206,7 +206,7 @@ class ObjectiveSection(_Section):
     max_completion_length: int | None = Field(None, ge=1)
     micro_batches: int | None = Field(None, ge=1)
     kl_coef: float | None = Field(None, ge=0)
-    kl_estimator: Literal["k3", "low_var_kl"] | None = None
+    kl_estimator: Literal["k3", "low_var_kl", "k1", "k2"] | None = None
     entropy_coef: float | None = None
     entropy_aggregation: Literal["loss", "token_mean"] | None = None
     max_grad_norm: float | None = Field(None, gt=0)
@@ -219,6 +219,7 @@ class ObjectiveSection(_Section):
     num_iterations: int = Field(1, ge=1)
     # What a single first on-policy step cannot represent: accepted only at their neutral values.
     vllm_importance_sampling_correction: bool = False
+    kl_in_reward_coef: float = 0.0   # OpenRLHF --algo.kl.init_coef without --algo.kl.use_loss; verl use_kl_in_reward
     off_policy_mask_threshold: float | None = None
     top_entropy_quantile: float = 1.0
 
@@ -228,6 +229,16 @@ class ObjectiveSection(_Section):
         if value:
             raise ValueError("the π_old/π_vLLM correction of a vLLM-sampled run is not representable (the probe "
                              "samples with the policy itself), got true")
+        return value
+
+    @field_validator("kl_in_reward_coef")
+    @classmethod
+    def _no_kl_in_reward(cls, value: float) -> float:
+        if value != 0.0:
+            raise ValueError("a KL penalty inside the reward (OpenRLHF's default: --algo.kl.init_coef without "
+                             "--algo.kl.use_loss; verl's use_kl_in_reward) makes the advantages depend on the reference "
+                             "model (OpenRLHF: each token's on the KL of the tokens after it), which the probe does not "
+                             f"represent; got {value!r} (train with the KL as a loss: kl_coef)")
         return value
 
     @field_validator("off_policy_mask_threshold")
@@ -246,7 +257,7 @@ class ObjectiveSection(_Section):
 
     def explicit(self) -> dict[str, Any]:
         """The keys that feed the objective (None = unset), for `objectives.resolve`."""
-        return self.model_dump(exclude={"num_iterations", "vllm_importance_sampling_correction",
+        return self.model_dump(exclude={"num_iterations", "vllm_importance_sampling_correction", "kl_in_reward_coef",
                                         "off_policy_mask_threshold", "top_entropy_quantile",
                                         "trainer_batch_completions"})
 

@@ -42,7 +42,7 @@ from ..errors import ConfigError, closest_match
 from ..registry import registrar
 
 ADVANTAGE_SCALINGS = ("none", "group", "batch")
-KL_ESTIMATORS = ("k3", "low_var_kl")
+KL_ESTIMATORS = ("k3", "low_var_kl", "k1", "k2")
 ENTROPY_AGGREGATIONS = ("loss", "token_mean")
 LOSS_ALIASES = {
     "token-mean": "dapo",
@@ -84,9 +84,11 @@ class ObjectiveOptions:
 # grpo_config.py loss_type ≈ L801 "dapo", scale_rewards ≈ L789 "group", beta ≈ L681 0.0,
 # entropy_coef ≈ L876 0.0, max_completion_length ≈ L494 (TRL generates that many tokens, so the probe's
 # generation.max_new_tokens plays its part: `resolve` fills it from there), advantages ε = 1e-4 in grpo_trainer.py
-# ≈ L2787, max_grad_norm 1.0 from TrainingArguments; verl core_algos.py GRPO ε = 1e-6 ≈ L267–330,
-# loss_agg_mode token-mean, grad_clip 1.0, use_kl_loss false (low_var_kl when on); OpenRLHF
-# group_norm ε = 1e-9, PolicyLoss token_level_loss=True (token mean per micro-batch), max_norm 1.0).
+# ≈ L2787, max_grad_norm 1.0 from TrainingArguments; verl 0.9.1 core_algos.py GRPO ε = 1e-6,
+# FSDPActorConfig loss_agg_mode token-mean over the mini-batch's global token count, grad_clip 1.0,
+# use_kl_loss false (low_var_kl when on); OpenRLHF 0.11.2 group_norm ε = 1e-9, --actor.loss_agg_mode
+# token-mean: one token mean over the whole optimizer step (loss_utils.iter_grad_accum_global_norm), max_norm 1.0).
+# tests/test_framework_objectives.py checks verl's and OpenRLHF's against their own loss code.
 TRAINER_PRESETS: dict[str, dict[str, Any]] = {
     "trl": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-4, "max_completion_length": None,
             "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "entropy_aggregation": "token_mean",
@@ -94,8 +96,8 @@ TRAINER_PRESETS: dict[str, dict[str, Any]] = {
     "verl": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-6, "max_completion_length": None,
              "kl_coef": 0.0, "kl_estimator": "low_var_kl", "entropy_coef": 0.0, "entropy_aggregation": "loss",
              "max_grad_norm": 1.0, "micro_batches": 1},
-    "openrlhf": {"loss_type": "bnpo", "scale_rewards": "group", "advantage_eps": 1e-9, "max_completion_length": None,
-                 "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "entropy_aggregation": "loss",
+    "openrlhf": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-9, "max_completion_length": None,
+                 "kl_coef": 0.0, "kl_estimator": "k1", "entropy_coef": 0.0, "entropy_aggregation": "loss",
                  "max_grad_norm": 1.0, "micro_batches": 1},
 }
 
@@ -247,10 +249,15 @@ def leave_one_out_scales(lengths: Tensor, groups: list[list[int]], options: Obje
 def kl_per_token(logps: Tensor, ref_logps: Tensor, estimator: str = "k3") -> Tensor:
     """KL(π‖π_ref) per token from the sampled tokens. [T], [T] → [T] (graph through `logps`).
 
-    k3 (TRL): exp(ref − ℓ) − (ref − ℓ) − 1; low_var_kl (verl): the same with ref − ℓ clamped to
-    ±20 and the result clamped to ±10.
+    k3 (TRL): exp(ref − ℓ) − (ref − ℓ) − 1; low_var_kl (verl's low_var_kl and k3, OpenRLHF's k3): the
+    same with ref − ℓ clamped to ±20 and the result clamped to ±10; k1: ℓ − ref; k2: (ℓ − ref)² / 2
+    (verl's k1 / k2; the gradient of k2 is also that of verl's "+" types and OpenRLHF's unbiased_gradient).
     """
     delta = ref_logps.detach().to(logps.dtype) - logps
+    if estimator == "k1":
+        return -delta
+    if estimator == "k2":
+        return 0.5 * delta * delta
     if estimator == "k3":
         return torch.exp(delta) - delta - 1.0
     if estimator == "low_var_kl":
@@ -318,6 +325,10 @@ def resolve(explicit: dict[str, Any], *, default_completion_length: int) -> Obje
     values.update({k: v for k, v in explicit.items() if v is not None and k != "trainer"})
     options = replace(ObjectiveOptions(), **values, trainer=trainer)
     options = replace(options, loss_type=canonical_loss_type(options.loss_type))
+    if trainer == "openrlhf" and options.loss_type != "dapo" and options.needs_reference:
+        raise ConfigError(f"objective.kl_coef: OpenRLHF aggregates its KL loss as a token mean over the step "
+                          f"whatever the policy loss's aggregation; with loss_type {options.loss_type!r} that is "
+                          "not the probe's objective (only token-mean / dapo is)")
     if options.max_completion_length is None and (options.loss_type == "dr_grpo" or trainer == "trl"):
         options = replace(options, max_completion_length=default_completion_length)
     for key, allowed in (("scale_rewards", ADVANTAGE_SCALINGS), ("kl_estimator", KL_ESTIMATORS),
