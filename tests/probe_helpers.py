@@ -90,7 +90,8 @@ class ProbeSetup:
     def sample(self, *, B_E: int, B_U: int, G: int) -> tuple[dict, dict, object]:
         """(E, U, index plan) by `recipe.sample_phase` with these batch sizes."""
         bc = self.config.batch_config.model_copy(update={"B_E": B_E, "B_U": B_U, "G": G})
-        return recipe.sample_phase(self.config.model_copy(update={"batch_config": bc}), self.engine)
+        samples = recipe.sample_phase(self.config.model_copy(update={"batch_config": bc}), self.engine)
+        return samples.E, samples.U, samples.plan
 
 
 def load_probe(config: ProbeConfig) -> tuple[ProbeSetup, list[str]]:

@@ -91,15 +91,16 @@ def e_side_runs(setup):
     runs = []
     for seed in range(SEEDS):
         E = _E(probe, examples, 1000 + seed)
-        X, scores, _, pieces = recipe.one_pass_phase(config, policy, E, {recipe.MAIN: v})
-        a, r = pieces[recipe.MAIN]
+        surrogate = recipe.one_pass_phase(config, policy, E, {recipe.MAIN: v})
+        scores = surrogate.scores
+        a, r = surrogate.pieces[recipe.MAIN]
         _, se_e = cv.se_E(a, r, scores.seq_entropies, scores.lengths, scores.unit_of_sequence,
                           normalize=normalize, learning_rate=lr)
         truth = measure_delta_h(probe.engine, E, v, [ETA], normalize=normalize)
         per = truth["per_sequence"][ETA]
         rho = paired_residual(per["logw"], per["h_new"], truth["base"]["h"], truth["base"]["T"], a.numpy(),
                               r.numpy(), ETA, normalize=normalize, units=scores.unit_of_sequence)
-        runs.append({"delta_h1": lr * adam.named_dot(X, v), "se_E": se_e, "rho": rho.value, "rho_se": rho.se,
+        runs.append({"delta_h1": lr * adam.named_dot(surrogate.X_hat, v), "se_E": se_e, "rho": rho.value, "rho_se": rho.se,
                      "ess_frac": truth["true"][0]["ess_frac"]})
     return runs
 
@@ -128,7 +129,7 @@ def test_se_U_matches_the_spread_over_U_batches(setup):
     probe, examples = setup
     config, policy = probe.config, probe.policy
     lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
-    X = recipe.one_pass_phase(config, policy, _E(probe, examples, 2999), {})[0]
+    X = recipe.one_pass_phase(config, policy, _E(probe, examples, 2999), {}).X_hat
     groups = split_into_groups(B_U, K)
     values, ses = [], []
     for seed in range(SEEDS):

@@ -108,7 +108,8 @@ def test_one_pass_backward_matches_forward_mode_and_two_pass(tiny_model_dir, pro
     _, E, U, _ = _run(probe)
     config, policy = probe.config, probe.policy
     _, v, _ = _update_direction(probe, U)
-    X_one, _scores, coefs, pieces = recipe.one_pass_phase(config, policy, E, {recipe.MAIN: v})
+    surrogate = recipe.one_pass_phase(config, policy, E, {recipe.MAIN: v})
+    X_one, coefs, pieces = surrogate.X_hat, surrogate.coefficients, surrogate.pieces
     a, r = pieces[recipe.MAIN]
 
     jvp_scores = recipe.score_E(config, policy, E, v)
@@ -312,7 +313,7 @@ def test_delta_h_reuses_the_phase_1_scores_without_a_pass_at_theta(tiny_model_di
     rows = 4  # 2 prompts × G = 2 per microbatch
     again = isamp.measure_delta_h(sp, E, v, [-1e-3, 1e-3], normalize="per_token", tf_batch_size=rows)
     assert [r["deltaH_true"] for r in results["true"]] == [r["deltaH_true"] for r in again["true"]]
-    _, phase1_scores, _, _ = recipe.one_pass_phase(probe.config, probe.policy, E, {})
+    phase1_scores = recipe.one_pass_phase(probe.config, probe.policy, E, {}).scores
     at_zero = isamp.measure_delta_h(sp, E, v, [0.0], normalize="per_token", base=phase1_scores, tf_batch_size=rows)
     assert at_zero["per_sequence"][0.0]["logw"] == [0.0] * len(phase1_scores.token_logqs)
 
