@@ -99,6 +99,7 @@ def test_interval_residuals_and_u_noise_against_written_out_jackknives():
         interval_residuals,
         u_noise,
     )
+    from entropy_experiments.estimators.realised_change import paired_change_replicates
 
     rng = np.random.default_rng(3)
     n = 30
@@ -111,7 +112,7 @@ def test_interval_residuals_and_u_noise_against_written_out_jackknives():
     a_v, r_v = rng.normal(size=n), rng.normal(size=n)
     frm, to = BatchColumns(h_f, T_f, keys_f), BatchColumns(h_t, T_t, keys_t)
     pieces = DisplacementPieces(a, r, (s, s2, dh, d2h), a_v, r_v)
-    out = interval_residuals(frm, pieces, to, "per_token")
+    out = interval_residuals(frm, pieces, paired_change_replicates(h_f, T_f, keys_f, h_t, T_t, keys_t), "per_token")
 
     def stat(drop=None):
         f = [i for i in range(n) if keys_f[i] != drop]
