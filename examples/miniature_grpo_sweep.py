@@ -103,7 +103,7 @@ def probe_config(model_dir: Path, data: Path, lr: float, B_E: int) -> dict:
 def _realised_comparisons(doc: dict, paired: bool) -> dict[str, tuple[list, list, list, list]]:
     """{name: (predicted, measured, z, SE of measured)} over the realised intervals: the predictors' z against
     the realised change (`paired`: against the paired difference, z = (paired − predicted)/√(se² + se_pred² +
-    se_batch²)), and the first-order residuals (their residual against 0)."""
+    se_batch²); the displacement's z is the first-order residual's), and the second-order residual's z."""
     out: dict[str, tuple[list, list, list, list]] = {}
     for row in doc["realised"]:
         diag = row.get("paired_diagnostic") or {}
@@ -116,10 +116,9 @@ def _realised_comparisons(doc: dict, paired: bool) -> dict[str, tuple[list, list
                 z = (measured - pred["dH_predicted"]) / math.sqrt(se ** 2 + pred["se"] ** 2 + (pred["se_batch"] or 0) ** 2)
             for i, v in enumerate((pred["dH_predicted"], measured, z, se)):
                 out.setdefault(f"{name} vs realised", ([], [], [], []))[i].append(v)
-        for key in ("first_order", "with_second_order"):
-            entry = row.get(key) or {}
-            z = (entry.get("paired_diagnostic") or {}).get("z") if paired else entry.get("z")
-            out.setdefault(f"residual {key}", ([], [], [], []))[2].append(z)
+        entry = row.get("with_second_order") or {}  # the first-order residual is the displacement's z
+        z = (entry.get("paired_diagnostic") or {}).get("z") if paired else entry.get("z")
+        out.setdefault("residual with ½·D²_Δθ H", ([], [], [], []))[2].append(z)
     return out
 
 
