@@ -19,6 +19,11 @@ A real `trl.GRPOTrainer` run at miniature scale, then `entropy-probe sweep` on e
   δH_Δθ = X̂·(θ_{N+1} − θ_N) with its second-order term, the first-order residual per interval and the
   U-noise test (README "Across a run").
 
+At the end it prints the calibration of the realised intervals twice: with the realised change the sweep
+reports (`method` importance or independent batches; docs/realised-change.md) and with the paired difference
+Ĥ(E_{N'}) − Ĥ(E_N) the sweep used before (sweep.json's `paired_diagnostic` fields), which misses the responses
+that would change between checkpoints drawn with common random numbers.
+
 On 2 idle CPU cores the whole script takes about 1.5 minutes (training 6 s, sweep ≈ 3 s a checkpoint; E = 4096
 takes about 7 minutes). The same sweep by hand: `entropy-probe sweep --config OUT/probe.yaml --checkpoints OUT/run
 --out OUT/sweep`; one interval cut finer: examples/path_refinement.py.
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -94,6 +100,48 @@ def probe_config(model_dir: Path, data: Path, lr: float, B_E: int) -> dict:
     }
 
 
+def _realised_comparisons(doc: dict, paired: bool) -> dict[str, tuple[list, list, list, list]]:
+    """{name: (predicted, measured, z, SE of measured)} over the realised intervals: the predictors' z against
+    the realised change (`paired`: against the paired difference, z = (paired − predicted)/√(se² + se_pred² +
+    se_batch²); the displacement's z is the first-order residual's), and the second-order residual's z."""
+    out: dict[str, tuple[list, list, list, list]] = {}
+    for row in doc["realised"]:
+        diag = row.get("paired_diagnostic") or {}
+        measured, se = (diag.get("value"), diag.get("se")) if paired else (row["dH_realised"], row["se"])
+        for name, pred in row["predictors"].items():
+            z = pred["z"]
+            if paired and name == "displacement":
+                z = ((row["first_order"] or {}).get("paired_diagnostic") or {}).get("z")
+            elif paired and None not in (measured, se, pred["dH_predicted"], pred["se"]):
+                z = (measured - pred["dH_predicted"]) / math.sqrt(se ** 2 + pred["se"] ** 2 + (pred["se_batch"] or 0) ** 2)
+            for i, v in enumerate((pred["dH_predicted"], measured, z, se)):
+                out.setdefault(f"{name} vs realised", ([], [], [], []))[i].append(v)
+        entry = row.get("with_second_order") or {}  # the first-order residual is the displacement's z
+        z = (entry.get("paired_diagnostic") or {}).get("z") if paired else entry.get("z")
+        out.setdefault("residual with ½·D²_Δθ H", ([], [], [], []))[2].append(z)
+    return out
+
+
+def print_before_after(doc: dict) -> None:
+    """Coverage of |z| < 1.96, rms z, resolved intervals and sign agreement on them, with the paired difference
+    (before) and with the sweep's realised change (after)."""
+    from entropy_experiments.sweep.calibration import metrics
+
+    print("\n| comparison | realised change | coverage (n) | rms z | resolved | sign (resolved) |\n|---|---|---|---|---|---|")
+    for paired, label in ((True, "paired difference (before)"), (False, "importance (after)")):
+        for name, (pred, meas, z, se) in _realised_comparisons(doc, paired).items():
+            zs = [v for v in z if v is not None and math.isfinite(v)]
+            rms = math.sqrt(sum(v * v for v in zs) / len(zs)) if zs else float("nan")
+            cov = sum(abs(v) < 1.96 for v in zs) / len(zs) if zs else float("nan")
+            if pred:
+                m = metrics(pred, meas, z, se)
+                agree = m["sign_agreement_resolved"]
+                resolved, sign = str(m["n_resolved"]), "—" if agree is None else f"{agree:.2f}"
+            else:
+                resolved = sign = "—"
+            print(f"| {name} | {label} | {cov:.2f} ({len(zs)}) | {rms:.2f} | {resolved} | {sign} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/miniature_grpo")
@@ -120,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     t_train = time.perf_counter() - t0
     config = probe_config(model_dir, data, args.lr, args.B_E)
     (out / "probe.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    run_sweep(config_from_dict(config), run_dir, out=str(out / "sweep"))
+    doc = run_sweep(config_from_dict(config), run_dir, out=str(out / "sweep"))
+    print_before_after(doc)
     print(f"\ntraining {t_train:.0f} s, sweep {time.perf_counter() - t0 - t_train:.0f} s; "
           f"sweep directory: {out / 'sweep'}")
     return 0

@@ -137,3 +137,29 @@ def cross_scored(E: DrawnE, own, other) -> CrossScored:
 
 def n_changed(E_from: DrawnE, E_to: DrawnE) -> int:
     return sum(a != b for a, b in zip(E_from.responses, E_to.responses))
+
+
+def displacement_pieces(E: DrawnE, theta, other) -> tuple[np.ndarray, np.ndarray]:
+    """Per sequence of E (sampled at θ), the pieces of δH_Δθ along Δθ = other − θ (docs/maths.md §3, baseline
+    none): a_i = Σ_k [D H_ik + G_ik·D ℓ_ik] with G_ik = Σ_{j>k} H_ij, r_i = Σ_k R_ik·D ℓ_ik with R_ik = T_i − k
+    (tokens strictly after k); the directional derivatives D by forward-mode autograd (torch.func.jvp)."""
+    delta = tuple(b - a for a, b in zip(theta, other, strict=True))
+    (_, ent), (d_ell, d_ent) = torch.func.jvp(lambda A, B: token_tables((A, B)), tuple(theta), delta)
+    c = np.array([c for c, ys in zip(E.prompts, E.responses) for _ in ys])
+    i = np.array([INDEX[y] for ys in E.responses for y in ys])
+    H, dH, dl = (x.detach().numpy()[c, i] for x in (ent, d_ent, d_ell))  # [N, L], zero past a response's end
+    after = np.cumsum(H[:, ::-1], axis=1)[:, ::-1] - H                    # G_k: entropy strictly after k
+    tokens_after = LENGTHS[i][:, None] - np.arange(1, L + 1)[None] * MASK[i]  # R_k = T − k (1-based), 0 past end
+    return (dH + after * dl).sum(-1), (tokens_after * dl).sum(-1)
+
+
+def exact_directional_derivative(theta, other) -> float:
+    """D_Δθ H(θ) of the exact entropy along Δθ = other − θ (forward-mode autograd through the enumeration)."""
+    delta = tuple(b - a for a, b in zip(theta, other, strict=True))
+
+    def entropy(A, B):
+        ell, ent = token_tables((A, B))
+        q = ell.sum(-1).exp()
+        return (q * ent.sum(-1)).sum() / (q * torch.as_tensor(LENGTHS)).sum()
+
+    return float(torch.func.jvp(entropy, tuple(theta), delta)[1])

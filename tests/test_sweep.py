@@ -22,6 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -295,38 +296,76 @@ def _per_sequence(path: Path) -> list[dict]:
     return [json.loads(line) for line in (path / "per_sequence.jsonl").read_text().splitlines() if line.strip()]
 
 
+def _importance_change(interval: dict, without=None) -> float:
+    """The realised change written out from intervals/<from>__<to>.json: (forward + reverse)/2 of the SNIS
+    changes, the unit `without` removed from both batches."""
+    def side(s):
+        keep = [i for i, u in enumerate(s["units"]) if u != without]
+        lw = np.array(s["logw"])[keep]
+        w = np.exp(lw - lw.max())
+        h_own, h_other, T = (np.array(s[k])[keep] for k in ("h_own", "h_other", "T"))
+        return np.sum(w * h_other) / np.sum(w * T), np.sum(h_own) / np.sum(T)
+
+    (f_other, f_own), (r_other, r_own) = side(interval["forward"]), side(interval["reverse"])
+    return 0.5 * ((f_other - f_own) + (r_own - r_other))
+
+
 def test_first_order_residual_is_one_jackknife_over_both_batches(swept):
     """realised − δH_Δθ and its SE against a delete-one jackknife written out over the units (draw:prompt) of
-    BOTH batches: deleting a unit removes it from Ĥ(to), Ĥ(from) and δH_Δθ = (A − Ĥ·B)/ΣT at once."""
+    BOTH batches: deleting a unit removes it from the realised change (the importance estimate, both batches at
+    once) and from δH_Δθ = (A − Ĥ·B)/ΣT at once; the paired difference's residual (`paired_diagnostic`) the
+    same way with Ĥ(to) − Ĥ(from)."""
     out, doc = swept
     real = doc["realised"][0]
     assert real["displacement"]["steps_spanned"] == 1 and "one step" in real["displacement"]["span"]
     rows_from = _per_sequence(out / "runs" / real["from_checkpoint"])
     rows_to = _per_sequence(out / "runs" / real["to_checkpoint"])
+    interval = json.loads((out / "intervals" / f"{real['from_checkpoint']}__{real['to_checkpoint']}.json").read_text())
 
     def key(r):
         return f"{r['prompt_index']}:{r['prompt_id']}"
 
     units = sorted({key(r) for r in rows_from} | {key(r) for r in rows_to})
+    assert units == sorted(set(interval["forward"]["units"]) | set(interval["reverse"]["units"]))
 
-    def residual(without=None):
+    def displacement(without=None):
+        f = [r for r in rows_from if key(r) != without]
+        h_f, T_f = sum(r["h"] for r in f), sum(r["T"] for r in f)
+        A, B = sum(r["displacement"]["a"] for r in f), sum(r["displacement"]["r"] for r in f)
+        return (A - h_f / T_f * B) / T_f
+
+    def paired_residual(without=None):
         f = [r for r in rows_from if key(r) != without]
         t = [r for r in rows_to if key(r) != without]
         h_f, T_f = sum(r["h"] for r in f), sum(r["T"] for r in f)
-        A, B = sum(r["displacement"]["a"] for r in f), sum(r["displacement"]["r"] for r in f)
-        return sum(r["h"] for r in t) / sum(r["T"] for r in t) - h_f / T_f - (A - h_f / T_f * B) / T_f
+        return sum(r["h"] for r in t) / sum(r["T"] for r in t) - h_f / T_f - displacement(without)
+
+    def residual(without=None):
+        return _importance_change(interval, without) - displacement(without)
 
     first = real["first_order"]
+    assert real["method"] == first["method"] == "importance"
     assert first["residual"] == pytest.approx(residual(), rel=1e-9, abs=1e-12)
-    assert first["residual"] == pytest.approx(real["paired_diagnostic"]["value"] - real["displacement"]["value"], rel=1e-3, abs=1e-6)
+    assert first["residual"] == pytest.approx(real["dH_realised"] - real["displacement"]["value"], rel=1e-3, abs=1e-6)
     assert first["se"] == pytest.approx(jackknife([residual(u) for u in units]), rel=1e-9)
     assert first["z"] == pytest.approx(first["residual"] / first["se"])
+    assert doc["realised"][0]["predictors"]["displacement"]["z"] == first["z"]
+    paired = first["paired_diagnostic"]
+    assert paired["residual"] == pytest.approx(paired_residual(), rel=1e-9, abs=1e-12)
+    assert paired["residual"] == pytest.approx(real["paired_diagnostic"]["value"] - real["displacement"]["value"],
+                                               rel=1e-3, abs=1e-6)
+    assert paired["se"] == pytest.approx(jackknife([paired_residual(u) for u in units]), rel=1e-9)
+    assert paired["z"] == pytest.approx(paired["residual"] / paired["se"])
     second = real["with_second_order"]
     assert second["residual"] == pytest.approx(first["residual"] - real["displacement"]["second_order"]["value"],
                                                rel=1e-9, abs=1e-12)
     assert second["se"] > 0 and second["z"] == pytest.approx(second["residual"] / second["se"])
+    assert second["paired_diagnostic"]["residual"] == pytest.approx(
+        paired["residual"] - real["displacement"]["second_order"]["value"], rel=1e-9, abs=1e-12)
     # the joint SE is not the two SEs added in quadrature: the realised change and δH_Δθ share E_N
-    assert first["se"] != pytest.approx(math.hypot(real["paired_diagnostic"]["se"], real["displacement"]["se"]), rel=1e-3)
+    assert first["se"] != pytest.approx(math.hypot(real["se"], real["displacement"]["se"]), rel=1e-3)
+    assert paired["se"] != pytest.approx(math.hypot(real["paired_diagnostic"]["se"], real["displacement"]["se"]),
+                                         rel=1e-3)
     noise = real["u_noise"]
     row = doc["rows"][0]
     assert noise["trainer_batch_sequences"] == noise["probe_U_sequences"] == 32  # make_checkpoint: B_U·G = 8·4

@@ -99,6 +99,7 @@ def test_interval_residuals_and_u_noise_against_written_out_jackknives():
         interval_residuals,
         u_noise,
     )
+    from entropy_experiments.estimators.realised_change import paired_change_replicates
 
     rng = np.random.default_rng(3)
     n = 30
@@ -109,9 +110,9 @@ def test_interval_residuals_and_u_noise_against_written_out_jackknives():
     h_f, h_t = T_f * rng.uniform(0.5, 1.5, n), T_t * rng.uniform(0.5, 1.5, n + 1)
     a, r, s, s2, dh, d2h = (rng.normal(size=n) for _ in range(6))
     a_v, r_v = rng.normal(size=n), rng.normal(size=n)
-    frm, to = BatchColumns(h_f, T_f, keys_f), BatchColumns(h_t, T_t, keys_t)
+    frm = BatchColumns(h_f, T_f, keys_f)
     pieces = DisplacementPieces(a, r, (s, s2, dh, d2h), a_v, r_v)
-    out = interval_residuals(frm, pieces, to, "per_token")
+    out = interval_residuals(frm, pieces, paired_change_replicates(h_f, T_f, keys_f, h_t, T_t, keys_t), "per_token")
 
     def stat(drop=None):
         f = [i for i in range(n) if keys_f[i] != drop]
@@ -144,3 +145,42 @@ def test_interval_residuals_and_u_noise_against_written_out_jackknives():
     assert noise["value"] == pytest.approx(diff(), rel=1e-12) and noise["se_E"] == pytest.approx(se_E, rel=1e-10)
     assert noise["se"] == pytest.approx(math.sqrt((9 + 3 * 2.0) * se_U ** 2 + se_E ** 2), rel=1e-12)
     assert noise["z"] == pytest.approx(noise["value"] / noise["se"])
+
+
+def test_independent_residuals_against_written_out_jackknives():
+    """The fallback residual Ĥ(to) − [Ĥ(from) + δH_Δθ + ½·D²]: the bracket's SE a delete-one loop over E_N's
+    units, Ĥ(to)'s over E_{N'}'s, added in quadrature (the batches taken as independent)."""
+    from entropy_experiments.estimators.displacement import (
+        BatchColumns,
+        DisplacementPieces,
+        independent_residuals,
+    )
+
+    rng = np.random.default_rng(5)
+    n = 25
+    keys_f, keys_t = [f"{i // 2}:p" for i in range(n)], [f"{i}:q" for i in range(n + 4)]
+    T_f, T_t = rng.integers(1, 9, n).astype(float), rng.integers(1, 9, n + 4).astype(float)
+    h_f, h_t = T_f * rng.uniform(0.5, 1.5, n), T_t * rng.uniform(0.5, 1.5, n + 4)
+    a, r, s, s2, dh, d2h = (rng.normal(size=n) for _ in range(6))
+    out = independent_residuals(BatchColumns(h_f, T_f, keys_f), DisplacementPieces(a, r, (s, s2, dh, d2h)),
+                                BatchColumns(h_t, T_t, keys_t), "per_token")
+
+    def bracket(drop=None):
+        f = [i for i in range(n) if keys_f[i] != drop]
+        hf, df = h_f[f].sum(), T_f[f].sum()
+        H = hf / df
+        first = (a[f].sum() - H * r[f].sum()) / df
+        N1, D1 = (s * h_f + dh)[f].sum(), (s * T_f)[f].sum()
+        N2, D2 = ((s2 + s ** 2) * h_f + 2 * s * dh + d2h)[f].sum(), ((s2 + s ** 2) * T_f)[f].sum()
+        d2 = (N2 * df - hf * D2) / df ** 2 - 2 * D1 * (N1 * df - hf * D1) / df ** 3
+        return H + first, H + first + 0.5 * d2
+
+    def h_to(drop=None):
+        t = [i for i in range(n + 4) if keys_t[i] != drop]
+        return h_t[t].sum() / T_t[t].sum()
+
+    se_to = jackknife([h_to(u) for u in sorted(set(keys_t))])
+    for j, key in enumerate(("first_order", "second_order")):
+        se_from = jackknife([bracket(u)[j] for u in sorted(set(keys_f))])
+        assert out[key].value == pytest.approx(h_to() - bracket()[j], rel=1e-12)
+        assert out[key].se == pytest.approx(math.hypot(se_to, se_from), rel=1e-10)

@@ -9,13 +9,18 @@ At one checkpoint (the `displacement` predictor):
     ½·D²_Δθ H               the second-order term, ½·d2 of the SNIS estimate (second_order.py) along Δθ
 
 Across an interval (N → N'; the sweep): both checkpoints' E batches hold the same prompt draws, so a unit
-(draw b, `keys`) has sums in both. With per-unit columns side by side (zeros where a unit is absent),
+(draw b, `keys`) has sums in both. With D̂ the realised change (estimators/realised_change.py: the importance
+estimate that counts the responses that would change, or the paired difference shown as a diagnostic), given
+as its value and delete-one replicates over the union of units,
 
-    first-order residual   ρ₁ = [Ĥ(E_{N'}) − Ĥ(E_N)] − δH_Δθ
+    first-order residual   ρ₁ = D̂ − δH_Δθ
     second-order residual  ρ₂ = ρ₁ − ½·D²_Δθ H
 
-are each ONE statistic of the column sums, and the delete-one jackknife over the units removes a unit from
-both batches and from δH_Δθ at once (they share E_N: their errors are correlated, and this measures it).
+are each ONE jackknife statistic over the units of both batches (docs/maths.md §9): the replicate without unit
+u is D̂ without u minus δH_Δθ (and ½·D²_Δθ H) from E_N's sums without u — D̂ and δH_Δθ share E_N, their errors
+are correlated, and this measures it. When the realised change is taken over two independent batches (the
+sweep's fallback), ρ = Ĥ(E_{N'}) − [Ĥ(E_N) + δH_Δθ], the bracket jackknifed over E_N, Ĥ(E_{N'}) over E_{N'},
+their SEs in quadrature (`independent_residuals`).
 
     U noise   P − δH_Δθ = X̂·(K·lr·v − Δθ) (P = K·δH₁: the probe's own step from a fresh U, over K steps)
               var ≈ K²·SE_U² + K·(n_U / n_trainer)·SE_U² + SE_E(diff)²: the probe's U draw, the trainer's K
@@ -32,12 +37,21 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from .jackknife import Estimate, as_float64, jackknife_estimate, se_E, sum_by_unit
+from .jackknife import (
+    Estimate,
+    as_float64,
+    jackknife_estimate,
+    jackknife_replicates,
+    jackknife_se,
+    se_E,
+    sum_by_unit,
+)
+from .realised_change import UnitReplicates
 from .second_order import snis_columns, snis_derivatives
 from .update_direction import named_dot, named_norm
 
-__all__ = ["BatchColumns", "DisplacementPieces", "displacement_entry", "interval_residuals", "step_comparison",
-           "u_noise"]
+__all__ = ["BatchColumns", "DisplacementPieces", "displacement_entry", "independent_residuals", "interval_residuals",
+           "step_comparison", "u_noise"]
 
 NamedTensors = dict[str, Tensor]
 NAN = float("nan")
@@ -90,47 +104,81 @@ class DisplacementPieces:
     r_v: np.ndarray | None = None
 
 
-def _joint_stats(frm: BatchColumns, extra: list[np.ndarray], to: BatchColumns) -> np.ndarray:
-    """[units, m]: (h, d, *extra) of E_N and (h, d) of E_{N'} per unit of the union of keys (zeros: absent)."""
-    universe = sorted(set(frm.keys) | set(to.keys))
-    index = {u: i for i, u in enumerate(universe)}
-    cols_from = [frm.h, frm.d, *extra]
-    stats = np.zeros((len(universe), len(cols_from) + 2))
-    rows_from, rows_to = [index[u] for u in frm.keys], [index[u] for u in to.keys]
-    for j, col in enumerate(cols_from):
-        np.add.at(stats, (rows_from, j), as_float64(col))
-    np.add.at(stats, (rows_to, len(cols_from)), as_float64(to.h))
-    np.add.at(stats, (rows_to, len(cols_from) + 1), as_float64(to.d))
-    return stats
+def _difference_slope(sums: np.ndarray) -> float:
+    # sums = (A, B, Σh, Σd, …): δH along the pieces, (A − Ĥ·B)/D with Ĥ = Σh/D from the same sums
+    a, r, h, d = sums[:4]
+    return float((a - (h / d) * r) / d)
 
 
-def _first_order_residual(sums: np.ndarray) -> float:
-    h, d, a, r = sums[:4]
-    h_to, d_to = sums[-2:]
-    return float(h_to / d_to - h / d - (a - (h / d) * r) / d)
+def _with_second_order(sums: np.ndarray) -> float:
+    return _difference_slope(sums) + 0.5 * snis_derivatives(sums[4:10])[1]
 
 
-def _second_order_residual(sums: np.ndarray) -> float:
-    return _first_order_residual(sums) - 0.5 * snis_derivatives(sums[4:10])[1]
+def _entropy_and_slope(sums: np.ndarray) -> float:
+    return float(sums[2] / sums[3]) + _difference_slope(sums)
 
 
-def interval_residuals(frm: BatchColumns, pieces: DisplacementPieces, to: BatchColumns,
+def _entropy_and_second_order(sums: np.ndarray) -> float:
+    return float(sums[2] / sums[3]) + _with_second_order(sums)
+
+
+def _entropy(sums: np.ndarray) -> float:
+    return float(sums[0] / sums[1])
+
+
+def _from_columns(frm: BatchColumns, pieces: DisplacementPieces, normalize: str, second: bool) -> list[np.ndarray]:
+    """[a, r, h, d] of E_N, and the six SNIS columns of ½·D²_Δθ H (second_order.snis_columns) when `second`."""
+    columns = [as_float64(pieces.a), as_float64(pieces.r), as_float64(frm.h), as_float64(frm.d)]
+    if second:
+        columns += snis_columns(*pieces.second, frm.h, frm.d, normalize)
+    return columns
+
+
+def _joint_residual(realised: UnitReplicates, frm: BatchColumns, columns: list[np.ndarray], statistic) -> Estimate:
+    """realised − statistic(E_N's sums), with D̂'s replicates minus the statistic's without the same unit (a
+    unit absent from E_N leaves the statistic whole)."""
+    index = {u: i for i, u in enumerate(realised.units)}
+    missing = sorted(set(frm.keys) - index.keys())
+    if missing:
+        raise ValueError(f"E_N unit {missing[0]!r} is not among the realised change's units")
+    stats = np.zeros((len(realised.units), len(columns)))
+    rows = [index[k] for k in frm.keys]
+    for j, column in enumerate(columns):
+        np.add.at(stats, (rows, j), column)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = statistic(stats.sum(axis=0))
+    return Estimate(realised.value - float(value),
+                    jackknife_se(realised.replicates - jackknife_replicates(stats, statistic)))
+
+
+def interval_residuals(frm: BatchColumns, pieces: DisplacementPieces, realised: UnitReplicates,
                        normalize: str) -> dict[str, Estimate | None]:
-    """{"first_order": ρ₁, "second_order": ρ₂ (None without the second-order sums)}, each with its joint
-    delete-one jackknife SE over the units of both batches (module docstring)."""
+    """{"first_order": ρ₁ = D̂ − δH_Δθ, "second_order": ρ₂ = ρ₁ − ½·D²_Δθ H (None without the second-order sums)},
+    each with ONE delete-one jackknife SE over `realised.units` (module docstring)."""
     out: dict[str, Estimate | None] = {
-        "first_order": jackknife_estimate(_joint_stats(frm, [pieces.a, pieces.r], to), _first_order_residual),
+        "first_order": _joint_residual(realised, frm, _from_columns(frm, pieces, normalize, False),
+                                       _difference_slope),
         "second_order": None}
     if pieces.second is not None:
-        s, s2, dh, d2h = pieces.second
-        extra = [pieces.a, pieces.r, *snis_columns(s, s2, dh, d2h, frm.h, frm.d, normalize)]
-        out["second_order"] = jackknife_estimate(_joint_stats(frm, extra, to), _second_order_residual)
+        out["second_order"] = _joint_residual(realised, frm, _from_columns(frm, pieces, normalize, True),
+                                              _with_second_order)
     return out
 
 
-def _difference_slope(sums: np.ndarray) -> float:
-    a, r, h, d = sums
-    return float((a - (h / d) * r) / d)
+def independent_residuals(frm: BatchColumns, pieces: DisplacementPieces, to: BatchColumns,
+                          normalize: str) -> dict[str, Estimate | None]:
+    """The residuals of `interval_residuals` when the realised change is Ĥ(E_{N'}) − Ĥ(E_N) over two batches
+    taken as independent: Ĥ(E_{N'}) − [Ĥ(E_N) + δH_Δθ (+ ½·D²_Δθ H)], the bracket jackknifed over E_N's units,
+    Ĥ(E_{N'}) over E_{N'}'s, the two SEs in quadrature."""
+    h_to = jackknife_estimate(sum_by_unit([to.h, to.d], to.keys), _entropy)
+
+    def residual(second: bool, statistic) -> Estimate:
+        bracket = jackknife_estimate(sum_by_unit(_from_columns(frm, pieces, normalize, second), frm.keys),
+                                     statistic)
+        return Estimate(h_to.value - bracket.value, math.hypot(h_to.se, bracket.se))
+
+    return {"first_order": residual(False, _entropy_and_slope),
+            "second_order": None if pieces.second is None else residual(True, _entropy_and_second_order)}
 
 
 def u_noise(frm: BatchColumns, pieces: DisplacementPieces, *, step_lr: float, steps: int, se_U: float | None,

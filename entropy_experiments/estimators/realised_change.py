@@ -15,6 +15,11 @@ side by side (zeros where a unit is absent): the delete-one jackknife over the u
 from both at once, so the correlation the common draws put between Δ_f and Δ_r is measured. Each direction
 alone is `snis.snis_delta_h` (the probe's own ΔH(η) estimator); the weights' diagnostics are
 `snis.importance_diagnostics`.
+
+Both the averaged change and the paired difference Ĥ(E_{N'}; θ_{N'}) − Ĥ(E_N; θ_N) (shown as a diagnostic) are
+also available as `UnitReplicates`: the value and its delete-one replicates θ₍₋u₎ per unit of the union, so
+that a statistic sharing E_N (the first-order residual D̂ − δH_Δθ, estimators/displacement.py; docs/maths.md
+§9) is jackknifed jointly with it: its replicates are subtracted unit by unit.
 """
 
 from __future__ import annotations
@@ -24,10 +29,19 @@ from typing import Any
 
 import numpy as np
 
-from .jackknife import Estimate, Normalize, as_float64, check_normalize, jackknife_estimate, sum_by_unit
+from .jackknife import (
+    Estimate,
+    Normalize,
+    as_float64,
+    check_normalize,
+    jackknife_replicates,
+    jackknife_se,
+    sum_by_unit,
+)
 from .snis import importance_diagnostics, snis_delta_h, weights_from_log
 
-__all__ = ["CrossScored", "importance_realised_change", "realised_change_entry"]
+__all__ = ["CrossScored", "UnitReplicates", "importance_realised_change", "importance_realised_replicates",
+           "paired_change_replicates", "realised_change_entry"]
 
 
 @dataclass
@@ -43,6 +57,36 @@ class CrossScored:
     units: list
 
 
+@dataclass
+class UnitReplicates:
+    """A statistic of per-unit sums: its value, the units (sorted keys, the rows of the sums) and its delete-one
+    replicates θ₍₋u₎ in that order (entropy units)."""
+
+    value: float
+    units: list[str]
+    replicates: np.ndarray
+
+    @property
+    def estimate(self) -> Estimate:
+        """(value, delete-one jackknife SE of the replicates)."""
+        return Estimate(self.value, jackknife_se(self.replicates))
+
+
+def _unit_replicates(columns: list[np.ndarray], units: list[str], statistic) -> UnitReplicates:
+    keys = sorted(set(units))  # the row order of sum_by_unit (np.unique sorts the same way)
+    stats = sum_by_unit(columns, units)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = statistic(stats.sum(axis=0))
+    return UnitReplicates(float(value), keys, jackknife_replicates(stats, statistic))
+
+
+def _side_by_side(first: list[np.ndarray], second: list[np.ndarray]) -> list[np.ndarray]:
+    """The columns of two batches stacked row-wise, each batch's columns zero on the other's rows."""
+    n1, n2 = len(first[0]), len(second[0])
+    return ([np.concatenate([c, np.zeros(n2)]) for c in first] +
+            [np.concatenate([np.zeros(n1), c]) for c in second])
+
+
 def _columns(side: CrossScored, normalize: Normalize) -> list[np.ndarray]:
     """[w h_other, w d, h_own, d] of one batch (w unnormalised, exp(log w − max))."""
     w, t = weights_from_log(side.logw), as_float64(side.T)
@@ -56,15 +100,35 @@ def _averaged(sums: np.ndarray) -> float:
     return float(0.5 * ((fwh / fwd - fh / fd) + (rh / rd - rwh / rwd)))
 
 
+def importance_realised_replicates(forward: CrossScored, reverse: CrossScored, *,
+                                   normalize: Normalize) -> UnitReplicates:
+    """Δ = (Δ_f + Δ_r)/2 and its delete-one replicates over the union of both batches' units (a unit removed
+    from both batches at once). NaN when every weight of one side is zero."""
+    check_normalize(normalize)
+    columns = _side_by_side(_columns(forward, normalize), _columns(reverse, normalize))
+    units = [str(u) for u in forward.units] + [str(u) for u in reverse.units]
+    return _unit_replicates(columns, units, _averaged)
+
+
 def importance_realised_change(forward: CrossScored, reverse: CrossScored, *, normalize: Normalize) -> Estimate:
     """Δ = (Δ_f + Δ_r)/2 with its delete-one jackknife SE over the union of both batches' units (units of the
     entropies: nats per token or per sequence). NaN when every weight of one side is zero."""
-    check_normalize(normalize)
-    cf, cr = _columns(forward, normalize), _columns(reverse, normalize)
-    nf, nr = len(cf[0]), len(cr[0])
-    columns = [np.concatenate([c, np.zeros(nr)]) for c in cf] + [np.concatenate([np.zeros(nf), c]) for c in cr]
-    units = [str(u) for u in forward.units] + [str(u) for u in reverse.units]
-    return jackknife_estimate(sum_by_unit(columns, units), _averaged)
+    return importance_realised_replicates(forward, reverse, normalize=normalize).estimate
+
+
+def _difference(sums: np.ndarray) -> float:
+    h_from, d_from, h_to, d_to = sums
+    return float(h_to / d_to - h_from / d_from)
+
+
+def paired_change_replicates(h_from: Any, d_from: Any, units_from: list, h_to: Any, d_to: Any,
+                             units_to: list) -> UnitReplicates:
+    """The paired difference Σh_to/Σd_to − Σh_from/Σd_from (each batch scored at its own policy; d = T or 1)
+    and its delete-one replicates over the union of units: a unit's sums sit side by side in both batches
+    (zeros where it is absent) and are removed from both at once, both ratios recomputed in every replicate."""
+    columns = _side_by_side([as_float64(h_from), as_float64(d_from)], [as_float64(h_to), as_float64(d_to)])
+    units = [str(u) for u in units_from] + [str(u) for u in units_to]
+    return _unit_replicates(columns, units, _difference)
 
 
 def _side_entry(side: CrossScored, normalize: Normalize, sign: float) -> dict:

@@ -6,8 +6,13 @@ For an interval N → N' whose `from` run measured the `displacement` predictor 
 * `displacement` {value, se, se_E, second_order {value, se}, steps_spanned, span, delta_theta_norm,
   cos_with_probe_step, probe_step_norm_ratio}: δH_Δθ = X̂(θ_N)·Δθ with its SE_E, ½·D²_Δθ H, and how the probe's
   own step over the interval (K·lr·v) compares with Δθ;
-* `first_order` {residual, se, z}: ρ₁ = realised − δH_Δθ with ONE jackknife over the units of both batches;
-  `with_second_order` the same for ρ₂ = ρ₁ − ½·D²_Δθ H (estimators/displacement.py);
+* `first_order` {residual, se, z, method, paired_diagnostic}: ρ₁ = realised − δH_Δθ, with the realised change
+  of the `realised` row (its `method`): `importance` — ONE jackknife over the units of both batches, the
+  importance estimate's replicates minus δH_Δθ's (they share E_N); `independent_batches` — Ĥ(to) −
+  [Ĥ(from) + δH_Δθ], the SEs of the two batches in quadrature. `paired_diagnostic` {residual, se, z}: the same
+  with the paired difference Ĥ(E_{N'}) − Ĥ(E_N) (one joint jackknife), which misses the responses that would
+  change (docs/realised-change.md): shown, never used. `with_second_order` the same for ρ₂ = ρ₁ − ½·D²_Δθ H
+  (estimators/displacement.py);
 * `u_noise` {value, se_E, se, z, variance, probe_U_sequences, trainer_batch_sequences, trainer_batch_source}:
   K·lr·X̂·v − δH_Δθ against √(K²·SE_U² + K·(n_U/n_trainer)·SE_U² + SE_E²) — 2·SE_U² + SE_E² when K = 1 and the
   probe's U has the trainer's batch size. The trainer's batch (sequences per optimizer step) is
@@ -23,7 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..estimators.displacement import BatchColumns, DisplacementPieces, interval_residuals, u_noise
+from ..errors import OutputError
+from ..estimators.displacement import (
+    BatchColumns,
+    DisplacementPieces,
+    independent_residuals,
+    interval_residuals,
+    u_noise,
+)
+from ..estimators.realised_change import importance_realised_replicates, paired_change_replicates
 
 __all__ = ["interval_decomposition", "z_entry"]
 
@@ -64,9 +77,27 @@ def _u_noise_entry(run_a, row_a: dict, frm: BatchColumns, pieces: DisplacementPi
     return out
 
 
-def interval_decomposition(row_a: dict, run_a, run_b, steps: int, normalize: str) -> dict:
+def _residuals(frm: BatchColumns, pieces: DisplacementPieces, to: BatchColumns, normalize: str, cross,
+               method: str) -> tuple[dict, dict]:
+    """(the residuals against the realised change by `method`, those against the paired difference)."""
+    paired = interval_residuals(frm, pieces, paired_change_replicates(frm.h, frm.d, frm.keys, to.h, to.d, to.keys),
+                                normalize)
+    if method == "importance":
+        realised = importance_realised_replicates(cross[0], cross[1], normalize=normalize)
+        return interval_residuals(frm, pieces, realised, normalize), paired
+    return independent_residuals(frm, pieces, to, normalize), paired
+
+
+def _residual_entry(residuals: dict, paired: dict, key: str, method: str) -> dict | None:
+    entry = z_entry(residuals[key])
+    return None if entry is None else {**entry, "method": method, "paired_diagnostic": z_entry(paired[key])}
+
+
+def interval_decomposition(row_a: dict, run_a, run_b, steps: int, normalize: str, *, cross=None,
+                           method: str = "independent_batches") -> dict:
     """{displacement, first_order, with_second_order, u_noise} of the interval run_a → run_b (all None when the
-    `from` run has no displacement predictor, or one towards another checkpoint)."""
+    `from` run has no displacement predictor, or one towards another checkpoint). `cross`, `method`: the
+    interval's cross scores (cross_scores.read_cross_scores) and the realised change's method (realised.py)."""
     entry = ((run_a.results.get("predictors") or {}).get("displacement") if run_a.kind == "probe" else None)
     none = {"displacement": None, "first_order": None, "with_second_order": None, "u_noise": None}
     target = None if entry is None else entry.get("next_checkpoint")
@@ -84,9 +115,13 @@ def interval_decomposition(row_a: dict, run_a, run_b, steps: int, normalize: str
                     "probe_step_norm_ratio": None if ratio is None else steps * ratio}
     if pieces is None:
         return {**none, "displacement": displacement}
-    residuals = interval_residuals(frm, pieces, to, normalize)
-    return {"displacement": displacement, "first_order": z_entry(residuals["first_order"]),
-            "with_second_order": z_entry(residuals["second_order"]),
+    try:
+        residuals, paired = _residuals(frm, pieces, to, normalize, cross, method)
+    except ValueError as exc:  # the interval file was scored on other E batches than these run directories hold
+        raise OutputError(f"sweep: the cross scores of {run_a.path.name} → {run_b.path.name} do not match their "
+                          f"E batches ({exc}); delete the interval file and rerun the sweep") from exc
+    return {"displacement": displacement, "first_order": _residual_entry(residuals, paired, "first_order", method),
+            "with_second_order": _residual_entry(residuals, paired, "second_order", method),
             "u_noise": _u_noise_entry(run_a, row_a, frm, pieces, steps)}
 
 

@@ -184,8 +184,8 @@ def realised_rows(rows: list[dict], runs: list[CheckpointRun], normalize: str,
     SE (realised.py: importance weights both ways where `crosses[i]` — cross_scores.read_cross_scores of
     interval i — is there and the weights hold, else two independent-batch entropies; the paired difference as
     `paired_diagnostic` only), the prediction(s) from `from` and z = (realised − predicted)/√(se² + se_pred² +
-    se_batch²); the displacement predictor's z is the first-order residual's (one jackknife over both batches),
-    and the decomposition (decomposition.py) rides along."""
+    se_batch²); the displacement predictor's z is the first-order residual's (realised − δH_Δθ with the same
+    realised change, one jackknife over both batches), and the decomposition (decomposition.py) rides along."""
     out, warnings = [], []
     pairs = list(itertools.pairwise(zip(rows, runs, strict=True)))
     for i, ((a, run_a), (b, run_b)) in enumerate(pairs):
@@ -198,7 +198,7 @@ def realised_rows(rows: list[dict], runs: list[CheckpointRun], normalize: str,
         for p in preds.values():
             p["z"] = _z(None if p["dH_predicted"] is None or real is None else real - p["dH_predicted"],
                         se_real, p["se"], p["se_batch"])
-        parts = interval_decomposition(a, run_a, run_b, steps, normalize)
+        parts = interval_decomposition(a, run_a, run_b, steps, normalize, cross=cross, method=change["method"])
         if parts["displacement"] is not None:
             first = parts["first_order"] or {}
             preds = {"displacement": {"dH_predicted": parts["displacement"]["value"],

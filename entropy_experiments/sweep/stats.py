@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..estimators.jackknife import Estimate, as_float64, jackknife_estimate, sum_by_unit
+from ..estimators.realised_change import paired_change_replicates
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "PairedDifference", "bootstrap_ci", "coverage",
            "entropy_with_se", "median_ratio", "paired_difference", "pearson", "rank_average", "sign_agreement",
@@ -48,11 +49,6 @@ class PairedDifference(NamedTuple):
     n_to_only: int
 
 
-def _difference(sums: np.ndarray) -> float:
-    h_from, d_from, h_to, d_to = sums
-    return float(h_to / d_to - h_from / d_from)
-
-
 def paired_difference(h_from, d_from, units_from, h_to, d_to, units_to) -> PairedDifference:
     """Ĥ(to) − Ĥ(from) = Σh_to/Σd_to − Σh_from/Σd_from, with the delete-one jackknife over the union of units.
 
@@ -60,18 +56,11 @@ def paired_difference(h_from, d_from, units_from, h_to, d_to, units_to) -> Paire
     only when it holds the same prompt in both batches). A unit's sums (h, d) in the `from` batch and in the
     `to` batch sit side by side (zeros on the side it is absent from); deleting it removes it from both
     batches at once, so the correlation between the two estimates — same prompts, and responses drawn with the
-    same generator seed — is measured, not assumed away; both ratios are recomputed in every replicate.
-    Units of the result: those of the entropies.
+    same generator seed — is measured, not assumed away; both ratios are recomputed in every replicate
+    (estimators/realised_change.paired_change_replicates). Units of the result: those of the entropies.
     """
     ids_from, ids_to = [str(u) for u in units_from], [str(u) for u in units_to]
-    universe = sorted(set(ids_from) | set(ids_to))
-    index = {u: i for i, u in enumerate(universe)}
-    stats = np.zeros((len(universe), 4))
-    np.add.at(stats, ([index[u] for u in ids_from], 0), as_float64(h_from))
-    np.add.at(stats, ([index[u] for u in ids_from], 1), as_float64(d_from))
-    np.add.at(stats, ([index[u] for u in ids_to], 2), as_float64(h_to))
-    np.add.at(stats, ([index[u] for u in ids_to], 3), as_float64(d_to))
-    est = jackknife_estimate(stats, _difference)
+    est = paired_change_replicates(h_from, d_from, ids_from, h_to, d_to, ids_to).estimate
     both = len(set(ids_from) & set(ids_to))
     return PairedDifference(est.value, est.se, both, len(set(ids_from)) - both, len(set(ids_to)) - both)
 
