@@ -15,6 +15,7 @@ from entropy_experiments.config import (
     load_config,
     packaged_config_path,
 )
+from entropy_experiments.config.probe_config import HASHED_WHEN_CHANGED
 from entropy_experiments.errors import ConfigError
 
 
@@ -231,10 +232,23 @@ def test_config_hash_is_taken_over_the_sections_pre_rename_spelling(batched):
     d = cfg.to_dict()
     for key in ("output", "distributed", "sampler"):
         del d[key]
+    del d["objective"]["kl_in_reward_coef"]  # a later key, hashed only when changed (HASHED_WHEN_CHANGED)
     d["probe_rework"] = {"use_sequence_processor_sampling": batched}
     old = hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert cfg.config_hash() == old
     assert ProbeConfig().config_hash() == "15bd06d456c52722"  # what the code before the rename wrote (294fa60)
+
+
+def test_a_key_added_later_is_hashed_only_when_changed():
+    """objective.kl_in_reward_coef came after runs existed: at 0 (the earlier behaviour) the hash is unchanged;
+    a key listed in HASHED_WHEN_CHANGED still changes the hash once it differs from that value."""
+    base = ProbeConfig().config_hash()
+    assert config_from_dict({"objective": {"kl_in_reward_coef": 0.0}}).config_hash() == base
+    with pytest.MonkeyPatch.context() as mp:  # the rule on another key: left out at that value, hashed otherwise
+        mp.setitem(HASHED_WHEN_CHANGED, "generation", {"temperature": 1.0})
+        without = ProbeConfig().config_hash()
+        assert without != base
+        assert config_from_dict({"generation": {"temperature": 0.7}}).config_hash() not in (without, base)
 
 
 def test_alias_and_canonical_with_the_same_value_are_accepted():

@@ -40,6 +40,11 @@ TRAINER_GENERATION: dict[str, dict[str, Any]] = {
 HASHED_AS: dict[str, tuple[str, dict[str, str]]] = {
     "sampler": ("probe_rework", {"batched": "use_sequence_processor_sampling"}),
 }
+# Keys added after run directories already existed, hashed only when set to something other than the value that
+# reproduces the earlier behaviour, so that those runs still resume: section -> {key: that value}.
+HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
+    "objective": {"kl_in_reward_coef": 0.0},
+}
 
 
 class ProbeConfig(_Section):
@@ -152,8 +157,12 @@ class ProbeConfig(_Section):
     def config_hash(self) -> str:
         """First 16 hex chars of sha256 over the canonical JSON of the config, `output` and `distributed`
         excluded (neither changes a number: a run can be resumed on any number of ranks or backend); renamed
-        sections under their old names (`HASHED_AS`)."""
+        sections under their old names (`HASHED_AS`), later keys only when changed (`HASHED_WHEN_CHANGED`)."""
         d = self.model_dump(mode="json", exclude={"output", "distributed"})
+        for section, keys in HASHED_WHEN_CHANGED.items():
+            for key, earlier in keys.items():
+                if d[section].get(key) == earlier:
+                    del d[section][key]
         for section, (old_section, old_keys) in HASHED_AS.items():
             d[old_section] = {old_keys.get(k, k): v for k, v in d.pop(section).items()}
         payload = json.dumps(
