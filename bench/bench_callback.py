@@ -1,4 +1,4 @@
-"""Benchmark of EntropyProbeCallback (issue 31): the overhead of one probed step as a ratio to a training step.
+"""Benchmark of EntropyProbeCallback: the overhead of one probed step as a ratio to a training step.
 
     .venv/bin/python bench/bench_callback.py [--model-dir DIR | --embedded] [--steps 4] [--repeats 2]
                                              [--B-E 16 --B-U 2] [--max-new-tokens 16]

@@ -1,4 +1,4 @@
-"""Benchmark of the ΔH(η) stage (issue 16, target 2): its cost per η against a bare forward over E.
+"""Benchmark of the ΔH(η) stage: its cost per η against a bare forward over E.
 
     .venv/bin/python bench/bench_delta_h.py [--repeats 3] [--B-E 32 --max-new-tokens 40] [--threads N]
 

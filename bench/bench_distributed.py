@@ -1,4 +1,4 @@
-"""Benchmark: the probe on 2 CPU ranks (torchrun, gloo) vs 1 process on the same work (issue 5).
+"""Benchmark: the probe on 2 CPU ranks (torchrun, gloo) vs 1 process on the same work.
 
     .venv/bin/python bench/bench_distributed.py [--model demo|tiny] [--B-E 8 --B-U 4 --G 2 --max-new-tokens 16]
                                                 [--repeats 1] [--fresh]

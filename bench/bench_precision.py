@@ -1,4 +1,4 @@
-"""bf16 base vs fp32 on the same samples (issue 29): δH₁, SE_E, SE_U and ΔH(η) at η = lr, 10·lr, 100·lr.
+"""bf16 base vs fp32 on the same samples: δH₁, SE_E, SE_U and ΔH(η) at η = lr, 10·lr, 100·lr.
 
     .venv/bin/python bench/bench_precision.py                      # the embedded SmolLM2-135M demo checkpoint
     .venv/bin/python bench/bench_precision.py --checkpoint DIR     # e.g. a make-checkpoint --synthetic output

@@ -1,4 +1,4 @@
-"""Benchmark of the probe's phases 1–3 (issue 4) against one plain Dr-GRPO training step.
+"""Benchmark of the probe's phases 1–3 against one plain Dr-GRPO training step.
 
     .venv/bin/python bench/bench_probe.py [--repeats N] [--B-E 32 --B-U 4 --G 4 --max-new-tokens 40]
                                           [--no-variance] [--passes] [--compare-jvp] [--threads N]
@@ -12,7 +12,7 @@ Both sides run on the embedded SmolLM2-135M with the demo checkpoint (made once 
 - ours: phases 1–3 exactly as `run_mixed_probe` runs them (U gradient, v from the AdamW state, X̂ on E,
   δH₁ with SE_E, SE_U, SE_total), read from its `phase1_3_total` timing. Importance sampling is off.
 
-Target (issue 16): ours / baseline ≤ 1.2; the profile line shows the E side's share. With error bars (the
+Target: ours / baseline ≤ 1.2; the profile line shows the E side's share. With error bars (the
 default) each E microbatch runs one forward and TWO backwards — ∇L_α' and ∇L_β; the second gives each
 sequence's r_i = D_v L_β,i, without which the delete-one jackknife of SE_E is not exact (Ĥ moves in every
 replicate) — against training's one forward and one backward; `--passes` times those passes on one E

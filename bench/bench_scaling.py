@@ -1,4 +1,4 @@
-"""Cost curves of the probe (issue 29): time and peak memory per phase, swept over E, response length T
+"""Cost curves of the probe: time and peak memory per phase, swept over E, response length T
 and model size, on random models of the real architectures (entropy_experiments/models/synthetic.py).
 
     .venv/bin/python bench/bench_scaling.py --quick            # 4 points: ≈ 4 min on 2 idle cores
@@ -48,7 +48,7 @@ PHASES = [
 LABELS = list(dict.fromkeys(label for label, _, _ in PHASES))
 ETA = 1.0e-5
 
-# targets: (model, E, T) points run after the sweeps, outside the fits — the 1.5B probe of issue 29 under a
+# targets: (model, E, T) points run after the sweeps, outside the fits — the 1.5B probe under a
 # memory budget (GB) that keeps its with-grad microbatches inside this machine's 24 GB beside 6.2 GB of weights
 QUICK = {"E": [2, 4], "T": [32, 64], "models": ["smollm2-135m", "qwen2.5-0.5b"], "base": (2, 32), "targets": []}
 FULL = {"E": [4, 8, 16, 32], "T": [32, 64, 128, 256, 512],
@@ -111,7 +111,7 @@ def worker(checkpoint: str, E: int, T: int, device: str, budget_gb: float | None
     record: dict = {}
     for label, module_name, name in PHASES:
         module = importlib.import_module(module_name)
-        if hasattr(module, name):  # names may move (issue 26): a missing one is reported as absent
+        if hasattr(module, name):  # names may move: a missing one is reported as absent
             setattr(module, name, _wrap(label, getattr(module, name), record))
     t0, shapes = time.perf_counter(), {}
     outcome = probe.run(point_config(checkpoint, E, T, device, budget_gb),

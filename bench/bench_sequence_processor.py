@@ -1,4 +1,4 @@
-"""Benchmarks of the SequenceProcessor (issue 3): memory of the chunked token maths, teacher-forcing
+"""Benchmarks of the SequenceProcessor: memory of the chunked token maths, teacher-forcing
 throughput and generation throughput, each printed as a ratio measured side by side with PASS/FAIL.
 
     .venv/bin/python bench/bench_sequence_processor.py [--threads N] [--skip-memory | --memory-only]

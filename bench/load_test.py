@@ -1,4 +1,4 @@
-"""Load test (issue 6): repeated tiny-model probe runs show no memory growth and identical numbers.
+"""Load test: repeated tiny-model probe runs show no memory growth and identical numbers.
 
     .venv/bin/python bench/load_test.py [--fresh 50] [--in-process 20] [--workdir DIR] [--json OUT]
 

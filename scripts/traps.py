@@ -86,7 +86,7 @@ TRAPS = [
          "return float(math.sqrt((n - 1) / n * np.sum((theta - theta.mean()) ** 2)))",
          "return float(math.sqrt((n - 1) / n * np.sum((theta - theta.mean()) ** 2)) / n)",
          ("tests/test_stats.py::test_jackknife_se_of_mean_is_std_over_sqrt_n",)),
-    # ---- log-prob alignment (MATH.md §1: logits at i−1 score the token at i)
+    # ---- log-prob alignment (docs/maths.md §1: logits at i−1 score the token at i)
     Trap("logprob_gathered_at_own_position", EE + "policy/tf_batches.py",
          "offset = lp - 1 - lead - first", "offset = lp - lead - first",
          ("tests/test_sequence_processor.py::test_teacher_forcing_matches_brute_force[1.0-1.0]",)),

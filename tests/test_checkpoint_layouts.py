@@ -2,7 +2,7 @@
 `param_names`, learning-rate provenance and non-finite adapter weights (a checkpoint written by a real
 Hugging Face Trainer: tests/test_trainer_checkpoints.py).
 
-References are independent of the code under test: file trees laid out by hand after TRAINERS.md,
+References are independent of the code under test: file trees laid out by hand after docs/objectives.md,
 `torch.optim.AdamW` built over named parameters (torch saves `param_names`) or with an empty no-decay
 group as the Trainer builds it, and tensors written into the adapter file by hand.
 """
@@ -38,7 +38,7 @@ def _adapter(folder: Path, base: str = "Org/base-model") -> Path:
 
 
 # ------------------------------------------------------------------------------------------------
-# layouts (file trees laid out after TRAINERS.md "Checkpoint layouts")
+# layouts (file trees laid out after docs/user-guide.md "Checkpoints")
 # ------------------------------------------------------------------------------------------------
 
 def test_own_layout(tmp_path):

@@ -294,7 +294,7 @@ def test_bad_inputs_are_one_line_exit_2(case, config_file, tmp_path, monkeypatch
     assert not (tmp_path / "o").exists() and not (tmp_path / "runs").exists()
 
 
-# ------------------------------------------------------------------------------------------ seed-era entry
+# ------------------------------------------------------------------------------------------ legacy entry
 
 def test_module_entry_point_dryrun(config_file, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",

@@ -1,4 +1,4 @@
-"""Tests of entropy_experiments.config: defaults, YAML round trip, overrides, seed-era aliases, errors."""
+"""Tests of entropy_experiments.config: defaults, YAML round trip, overrides, legacy aliases, errors."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def test_overrides_nested_lists_and_precedence(tmp_path):
     assert cfg.precision.tf_nograd.autocast is True and cfg.precision.tf_withgrad.autocast is False
     assert cfg.importance.eta_list == [1e-5, 2e-5]
     assert cfg.learning_rate == 1e-5 and isinstance(cfg.learning_rate, float)
-    assert cfg.objective.max_grad_norm == 1.0  # estimator.max_grad_norm is the seed-era alias
+    assert cfg.objective.max_grad_norm == 1.0  # estimator.max_grad_norm is the legacy alias
     assert cfg.reward.name == "my_pkg.rewards:score" and cfg.checkpoint.device_map == "cuda:1"
     assert load_config(None, ["learning_rate=1e-5", "learning_rate="]).learning_rate is None
 
@@ -196,7 +196,7 @@ def test_override_through_a_scalar_is_an_error():
 
 
 # ------------------------------------------------------------------------------------------------
-# Seed-era aliases
+# Legacy aliases
 # ------------------------------------------------------------------------------------------------
 
 

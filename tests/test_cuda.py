@@ -1,4 +1,4 @@
-"""CUDA-only checks (issue 29, shared/design/CUDA-READINESS.md items 1, 4, 5): they skip without a GPU and run
+"""CUDA-only checks (docs/scaling.md, 'On a GPU'): they skip without a GPU and run
 as they are on a GPU host: `pytest -q tests/test_cuda.py`.
 
 * every tensor the probe creates lives on the model's device: the whole tiny probe on CUDA, on the CPU run's

@@ -1,4 +1,4 @@
-"""The `displacement` predictor δH_Δθ = X̂·(θ_next − θ) (MATH.md §9) against independent references.
+"""The `displacement` predictor δH_Δθ = X̂·(θ_next − θ) (docs/maths.md §9) against independent references.
 
 On the enumerable toy model, with checkpoints from real AdamW steps (`make_checkpoint`):
 - δH_Δθ within 4 SE_E of the exact D_Δθ H (central difference of the enumerated entropy along Δθ);

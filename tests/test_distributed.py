@@ -1,4 +1,4 @@
-"""The probe under torch.distributed (issue 5): 2 CPU ranks with gloo against one process.
+"""The probe under torch.distributed: 2 CPU ranks with gloo against one process.
 
 - helpers: rank slices, re-padding concatenation of batches, one-process no-ops;
 - fresh sampling on 2 ranks (`torchrun --nproc_per_node=2 -m entropy_experiments.cli run`): exactly

@@ -1,4 +1,4 @@
-"""Load (issue 6), at reduced counts: fresh-process runs and repeated in-process runs of the tiny probe
+"""Load, at reduced counts: fresh-process runs and repeated in-process runs of the tiny probe
 show identical numbers and no memory growth. `bench/load_test.py` runs the full 50 / 20;
 ENTROPY_LOAD_FRESH and ENTROPY_LOAD_IN_PROCESS raise the counts here."""
 

@@ -1,7 +1,7 @@
 """The E-side surrogate pieces (losses.py) and SE_total (conditional_variance.py) against explicit loops.
 
 Every reference below is written out element by element in plain Python floats, straight from
-MATH.md §3 and §6, and shares no code with the module under test:
+docs/maths.md §3 and §6, and shares no code with the module under test:
 - G_k = Σ_{j>k} H_j, R_k = T − k (k = 1..T);
 - Ĥ = Σh/ΣT (per_token) or mean h (per_sequence); D = ΣT or N;
 - causal: alpha = G − b, beta = R (per_token) or 0; full_return: alpha = h − b, beta = T or 1;

@@ -1,7 +1,7 @@
 """The trainer objectives (objectives.py) against written-out float64 loops and autograd.
 
 - advantages (none / group / batch) against explicit per-prompt loops;
-- every loss_type's loss, with KL and entropy terms, against the TRAINERS.md formula written out as
+- every loss_type's loss, with KL and entropy terms, against the docs/objectives.md formula written out as
   loops over prompts, responses and tokens (independent of objectives.py), whole batch and per
   microbatch;
 - the U gradient of the probe (`recipe.update_gradients`) against autograd of that written-out loss through an
@@ -42,7 +42,7 @@ def ref_advantages(rewards: list[list[float]], scale: str, eps: float) -> list[l
 
 def ref_loss(logps, rewards, *, loss_type, scale="none", eps=1e-4, micro_batches=1, L_const=None,
              beta=0.0, ref=None, entropies=None, c=0.0, entropy_agg="loss"):
-    """TRAINERS.md, literally: loops in float64 over prompts p, responses g, tokens t."""
+    """docs/objectives.md, literally: loops in float64 over prompts p, responses g, tokens t."""
     A = ref_advantages(rewards, scale, eps)
     B, G = len(logps), len(logps[0])
     flat = [(p, g) for p in range(B) for g in range(G)]

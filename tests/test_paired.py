@@ -1,7 +1,7 @@
 """Paired residuals ρ(η) = ΔH(η) − η·D_v H (estimators/paired.py) against a written-out delete-one jackknife.
 
 The reference recomputes, for every left-out unit, the SNIS ΔH and the first-order slope from the remaining
-sequences with their own formulas (MATH.md §5, §6) and takes the textbook jackknife SE of the difference.
+sequences with their own formulas (docs/maths.md §5, §6) and takes the textbook jackknife SE of the difference.
 Calibration over independent E batches is in tests/test_calibration.py.
 """
 

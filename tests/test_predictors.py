@@ -2,7 +2,7 @@
 
 - no_momentum / sgd_same_norm: their directions written out in the test from the optimizer's saved state and
   g; with x_mode full_return each prediction lr·X̂·v' equals the η → 0 slope of the SNIS estimate along v'
-  on the same E (the MATH.md §3 identity), measured by re-scoring E at θ ± εv';
+  on the same E (the docs/maths.md §3 identity), measured by re-scoring E at θ ± εv';
 - direct_only: lr·X_H·v against a central difference of Σ_i h_i(θ ± εv) on the SAME sequences, its SE_E
   against a jackknife written in the test over those finite-difference pieces;
 - the hook pieces along every direction against forward-mode (jvp) pieces, through whole runs;

@@ -1,4 +1,4 @@
-"""The probe against independent references (MATH.md §3–§6).
+"""The probe against independent references (docs/maths.md §3–§6).
 
 - the §3 identity: full_return ⇒ X̂·v equals the η → 0 slope of the SNIS estimate on the same E;
 - forward-mode per-sequence pieces sum to the backward X̂·v;

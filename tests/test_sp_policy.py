@@ -22,7 +22,7 @@ POLICIES = [(1.0, 1.0), (0.7, 1.0), (1.0, 0.9), (0.7, 0.9)]
 
 
 def brute_force(z: np.ndarray, tok: int, tau: float, top_p: float) -> dict[str, float]:
-    """One row, plain numpy float64, written from MATH.md §1 with explicit loops."""
+    """One row, plain numpy float64, written from docs/maths.md §1 with explicit loops."""
     a = z.astype(np.float64) / tau
     p = np.exp(a - a.max())
     p /= p.sum()

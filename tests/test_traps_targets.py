@@ -1,4 +1,4 @@
-"""Tests written for the trap suite (scripts/traps.py): MATH.md §8 traps no other test noticed.
+"""Tests written for the trap suite (scripts/traps.py): docs/maths.md §8 traps no other test noticed.
 
 - gradients for v taken in train() mode: the tiny models have dropout 0, so train() and eval() give
   the same numbers there; here the attention dropout is switched on, the caller leaves the model in
@@ -77,7 +77,7 @@ def test_probe_batches_pass_each_prompts_gold_answer_to_the_reward(tiny_peft_mod
 
 
 def test_a_bf16_checkpoint_runs_in_fp32(tiny_model_dir, tmp_path):
-    """checkpoint.dtype: bf16 stores the base in bf16, but the probe must compute in fp32 (MATH.md §7):
+    """checkpoint.dtype: bf16 stores the base in bf16, but the probe must compute in fp32 (docs/maths.md §7):
     a bf16 runtime quantises the log-prob changes of θ + η·v away (ΔH flat in η)."""
     from entropy_experiments.config import config_from_dict
     from entropy_experiments.probe.parallel import SINGLE

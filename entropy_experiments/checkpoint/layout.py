@@ -1,6 +1,6 @@
 """Which files a checkpoint is made of.
 
-`checkpoint.checkpoint_path` names whatever the user's trainer wrote (TRAINERS.md "Checkpoint layouts"):
+`checkpoint.checkpoint_path` names whatever the user's trainer wrote (docs/user-guide.md "Checkpoints"):
 
 * ``own``: this project's `save_checkpoint` layout — `model/` (the adapter), `optimizer.pt`,
   `optimizer_param_names.json`, `checkpoint.json`;

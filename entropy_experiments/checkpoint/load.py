@@ -2,7 +2,7 @@
 
 The files come from `layout.resolve_checkpoint` (the layout decides every file), the base model from
 the config or the adapter's own record (`base_model`), then the adapter on the base model (trainable,
-fp32 compute: MATH.md §7), the AdamW state mapped onto it (`optimizer_state`) and the learning rate of
+fp32 compute: docs/maths.md §7), the AdamW state mapped onto it (`optimizer_state`) and the learning rate of
 δH₁ with its provenance (`learning_rate`). Warnings that change how a result must be read are
 returned, not logged away, so that the caller keeps them for results.json.
 """
@@ -88,7 +88,7 @@ def load_for_probe(ck: Any, files: CheckpointFiles, base: BaseModelChoice, confi
 def load_policy(ck: Any, adapter_dir: str, base: BaseModelChoice, device_map: str | None,
                 runtime_dtype: str = "fp32", tokenizer_dir: Path | None = None) -> tuple[nn.Module, Any]:
     """Base model + LoRA adapter (trainable, active) at `runtime_dtype` (fp32: all upcast; bf16: base bf16,
-    adapter fp32 — checkpoint/runtime_precision.py), eval mode (MATH.md §7), and the tokenizer (from
+    adapter fp32 — checkpoint/runtime_precision.py), eval mode (docs/maths.md §7), and the tokenizer (from
     `tokenizer_dir`, default the adapter directory, when it holds one; else the base model's)."""
     try:
         model = load_peft_for_probe(base.name, adapter_dir, use_qlora=ck.use_qlora, dtype=ck.dtype,

@@ -1,4 +1,4 @@
-"""The policy's runtime precision (`precision.runtime_dtype`) and the guards around it (MATH.md §7, README "Scaling").
+"""The policy's runtime precision (`precision.runtime_dtype`) and the guards around it (docs/maths.md §7, README "Scaling").
 
 * fp32 (the default): every parameter in fp32, whatever `checkpoint.dtype` the base was stored or loaded in.
 * bf16: the frozen base weights in bf16, the adapter (the trainable parameters) in fp32. θ + η·v is then formed
@@ -27,7 +27,7 @@ __all__ = ["BF16_MIN_ETA_OVER_LR", "bf16_delta_h_warnings", "check_precision", "
 # From the bf16-vs-fp32 measurement on the embedded model (bench/bench_precision.py, README "Scaling"): with a
 # bf16 base, ΔH at η = lr/1000 was −0.10 nats (fp32: −2.5e-6) — a rounding floor — and ΔH at lr, 10·lr, 100·lr
 # was off by 90×, 13× and 36 % of the fp32 value: no η ≤ 100·lr resolved the step. At 1000·lr the fp32 slope
-# puts |ΔH| at ≈ 5× that floor; below it ΔH measures rounding (MATH.md §8's "ΔH flat in η" trap).
+# puts |ΔH| at ≈ 5× that floor; below it ΔH measures rounding (docs/maths.md §8's "ΔH flat in η" trap).
 BF16_MIN_ETA_OVER_LR = 1000.0
 # The same measurement: δH₁ moved by 19 % (0.08 SE at E = 8), SE_E by 4 %, SE_U by 1 %.
 BF16_DELTA_H1_NOTE = ("precision.runtime_dtype bf16: δH₁ and its error bars are gradients through a bf16 forward; "

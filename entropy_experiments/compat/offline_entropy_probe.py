@@ -117,7 +117,7 @@ class OfflineEntropyProbe:
 
     def run_mixed_probe(self, checkpoint_path: str | None = None, *, batches: tuple[dict, dict] | None = None,
                         on_batches=None) -> dict[str, Any]:
-        """Run every phase (`probe.run`); returns the results dict (ARCHITECTURE.md "results.json").
+        """Run every phase (`probe.run`); returns the results dict (docs/outputs.md "results.json").
 
         `batches` = (E, U) reuses saved batches (resume); `on_batches(E, U)` is called right after
         sampling so that the caller can save them before the long phases start.

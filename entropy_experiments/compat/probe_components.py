@@ -84,7 +84,7 @@ class ProbeComponents:
         return resolve_learning_rate(self.config.learning_rate, optimizer.param_groups).value
 
     def update_direction(self, grads: NamedTensors, optimizer) -> tuple[NamedTensors, dict]:
-        """v per unit lr from g and the optimizer's saved state (MATH.md §4) + a description of it."""
+        """v per unit lr from g and the optimizer's saved state (docs/maths.md §4) + a description of it."""
         return step_direction(self.config.step_options(), self._policy(optimizer), grads)
 
     # ------------------------------------------------------------------ E side
@@ -96,7 +96,7 @@ class ProbeComponents:
         return coefficients(scores, self.config.entropy_options())
 
     def accumulate_sum_X(self, E_batch: dict, coefs: SurrogateCoefficients) -> NamedTensors:
-        """X̂ = ∇L_X by a microbatched backward of the surrogate (MATH.md §3), fp32 buffers."""
+        """X̂ = ∇L_X by a microbatched backward of the surrogate (docs/maths.md §3), fp32 buffers."""
         return probe.surrogate_gradient_phase(self.config, self._policy(), E_batch, coefs)
 
     def accumulate_X_one_pass(self, E_batch: dict, v_named: NamedTensors | None):

@@ -1,4 +1,4 @@
-"""`sample_batch` in the form the seed-era tests and scripts call it: a SequenceProcessor that knows its reward.
+"""`sample_batch` in the form the legacy tests and scripts call it: a SequenceProcessor that knows its reward.
 
 The probe calls `entropy_experiments.probe.sampling.sample_batch` with the policy engine and the config's reward name.
 """

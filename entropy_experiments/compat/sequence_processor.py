@@ -7,7 +7,7 @@ same object: the config forms it accepted (a GenerationConfig, a dict with secti
 "precision"} + optional "reward": {"name"}, "batch_config": {"dataset_path", "pool_size"}, or a
 ProbeConfig), prompt draws from a data set (`datasets/prompt_draws.py`), rewards
 (`rewards/sequence_rewards.py`), generate-score-reward in one call, the probe's names for its
-teacher-forcing passes when a caller names none, and the seed-era private aliases.
+teacher-forcing passes when a caller names none, and the legacy private aliases.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class SequenceProcessor(PolicyEngine):
         super().__init__(model, tokenizer, PolicySettings(generation, precision), logger,
                          apply_precision=apply_precision)
 
-    # ------------------------------------------------------------------ seed-era private names
+    # ------------------------------------------------------------------ legacy private names
     @property
     def _mdl_target(self) -> nn.Module:
         return self.policy.module

@@ -2,7 +2,7 @@
 
 A config is a YAML mapping of sections (`checkpoint`, `batch_config`, `generation`, ...) plus two
 top-level scalars (`seed`, `learning_rate`). `load_config` reads it, applies `--set key=value`
-overrides, maps the seed-era key names onto the canonical ones (`LEGACY_KEYS`) and validates it into
+overrides, maps the legacy key names onto the canonical ones (`LEGACY_KEYS`) and validates it into
 a `ProbeConfig`: a tree of pydantic models with attribute access (`cfg.batch_config.B_E`).
 
 Validation is strict (no silent "64" -> 64 or true -> 1 coercions; an int is accepted where a float

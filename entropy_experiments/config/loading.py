@@ -1,4 +1,4 @@
-"""Reading configs: YAML files, `--set key=value` overrides, seed-era key aliases, packaged configs.
+"""Reading configs: YAML files, `--set key=value` overrides, legacy key aliases, packaged configs.
 
 YAML is read with PyYAML's safe loader, patched so that `1e-5` is a float as in YAML 1.2 (plain
 PyYAML follows YAML 1.1 and reads `1e-5` as the *string* "1e-5", a classic trap for learning rates).
@@ -22,7 +22,7 @@ from .sections import section_type
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
-# Seed-era keys still accepted in user configs. Old dotted key -> canonical dotted key; None means
+# Legacy keys still accepted in user configs. Old dotted key -> canonical dotted key; None means
 # "accepted and dropped" (generation.do_sample must be true: the probe always samples;
 # generation.num_return_sequences is superseded by batch_config.G and by G = 1 on E).
 # `probe_rework:` is the section `sampler:` had until its rename (and `sampling:` the seeds' before it).
@@ -149,7 +149,7 @@ def _pop_path(raw: dict[str, Any], dotted: str) -> None:
 
 
 def _resolve_legacy_keys(raw: dict[str, Any]) -> None:
-    """Map seed-era keys (`LEGACY_KEYS`) onto canonical ones in place; error on conflicting values."""
+    """Map legacy keys (`LEGACY_KEYS`) onto canonical ones in place; error on conflicting values."""
     given_as: dict[str, str] = {}  # canonical key -> the legacy key that set it (for the conflict message)
     for old, new in LEGACY_KEYS.items():
         old_section, old_key = old.split(".")
@@ -175,7 +175,7 @@ def _resolve_legacy_keys(raw: dict[str, Any]) -> None:
         target[new_key] = value
         given_as.setdefault(new, old)
 
-    # Sections that exist only in seed-era configs (`sampling`, `probe_rework`) must be empty once their keys moved.
+    # Sections that exist only in legacy configs (`sampling`, `probe_rework`) must be empty once their keys moved.
     for section_name in sorted({old.split(".")[0] for old in LEGACY_KEYS} - set(ProbeConfig.model_fields)):
         if section_name not in raw:
             continue
@@ -211,7 +211,7 @@ def _fill_empty_sections(raw: dict[str, Any], model: type[BaseModel]) -> None:
 
 
 def config_from_dict(d: dict[str, Any]) -> ProbeConfig:
-    """Validate a raw config mapping (seed-era keys allowed) into a ProbeConfig. `d` is not modified."""
+    """Validate a raw config mapping (legacy keys allowed) into a ProbeConfig. `d` is not modified."""
     if not isinstance(d, dict):
         raise ConfigError(f"config must be a mapping of sections, got {type(d).__name__}")
     raw = copy.deepcopy(d)

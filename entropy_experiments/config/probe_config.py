@@ -29,7 +29,7 @@ from .sections import (
     _Section,
 )
 
-# How each trainer samples by default (TRAINERS.md; trl 1.16.0 GRPOConfig: temperature 1.0, top_p 1.0, top_k 0,
+# How each trainer samples by default (docs/objectives.md; trl 1.16.0 GRPOConfig: temperature 1.0, top_p 1.0, top_k 0,
 # no stop strings; verl's rollout and OpenRLHF the same): the probe's generation keys the presets set.
 # The probe has no top-k (it samples from the full vocabulary, as top_k 0 does).
 TRAINER_GENERATION: dict[str, dict[str, Any]] = {

@@ -178,13 +178,13 @@ class PrecisionSection(_Section):
 
 class SamplerSection(_Section):
     """Which sampler draws E and U: batched generation by the policy engine (default) or the plain
-    one-prompt-at-a-time reference sampler (seed-era section: `probe_rework.use_sequence_processor_sampling`)."""
+    one-prompt-at-a-time reference sampler (legacy section: `probe_rework.use_sequence_processor_sampling`)."""
 
     batched: bool = True
 
 
 class EstimatorSection(_Section):
-    """How δH₁ is estimated (MATH.md §2-4)."""
+    """How δH₁ is estimated (docs/maths.md §2-4)."""
 
     normalize: Literal["per_token", "per_sequence"] = "per_token"
     x_mode: Literal["causal", "full_return"] = "causal"
@@ -195,7 +195,7 @@ class EstimatorSection(_Section):
 
 
 class ObjectiveSection(_Section):
-    """The objective of the trainer that made the checkpoint (MATH.md §4, TRAINERS.md); U's gradient is
+    """The objective of the trainer that made the checkpoint (docs/maths.md §4, docs/objectives.md); U's gradient is
     its gradient. Unset keys (null) take the `trainer` preset's value, else the seeds' Dr-GRPO defaults;
     `ProbeConfig.objective_options()` gives the resolved values."""
 
@@ -263,7 +263,7 @@ class ObjectiveSection(_Section):
 
 
 class ImportanceSection(_Section):
-    """Ground-truth ΔH(η) by self-normalised importance sampling (MATH.md §5)."""
+    """Ground-truth ΔH(η) by self-normalised importance sampling (docs/maths.md §5)."""
 
     enabled: bool = True
     mode: Literal["param_override", "real_step"] = "param_override"
@@ -280,7 +280,7 @@ class ImportanceSection(_Section):
 
 
 class VarianceSection(_Section):
-    """Jackknife standard errors (MATH.md §6)."""
+    """Jackknife standard errors (docs/maths.md §6)."""
 
     enabled: bool = True
     u_groups: int | None = Field(None, ge=2)  # None: min(B_U, 8)

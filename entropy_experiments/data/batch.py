@@ -1,4 +1,4 @@
-"""The packed batch dict that flows from sampling into ProbeComponents (ARCHITECTURE.md contract).
+"""The packed batch dict that flows from sampling into ProbeComponents (batch contract, docs/development.md "Layout").
 
 Keys: sequences [B,G,L] (token ids, prompt left-padded to one length), attention_masks [B,G,L],
 prompt_lens [B] (the padded prompt length), gen_lens [B][G], advantages [B,G] (zeros for E),
@@ -23,7 +23,7 @@ from ..policy.sequences import BatchedSequences, take_prompts, take_rows
 
 
 class BatchContractError(ValueError):
-    """A packed batch violates the ARCHITECTURE.md contract (a bug upstream, or a corrupt saved batch)."""
+    """A packed batch violates the batch contract (docs/development.md "Layout"): a bug upstream, or a corrupt saved batch."""
 
 
 def pack_batch(seqs: BatchedSequences, rewards: list[list[float]] | None,

@@ -1,4 +1,4 @@
-"""The probe's estimators (MATH.md §3–§6), pure functions of tensors and per-sequence arrays.
+"""The probe's estimators (docs/maths.md §3–§6), pure functions of tensors and per-sequence arrays.
 
 `objectives` (the trainers' objectives L_U), `surrogate` (the entropy surrogate L_X on E),
 `adam_state` (the saved AdamW state and hyperparameters) and `update_direction` (v from them),

@@ -1,4 +1,4 @@
-"""The AdamW state and hyperparameters as saved with the optimizer, keyed by parameter NAME (MATH.md §4).
+"""The AdamW state and hyperparameters as saved with the optimizer, keyed by parameter NAME (docs/maths.md §4).
 
 Names are the PeftModel's `named_parameters()` names of the trainable parameters, in the optimizer's
 flattened param-group order. Nothing here mutates its inputs: the state is cloned.
@@ -72,7 +72,7 @@ def _flat_param_slots(saved: Mapping[str, Any], names: Sequence[str]) -> list[tu
 
     Checks the count, and the names too when the saved groups carry `param_names` (optimizers
     built from named_parameters() save them), because a positional mapping with no check is a
-    known trap (MATH.md §8).
+    known trap (docs/maths.md §8).
     """
     slots: list[tuple[Any, Mapping]] = []
     saved_names: list[str | None] = []

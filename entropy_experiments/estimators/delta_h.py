@@ -1,4 +1,4 @@
-"""Ground truth ΔH(η) by self-normalised importance sampling on the same E (MATH.md §5).
+"""Ground truth ΔH(η) by self-normalised importance sampling on the same E (docs/maths.md §5).
 
 For each η the E sequences (sampled at θ) are re-scored at θ' = θ + η·v — either as a parameter
 override through `functional_call` (`param_override`, the live model untouched) or after a real

@@ -1,4 +1,4 @@
-"""The step the run really took, Δθ = θ_{N'} − θ_N, and what first order explains of it (MATH.md §9).
+"""The step the run really took, Δθ = θ_{N'} − θ_N, and what first order explains of it (docs/maths.md §9).
 
 Pure float64 maths on named tensors and per-sequence arrays; no model passes.
 

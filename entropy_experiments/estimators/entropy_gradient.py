@@ -1,4 +1,4 @@
-"""X̂ = ∇L_X: the gradient of the entropy surrogate on the evaluation batch E (MATH.md §3).
+"""X̂ = ∇L_X: the gradient of the entropy surrogate on the evaluation batch E (docs/maths.md §3).
 
 Two ways, both microbatched over whole prompts, each returning float64 sums over the microbatches it is
 given (a caller may split the microbatches over workers and add the sums, parallel.py):

@@ -1,4 +1,4 @@
-"""The error bars of one probe run (MATH.md §6) from the typed results of its phases.
+"""The error bars of one probe run (docs/maths.md §6) from the typed results of its phases.
 
 - `error_bars`: SE_E (delete-one jackknife over E units of the per-sequence pieces a, r), SE_U
   (jackknife over U groups of lr·X̂·v₍₋k₎, v rebuilt without group k) and SE_total = √(SE_E² + SE_U²);

@@ -1,4 +1,4 @@
-"""Delete-one jackknife error bars of the probe (MATH.md §6): the cores and SE_E, SE_U, SE_total.
+"""Delete-one jackknife error bars of the probe (docs/maths.md §6): the cores and SE_E, SE_U, SE_total.
 
 Pure float64 numpy maths on per-sequence arrays, no model passes (inputs may be numpy arrays, lists
 or torch tensors; they are copied to float64 numpy). Units: entropies in nats (h_i = Σ_k H_ik per
@@ -148,7 +148,7 @@ def _delta_h1_per_token_stat(sums: np.ndarray) -> float:
 
 
 def delta_h1_per_token(a: Any, r: Any, h: Any, T: Any, *, units: Any | None = None) -> Estimate:
-    """δH₁/η for `per_token` (MATH.md §6) and its E-side jackknife SE.
+    """δH₁/η for `per_token` (docs/maths.md §6) and its E-side jackknife SE.
 
     a_i = Σ_k [D_v H_ik + (G_ik − b_ik) D_v ℓ_ik], r_i = Σ_k R_ik D_v ℓ_ik, h_i, T_i: [N] each.
     Value (A − Ĥ·B)/ΣT with A = Σa, B = Σr, Ĥ = Σh/ΣT — nats per token per unit lr. Multiply value

@@ -1,4 +1,4 @@
-"""g = ∇L_U: the gradient of the trainer's objective on the update batch U (MATH.md §4, objectives.py).
+"""g = ∇L_U: the gradient of the trainer's objective on the update batch U (docs/maths.md §4, objectives.py).
 
 The gradient is accumulated per group of U prompts (for the U jackknife): each g_k carries the loss's
 whole-batch normaliser, so Σ_k g_k = g. The work is a list of items (group k, microbatch of prompts) in

@@ -1,4 +1,4 @@
-"""The trainer objectives L_U, each defined once (MATH.md §4, ../shared/design/TRAINERS.md).
+"""The trainer objectives L_U, each defined once (docs/maths.md §4, docs/objectives.md).
 
 v must be the step the user's trainer takes next, so U's gradient is the gradient of that trainer's
 loss at its first, on-policy optimizer step after generation (ratio 1: clipping inactive). Every
@@ -80,7 +80,7 @@ class ObjectiveOptions:
         return asdict(self)
 
 
-# Trainer presets: every key a trainer fixes by default (sources in TRAINERS.md: trl 1.16.0
+# Trainer presets: every key a trainer fixes by default (sources in docs/objectives.md: trl 1.16.0
 # grpo_config.py loss_type ≈ L801 "dapo", scale_rewards ≈ L789 "group", beta ≈ L681 0.0,
 # entropy_coef ≈ L876 0.0, max_completion_length ≈ L494 (TRL generates that many tokens, so the probe's
 # generation.max_new_tokens plays its part: `resolve` fills it from there), advantages ε = 1e-4 in grpo_trainer.py
@@ -124,7 +124,7 @@ def advantages(rewards: Tensor, scale_rewards: str = "none", eps: float = 1e-4) 
 
 
 def batch_advantages(rewards: list[list[float]]) -> Tensor:
-    """The packed U batch's advantages (ARCHITECTURE.md contract): A = r − mean_g r, float32 [B, G]; the
+    """The packed U batch's advantages (batch contract, docs/development.md "Layout"): A = r − mean_g r, float32 [B, G]; the
     trainer objective forms its own, possibly std-scaled, advantages from the rewards (`advantages`)."""
     return advantages(torch.tensor(rewards, dtype=torch.float32)).float()
 

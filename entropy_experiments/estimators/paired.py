@@ -5,8 +5,8 @@ Both numbers are computed from the same sequences, so their errors are strongly 
 
     ρ(η) = ΔH(η) − η·D_v H,   ΔH(η) = Σ w h' / Σ w d − Σ h / Σ d,   D_v H = (A − Ĥ·B) / Σ d
 
-(d = T per_token, 1 per_sequence; A = Σ a_i, B = Σ r_i the per-sequence directional pieces of MATH.md
-§6 per unit lr; w the importance weights at θ + η·v, MATH.md §5) is one statistic of the per-unit sums
+(d = T per_token, 1 per_sequence; A = Σ a_i, B = Σ r_i the per-sequence directional pieces of docs/maths.md
+§6 per unit lr; w the importance weights at θ + η·v, docs/maths.md §5) is one statistic of the per-unit sums
 (Σ w h', Σ w d, Σ h, Σ d, Σ a, Σ r), so the delete-one jackknife over the same E units gives its SE,
 with Ĥ, both normalisers and the weights' normalisation recomputed in every replicate. z = ρ / SE:
 |z| < 2 says first order holds at this η within the noise of this E.

@@ -13,7 +13,7 @@ Each predicts the entropy change of one step of the run's lr, from the X̂ and U
                               forms such as token-covariance scores capture)
 
 Units: nats per token (per_token) or per sequence (per_sequence), for a step of lr. Error bars as δH₁'s
-(MATH.md §6): SE_E = delete-one jackknife over E units of the pieces along the predictor's own direction
+(docs/maths.md §6): SE_E = delete-one jackknife over E units of the pieces along the predictor's own direction
 (direct_only: d_i = D_v h_i), SE_U = jackknife over U groups with the direction rebuilt without each group
 (direct_only: X_H·v₍₋k₎), SE = √(SE_E² + SE_U²). `ratio_to_measured` = prediction / (ΔH(η₊)·lr/η₊), η₊ the
 smallest positive η of the ΔH measurement (the most linear one) — the measured change along v scaled to lr.

@@ -1,6 +1,6 @@
 """Per-row directional derivatives ∇L_r · v collected for free during an ordinary backward pass.
 
-The per-sequence pieces of the E-side error bars (MATH.md §6) are directional derivatives
+The per-sequence pieces of the E-side error bars (docs/maths.md §6) are directional derivatives
 D_v L_r = ∇_θ L_r · v of each sequence's share L_r of a loss L = Σ_r L_r. When every trainable
 parameter is the weight (or bias) of an `nn.Linear` — true for LoRA, whose A and B matrices are
 Linear layers — the gradient of that weight is a sum over tokens of outer products, so

@@ -1,6 +1,6 @@
 """The second-order coefficient d2 = d²/dη² Ĥ(θ + η·v) at η = 0 of the SNIS estimate on E, with its SE.
 
-On the sequences of E (sampled at θ), the SNIS estimate at θ + η·v (MATH.md §5) is Ĥ(η) = N(η)/D(η) with
+On the sequences of E (sampled at θ), the SNIS estimate at θ + η·v (docs/maths.md §5) is Ĥ(η) = N(η)/D(η) with
 N = Σ_i w_i h_i(η), D = Σ_i w_i d_i, where w_i = exp L_i(η), L_i(η) = Σ_k ℓ_ik(θ + ηv) − ℓ_ik(θ),
 h_i(η) = Σ_k H_ik(θ + ηv), and d_i = T_i (per_token) or 1 (per_sequence). With the per-sequence
 directional derivatives at η = 0 (forward over forward mode, `policy.score.jvp(order=2)`)
@@ -15,7 +15,7 @@ L(0) = 0, L' = s, L'' = s2, so that
 
 Every term is a sum over sequences, so Ĥ'' is one statistic of six per-unit sums and the delete-one
 jackknife over E units gives its SE (Ĥ, D, D' recomputed in each replicate). Ĥ' from the same sums is
-the slope of the SNIS estimate at 0, i.e. X̂·v in full_return mode (MATH.md §3, identity).
+the slope of the SNIS estimate at 0, i.e. X̂·v in full_return mode (docs/maths.md §3, identity).
 
 η* = the |η| at which the second-order term ½η²·|d2| reaches 10 % of the first-order term |η·X̂·v|:
 η* = 0.2·|X̂·v| / |d2|. The second-order prediction at η is η·X̂·v + ½η²·d2.

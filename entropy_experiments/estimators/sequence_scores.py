@@ -1,4 +1,4 @@
-"""The teacher-forced quantities of a batch of sequences, one entry per sequence (MATH.md §1, §5, §6).
+"""The teacher-forced quantities of a batch of sequences, one entry per sequence (docs/maths.md §1, §5, §6).
 
 `SequenceScores` is the one type for them: ℓ_ik = log q(y_k | y_<k) and H_ik (Rao–Blackwell entropy
 of the sampling policy at step k) as float64 [T_i] tensors, optionally their exact derivatives along

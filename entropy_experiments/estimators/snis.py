@@ -1,4 +1,4 @@
-"""Self-normalised importance sampling of the probe (MATH.md §5): SNIS entropy and ΔH(η), importance-weight
+"""Self-normalised importance sampling of the probe (docs/maths.md §5): SNIS entropy and ΔH(η), importance-weight
 diagnostics (ESS, PSIS k̂, log-weight range, zero weights) and the ΔH(η) linearity fit.
 
 Pure float64 numpy maths on per-sequence arrays; no model passes. Inputs may be numpy arrays, lists or
@@ -55,7 +55,7 @@ def weights_from_log(logw: Any) -> np.ndarray:
 
 
 def snis_entropy(logw: Any, h_new: Any, T: Any, *, normalize: Normalize) -> float:
-    """Self-normalised IS estimate of the entropy under θ' on the old sequences (MATH.md §5).
+    """Self-normalised IS estimate of the entropy under θ' on the old sequences (docs/maths.md §5).
 
     logw, h_new, T: [N] (log w_i, h'_i in nats, T_i in tokens).
     per_token: Σ w h' / Σ w T (nats per token); per_sequence: Σ w h' / Σ w (nats per sequence).
@@ -182,7 +182,7 @@ def snis_delta_h(
 
 
 def linearity_fit(etas: Sequence[float], deltas: Sequence[float]) -> dict[str, Any]:
-    """How linear ΔH(η) is; each slope should sit near δH₁/η in the linear regime (MATH.md §5).
+    """How linear ΔH(η) is; each slope should sit near δH₁/η in the linear regime (docs/maths.md §5).
 
     - slope_through_origin: least squares ΔH ≈ c·η over all finite (η, ΔH), i.e. Σ ηΔH / Σ η²;
     - loglog_slope: least-squares slope of log|ΔH| on log η over η > 0 (1 when linear, 2 when

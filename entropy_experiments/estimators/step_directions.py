@@ -1,5 +1,5 @@
 """The step directions of a probe run from a U gradient g: the probe's own v (the trainer's AdamW step per unit
-lr, MATH.md §4, `probe_step`) and the competing predictors' directions (estimators/predictors.py), each a
+lr, docs/maths.md §4, `probe_step`) and the competing predictors' directions (estimators/predictors.py), each a
 function of g so that the U-side jackknife can rebuild it without a group of prompts. The config hands these
 functions a `StepOptions` (`ProbeConfig.step_options()`), never itself."""
 

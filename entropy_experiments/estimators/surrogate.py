@@ -1,4 +1,4 @@
-"""The entropy surrogate L_X on the evaluation batch E, defined once (MATH.md §3).
+"""The entropy surrogate L_X on the evaluation batch E, defined once (docs/maths.md §3).
 
 Its gradient is X̂; it is split into per-token coefficients so that the same numbers feed the backward
 pass (X̂) and the per-sequence pieces used for error bars. (The U side — the trainers' objectives L_U —
@@ -20,7 +20,7 @@ X_MODES = ("causal", "full_return")
 BASELINES = ("none", "loo_position")
 
 
-# ----------------------------------------------------------------------------- E side (MATH.md §3)
+# ----------------------------------------------------------------------------- E side (docs/maths.md §3)
 
 def entropy_to_go(token_entropies: Tensor) -> Tensor:
     """G_k = Σ_{j>k} H_j, the entropy realised strictly after step k.  [T] → [T]."""
@@ -48,7 +48,7 @@ def entropy_estimates(seq_entropies: Tensor, lengths: Tensor) -> dict[str, float
 
 
 def normalizer(lengths: Tensor, normalize: str) -> float:
-    """D of MATH.md §3/§6: Σ T_i (per_token) or N (per_sequence)."""
+    """D of docs/maths.md §3/§6: Σ T_i (per_token) or N (per_sequence)."""
     return float(lengths.sum()) if normalize == "per_token" else float(len(lengths))
 
 
@@ -93,7 +93,7 @@ def surrogate_coefficients(token_entropies: list[Tensor], *, normalize: str, x_m
 
     causal:      alpha = G_ik − b_ik, beta = R_ik (per_token) or 0 (per_sequence);
     full_return: alpha = h_i − b_ik,  beta = T_i (per_token) or 1 (per_sequence)  — the whole-sequence
-                 return, whose X̂·v equals the η → 0 slope of the SNIS estimate (MATH.md §3 identity).
+                 return, whose X̂·v equals the η → 0 slope of the SNIS estimate (docs/maths.md §3 identity).
     loo_position: b_ik = mean over the OTHER sequences having a position k of their c_jk (zero where no
     other sequence reaches k); it depends only on independent sequences, so it adds no bias.
     """
@@ -155,7 +155,7 @@ def weighted_logq_sum(token_logqs: list[Tensor], weights: list[Tensor]) -> Tenso
 
 def directional_pieces(d_logq: list[Tensor], d_entropy: list[Tensor],
                        coefs: SurrogateCoefficients) -> tuple[Tensor, Tensor]:
-    """Per-sequence pieces of D_v L_X (MATH.md §6): a_i = Σ_k [D_v H_ik + alpha_ik D_v ℓ_ik], r_i = Σ_k beta_ik D_v ℓ_ik.
+    """Per-sequence pieces of D_v L_X (docs/maths.md §6): a_i = Σ_k [D_v H_ik + alpha_ik D_v ℓ_ik], r_i = Σ_k beta_ik D_v ℓ_ik.
 
     Inputs are the forward-mode directional derivatives of ℓ and H along v (per sequence, [T_i]).
     Returns (a [N], r [N]) float64; X̂·v = (Σa − Ĥ Σr) / D.

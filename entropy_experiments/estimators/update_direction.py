@@ -1,4 +1,4 @@
-"""AdamW maths for the update direction v (MATH.md §4) and the grouped-U rebuilds (MATH.md §6).
+"""AdamW maths for the update direction v (docs/maths.md §4) and the grouped-U rebuilds (docs/maths.md §6).
 
 Everything here is a pure function of tensors keyed by parameter NAME (the PeftModel's
 `named_parameters()` names of the trainable parameters, in the optimizer's flattened param-group
@@ -96,7 +96,7 @@ def adamw_step_direction(
     max_grad_norm: float | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Tensor]:
-    """v = Δθ / lr of the step torch.optim.AdamW.step() would take (MATH.md §4).
+    """v = Δθ / lr of the step torch.optim.AdamW.step() would take (docs/maths.md §4).
 
     params, grads: {name: Tensor[*shape]} (current θ and the U-loss gradient g = ∇L_U);
     state: from `adam_state_by_name`; hyper: one AdamHyper or {name: AdamHyper}.
@@ -152,7 +152,7 @@ def preconditioned_gradient_direction(
 ) -> dict[str, Tensor]:
     """The historical Ȳ: v = −g / (√(s/(1−β2^t)) + ε), t = saved step, s = saved exp_avg_sq.
 
-    No momentum, no weight decay, no clipping (MATH.md §4). {name: Tensor[*shape]} in `dtype`.
+    No momentum, no weight decay, no clipping (docs/maths.md §4). {name: Tensor[*shape]} in `dtype`.
     """
     out: dict[str, Tensor] = {}
     for name, grad in grads.items():
@@ -223,7 +223,7 @@ def update_direction(
 def leave_one_out_gradients(
     group_grads: Sequence[NamedTensors], group_sizes: Sequence[int], scales: Sequence[float] | None = None
 ) -> list[dict[str, Tensor]]:
-    """g₍₋k₎ for each of the K prompt groups of U (MATH.md §6, U side).
+    """g₍₋k₎ for each of the K prompt groups of U (docs/maths.md §6, U side).
 
     group_grads[k] = g_k = ∇ of group k's share of L_U, each carrying the loss's whole-batch
     normaliser Z, so the full gradient is g = Σ_k g_k. Leaving group k out renormalises by the

@@ -1,5 +1,5 @@
 """Shared GGUF parsing while transformers converts the embedded model: the same fp32 checkpoint in about
-half the time (issue 16: the demo's and the tests' first minute).
+half the time (the demo's and the tests' first minute).
 
 transformers 5.23 parses the GGUF file three times — for the config, the weights and the tokenizer, each a
 new `gguf.GGUFReader` (~8 s apiece for SmolLM2's 49,152-token vocabulary, mostly numpy memmap slicing) and

@@ -128,7 +128,7 @@ class PolicyEngine:
         return generate.pack(self.policy, prompt_tokens, responses, prompts)
 
     def response_length(self, gen_tokens: Sequence[int]) -> int:
-        """T by the stop rule (MATH.md §1) for the tokens generated after the prompt."""
+        """T by the stop rule (docs/maths.md §1) for the tokens generated after the prompt."""
         return response_length(self.policy, gen_tokens)
 
     def seeded(self, seed: int | None):
@@ -243,6 +243,6 @@ class PolicyEngine:
                                   tf_batch_size: int | None = None, phase: str = JVP, order: int = 1
                                   ) -> list[list[dict[str, Tensor]]]:
         """Per [b][g]: `logq`, `rb_entropy`, `d_logq`, `d_rb_entropy` (with order 2 also `d2_logq`,
-        `d2_rb_entropy`; float64 [T], CPU) by forward-mode AD along v (`policy.score.jvp`, MATH.md §6)."""
+        `d2_rb_entropy`; float64 [T], CPU) by forward-mode AD along v (`policy.score.jvp`, docs/maths.md §6)."""
         return score.jvp(self.policy, sequences, v_named, tf_batch_size=tf_batch_size, phase=phase,
                          logits_fn=self._forward_logits, order=order)

@@ -1,4 +1,4 @@
-"""Generation under the sampling policy: tokenise, left-pad, HF generate, cut, pack (seed 004, MATH.md §1).
+"""Generation under the sampling policy: tokenise, left-pad, HF generate, cut, pack (seed 004, docs/maths.md §1).
 
 B prompts, G responses each; prompts left-padded to ONE padded length Lp per call; a response of T
 tokens sits at [Lp, Lp + T) of its row; everything after it is pad with attention mask 0. q_θ

@@ -2,7 +2,7 @@
 
 On a GPU an out-of-memory error is caught and the rows per forward halved (oom.py); on a CPU host the kernel's
 OOM killer ends the process instead, and a halving after the fact cannot help. So the with-grad passes — the
-probe's memory peak (U backward, E backward; MATH.md §7: fp32 activations kept for backward, fp32 logits over
+probe's memory peak (U backward, E backward; docs/maths.md §7: fp32 activations kept for backward, fp32 logits over
 the vocabulary) — take at most as many sequences per microbatch as the budget holds by the estimate below.
 
 Per sequence of S positions (prompt + response, padded) with T scored response tokens, fp32:

@@ -1,4 +1,4 @@
-"""Parameter-only mappings θ + η·v for `torch.func.functional_call` (MATH.md §5, §7).
+"""Parameter-only mappings θ + η·v for `torch.func.functional_call` (docs/maths.md §5, §7).
 
 The live model is never modified: a mapping replaces the named (LoRA) parameters by θ + η·v,
 formed in fp32 (or wider) before the forward, and passes every other parameter through as the live

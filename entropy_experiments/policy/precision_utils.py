@@ -1,4 +1,4 @@
-"""Precision profiles for the scoring paths (MATH.md §7).
+"""Precision profiles for the scoring paths (docs/maths.md §7).
 
 The probe measures entropy changes of order 1e-6 per unit learning rate, so every scoring pass runs
 with fp32 runtime parameters, autocast off, TF32 off, and (by default) the vocabulary-sized softmax

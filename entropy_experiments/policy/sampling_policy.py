@@ -1,4 +1,4 @@
-"""The sampling policy q_θ — ONE nucleus rule for generation and scoring (MATH.md §1).
+"""The sampling policy q_θ — ONE nucleus rule for generation and scoring (docs/maths.md §1).
 
     logits z → a = z/τ → keep tokens in order of decreasing probability until the cumulative
     probability FIRST REACHES top_p (the crossing token included, at least one token) → renormalise.

@@ -201,7 +201,7 @@ def jvp(policy: PolicyModel, sequences: BatchedSequences, v_named: Mapping[str, 
 
     d_x = D_v x = d/dη x(θ + η·v) at η = 0 and d2_x = D²_v x = d²/dη² x(θ + η·v) at η = 0, exact, by
     forward-mode AD (`torch.func.jvp`; order 2 nests it: forward over forward) through `functional_call`
-    with the named parameters as primals and v as tangents, under eager attention (MATH.md §6). Token
+    with the named parameters as primals and v as tangents, under eager attention (docs/maths.md §6). Token
     maths in float64. The forward uses precision.func_override.
     """
     if order not in (1, 2):

@@ -1,4 +1,4 @@
-"""The data that flows between generation, scoring and the probe (seed 004 layout, MATH.md §1).
+"""The data that flows between generation, scoring and the probe (seed 004 layout, docs/maths.md §1).
 
 BatchedSequences: the packed, left-padded layout; a response of T tokens sits at [Lp, Lp + T) of its
 row; `batch_to_sequences` is its view of a packed batch dict (data/batch.py). LogprobResults / DiagnosticsResults: teacher-forcing results per [b][g]. `LogprobResults.logprobs`

@@ -1,4 +1,4 @@
-"""The stop rule (MATH.md §1): where a generated response ends.
+"""The stop rule (docs/maths.md §1): where a generated response ends.
 
 The first EOS (kept and scored), or the token completing a stop string ("</answer>", kept and scored,
 nothing forced after it), or max_new_tokens. T is found from the FIRST EOS after the prompt, which
@@ -57,7 +57,7 @@ class StopStringCriterion(_stopping_criteria_base()):
 
 
 def response_length(policy: PolicyModel, gen_tokens: Sequence[int]) -> int:
-    """T by the stop rule (MATH.md §1) for the tokens generated after the prompt.
+    """T by the stop rule (docs/maths.md §1) for the tokens generated after the prompt.
 
     First EOS (included); else — or earlier — the token completing a stop string, found by
     binary search on the prefix length ("contains" is monotone in the prefix); else all tokens.

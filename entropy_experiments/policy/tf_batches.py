@@ -1,6 +1,6 @@
 """Teacher-forcing batches: the B·G rows of a BatchedSequences as forwards trimmed to their useful columns.
 
-The logits at absolute position i − 1 score the token at position i (MATH.md §1): a batch lists the
+The logits at absolute position i − 1 score the token at position i (docs/maths.md §1): a batch lists the
 positions whose logits are needed and, per scored token, its flat row in the [R·K, V] logits. Running
 out of memory splits a batch into halves (down to one row) and retries.
 """

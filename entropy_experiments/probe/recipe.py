@@ -1,4 +1,4 @@
-"""The probe, phase by phase (ARCHITECTURE.md phases 0–5): `run(config, dist=...) -> ProbeOutcome`.
+"""The probe, phase by phase (docs/development.md "Layout"): `run(config, dist=...) -> ProbeOutcome`.
 
     load      checkpoint → the policy, its AdamW state and the lr of δH₁            (checkpoint/load.py)
     sample    index plan → E and U generated, rewarded and packed                   (data/plan.py, sampling.py)

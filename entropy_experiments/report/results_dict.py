@@ -1,4 +1,4 @@
-"""The results dict of one probe run (ARCHITECTURE.md "results.json") and its per-sequence rows.
+"""The results dict of one probe run (docs/outputs.md "results.json") and its per-sequence rows.
 
 `assemble_results` only arranges values the phases computed (probe.py); it computes no statistic.
 """

@@ -54,7 +54,7 @@ def dumps_strict(obj: Any, indent: int | None = None) -> str:
 # results.json schema
 # ----------------------------------------------------------------------------------------------
 
-# Nested keys every results.json holds (ARCHITECTURE.md). None = a leaf whose inner layout is free.
+# Nested keys every results.json holds (docs/outputs.md). None = a leaf whose inner layout is free.
 REQUIRED_SCHEMA: dict[str, Any] = {
     "deltaH1": None,
     "x_hat_dot_v": None,  # X̂·v, δH₁ per unit lr

@@ -1,4 +1,4 @@
-"""sweep.json per realised interval: the step the run really took and what first order explains of it (MATH.md §9).
+"""sweep.json per realised interval: the step the run really took and what first order explains of it (docs/maths.md §9).
 
 For an interval N → N' whose `from` run measured the `displacement` predictor (predictors.next_checkpoint = the
 `to` checkpoint; over --every K it spans the K steps: Δθ is their chord), from the run directories alone:
