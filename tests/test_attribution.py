@@ -48,10 +48,15 @@ def test_u_influence_is_delta_h1_minus_delta_h1_without_the_group(tiny_model_dir
     probe = make_probe(tiny_model_dir, prompts_file, {
         "batch_config": {"B_E": 8, "B_U": 4, "G": 2}, "importance": {"enabled": False},
         "second_order": {"enabled": False}, "predictors": {"enabled": False},
-        "variance": {"u_groups": u_groups}, "objective": {"max_grad_norm": 1e9}})
+        "variance": {"u_groups": u_groups}, "objective": {"max_grad_norm": 1e9},
+        "output": {"token_attribution": u_groups is not None}})
     outcome, E, U = _outcome(probe)
     att, dh1 = outcome.results["attribution"], outcome.results["deltaH1"]
-    assert att["E_tokens"] is None  # predictors off: no token attribution
+    if u_groups is None:  # output.token_attribution off: no token attribution
+        assert att["E_tokens"] is None and outcome.e_tokens is None
+    else:  # on (the default), with the predictors off too
+        assert att["E_tokens"] is not None
+        assert len(outcome.e_tokens["dH"]) == sum(sum(int(T) for T in row) for row in E["gen_lens"])
     rows = att["U_groups"]
     assert len(rows) == (u_groups or 4)
     assert [abs(r["influence"]) for r in rows] == sorted((abs(r["influence"]) for r in rows), reverse=True)

@@ -341,6 +341,7 @@ class OutputSection(_Section):
     run_dir: str | None = None  # None: runs/<timestamp>
     save_batches: bool = True
     plot: bool = True
+    token_attribution: bool = True  # E_tokens.parquet and the report's coloured tokens (one jvp pass over E)
 
 
 def section_type(model: type[BaseModel], name: str) -> type[BaseModel] | None:

@@ -4,8 +4,8 @@ entropy along the step, from what the earlier phases computed (estimators/attrib
 - U groups: from the SE_U jackknife's leave-one-group-out directions (no extra pass); needs the error bars
   (`variance.enabled`) and at least two groups.
 - E tokens: H_t and lr·D_v H_t per realised token from the forward-mode jvp scores of E along v — the same
-  scores the `jvp` pieces method already made (reused), else one jvp scoring pass of E (`score_along_v`). Runs
-  with the competing predictors (`predictors.enabled`): the tokens decompose the `direct_only` predictor.
+  scores the `jvp` pieces method already made (reused), else one jvp scoring pass of E (`score_along_v`), unless
+  `output.token_attribution` is off. Their sum is the `direct_only` predictor.
 """
 
 from __future__ import annotations
@@ -69,6 +69,6 @@ def attribution_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, res
     if u is not None:
         out["U_groups"], out["U_summary"] = u["groups"], u["summary"]
     columns = None
-    if config.predictors.enabled:
+    if config.output.token_attribution:
         out["E_tokens"], columns = e_token_attribution(policy, E, res, score_along_v)
     return out, columns
