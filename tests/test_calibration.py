@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from entropy_experiments.compat.sampling import sample_batch
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.data.datasets import load_examples
 from entropy_experiments.estimators import jackknife as cv
 from entropy_experiments.estimators import update_direction as adam
@@ -90,7 +91,7 @@ def e_side_runs(setup):
         X, scores, _, (a, r) = comps.accumulate_X_one_pass(E, v)
         _, se_e = cv.se_E(a, r, scores.seq_entropies, scores.lengths, scores.unit_of_sequence,
                           normalize=normalize, learning_rate=lr)
-        truth = measure_delta_h(probe._sequence_processor, E, v, [ETA], normalize=normalize)
+        truth = measure_delta_h(probe._sequence_processor, Batch.from_dict(E), v, [ETA], normalize=normalize)
         per = truth["per_sequence"][ETA]
         rho = paired_residual(per["logw"], per["h_new"], truth["base"]["h"], truth["base"]["T"], a.numpy(),
                               r.numpy(), ETA, normalize=normalize, units=scores.unit_of_sequence)

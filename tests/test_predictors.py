@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from entropy_experiments.compat.sequence_processor import SequenceProcessor
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.estimators import delta_h as isamp
 from entropy_experiments.estimators.predictors import zero_second_moment_caveat
 from entropy_experiments.estimators.sequence_scores import score_sequences
@@ -65,7 +66,7 @@ def _directions_by_hand(probe, U) -> tuple[dict, dict[str, dict]]:
 
 def _snis_slope(probe, E, direction: dict, eps: float) -> float:
     sp = SequenceProcessor(probe.model, probe.tokenizer, config=probe.config.sequence_processor_settings())
-    out = isamp.measure_delta_h(sp, E, {n: t.float() for n, t in direction.items()}, [-eps, eps],
+    out = isamp.measure_delta_h(sp, Batch.from_dict(E), {n: t.float() for n, t in direction.items()}, [-eps, eps],
                                 normalize=probe.config.estimator.normalize)
     lo, hi = (row["deltaH_true"] for row in out["true"])
     return (hi - lo) / (2 * eps)
@@ -107,7 +108,8 @@ def test_direct_only_against_finite_differences_of_the_entropies(tiny_model_dir,
     probe = make_probe(tiny_model_dir, prompts_file, {"batch_config": {"B_E": 12},
                                                       "variance": {"directional": directional},
                                                       "importance": {"enabled": False}})
-    results, E, _ = _run(probe)
+    results, E_dict, _ = _run(probe)
+    E = Batch.from_dict(E_dict)
     entry, lr = results["predictors"]["direct_only"], results["learning_rate"]
     sp = SequenceProcessor(probe.model, probe.tokenizer, config=probe.config.sequence_processor_settings())
     v, eps = probe.update_vector, 3e-4

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.estimators import delta_h as isamp
 from entropy_experiments.estimators.surrogate import directional_pieces
 from entropy_experiments.probe_components import ProbeComponents
@@ -131,8 +132,8 @@ def test_real_step_matches_param_override(tiny_model_dir, prompts_file):
     etas = [-3e-2, 3e-2]
     kw = {"normalize": "per_token", "optimizer": probe.optimizer, "named_params": list(zip(comps.param_names, comps.params)),
               "grads": grads, "max_grad_norm": 0.5}
-    over = isamp.measure_delta_h(probe._sequence_processor, E, v, etas, mode="param_override", **kw)
-    real = isamp.measure_delta_h(probe._sequence_processor, E, v, etas, mode="real_step", **kw)
+    over = isamp.measure_delta_h(probe._sequence_processor, Batch.from_dict(E), v, etas, mode="param_override", **kw)
+    real = isamp.measure_delta_h(probe._sequence_processor, Batch.from_dict(E), v, etas, mode="real_step", **kw)
     for a, b in zip(over["true"], real["true"]):
         assert a["deltaH_true"] != 0
         assert abs(a["deltaH_true"] - b["deltaH_true"]) <= 1e-5 * abs(a["deltaH_true"]) + 1e-9
@@ -317,11 +318,11 @@ def test_delta_h_reuses_the_phase_1_scores_without_a_pass_at_theta(tiny_model_di
     results, E, _ = _run(probe)
     sp, v = probe._sequence_processor, probe.update_vector
     rows = 4  # 2 prompts × G = 2 per microbatch
-    again = isamp.measure_delta_h(sp, E, v, [-1e-3, 1e-3], normalize="per_token", tf_batch_size=rows)
+    again = isamp.measure_delta_h(sp, Batch.from_dict(E), v, [-1e-3, 1e-3], normalize="per_token", tf_batch_size=rows)
     assert [r["deltaH_true"] for r in results["true"]] == [r["deltaH_true"] for r in again["true"]]
     comps = ProbeComponents(probe.model, probe.config, sequence_processor=sp)
     _, phase1_scores, _, _ = comps.accumulate_X_one_pass(E, None)
-    at_zero = isamp.measure_delta_h(sp, E, v, [0.0], normalize="per_token", base=phase1_scores, tf_batch_size=rows)
+    at_zero = isamp.measure_delta_h(sp, Batch.from_dict(E), v, [0.0], normalize="per_token", base=phase1_scores, tf_batch_size=rows)
     assert at_zero["per_sequence"][0.0]["logw"] == [0.0] * len(phase1_scores.token_logqs)
 
 

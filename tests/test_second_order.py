@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.estimators.second_order import (
     second_derivative,
     second_order_report,
     snis_derivatives,
 )
-from entropy_experiments.policy.sequences import batch_to_sequences
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
 
@@ -86,7 +86,7 @@ def test_forward_over_forward_matches_a_central_difference_of_forward_mode(tiny_
                        {"batch_config": {"B_E": 4, "B_U": 2, "G": 2}})
     sp = probe._ensure_sequence_processor()
     E, _ = probe._sample_EU_via_sequence_processor(B_E=4, B_U=2, G_U=2)
-    seqs = batch_to_sequences(E)
+    seqs = Batch.from_dict(E).as_sequences()
     named = {n: p for n, p in probe.model.named_parameters() if p.requires_grad}
     gen = torch.Generator().manual_seed(0)
     v = {n: torch.randn(p.shape, generator=gen) * 0.5 for n, p in named.items()}
