@@ -31,16 +31,15 @@ from bench_probe import demo_probe, print_verdict, sample_E_U
 GOAL = 1.1
 
 
-def bare_forward_seconds(engine, E: dict, rows_per_forward: int) -> float:
+def bare_forward_seconds(engine, E, rows_per_forward: int) -> float:
     """One no-grad forward of the live model over E, logits at the scored positions only."""
     from entropy_experiments.policy.score import forward_logits
-    from entropy_experiments.policy.sequences import batch_to_sequences
     from entropy_experiments.policy.tf_batches import tf_batches
 
     policy = engine.policy
     t0 = time.perf_counter()
     with torch.no_grad():
-        for batch in tf_batches(batch_to_sequences(E), rows_per_forward, policy.device):
+        for batch in tf_batches(E.as_sequences(), rows_per_forward, policy.device):
             forward_logits(policy, batch, None, policy.precision.tf_nograd)
     return time.perf_counter() - t0
 
@@ -57,7 +56,6 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     args.B_U, args.G = 2, 4
 
-    from entropy_experiments.data.batch import count_tokens
     from entropy_experiments.estimators.delta_h import measure_delta_h
     from entropy_experiments.estimators.sequence_scores import score_sequences
 
@@ -66,7 +64,7 @@ def main() -> int:
     E, _ = sample_E_U(demo)
     rows = demo.config.estimator.microbatch_size
     v = {n: torch.randn_like(p) for n, p in demo.policy.trainable.model.named_parameters() if p.requires_grad}
-    print(f"E: {count_tokens(E)} response tokens, {tuple(E['sequences'].shape)}; {rows} rows per forward; "
+    print(f"E: {E.count_tokens()} response tokens, {tuple(E.sequences.shape)}; {rows} rows per forward; "
           f"threads {torch.get_num_threads()}", flush=True)
     base = score_sequences(engine, E, tf_batch_size=rows)  # phase 1's scores (not timed: the probe has them)
     bare, scoring, per_eta = [], [], []

@@ -91,8 +91,8 @@ def training_step_seconds(demo: DemoProbe, E: dict, U: dict) -> dict[str, float]
 
     engine, options = demo.policy.engine, demo.config.objective_options()
     trainable = Trainable.of(demo.policy.trainable.model)
-    E_terms = [[SequenceTerms(1.0, 1.0 / float(sum(map(sum, E["gen_lens"]))), 0.0)] * E["num_responses_per_prompt"]
-               for _ in range(E["num_prompts"])]
+    E_terms = [[SequenceTerms(1.0, 1.0 / float(E.count_tokens()), 0.0)] * E.num_responses_per_prompt
+               for _ in range(E.num_prompts)]
     saved = [p.detach().clone() for p in trainable.params]
     optimizer = copy.deepcopy(demo.policy.optimizer)
     params_of_copy = [p for group in optimizer.param_groups for p in group["params"]]
@@ -100,8 +100,8 @@ def training_step_seconds(demo: DemoProbe, E: dict, U: dict) -> dict[str, float]
     total, parts = trainable.zeros(torch.float64), {}
     for what, batch, terms in (("U", U, u_terms(U, options)), ("E", E, E_terms)):
         t_part = time.perf_counter()
-        per_mb = prompts_per_microbatch(demo.config.estimator.microbatch_size, batch["num_responses_per_prompt"])
-        items = [(0, idx) for idx in chunked(list(range(batch["num_prompts"])), per_mb)]
+        per_mb = prompts_per_microbatch(demo.config.estimator.microbatch_size, batch.num_responses_per_prompt)
+        items = [(0, idx) for idx in chunked(list(range(batch.num_prompts)), per_mb)]
         sums, _ = objective_gradient_sums(engine, trainable, batch, items, terms, options, 1)
         for name in total:
             total[name] += sums[0][name]
@@ -118,7 +118,7 @@ def training_step_seconds(demo: DemoProbe, E: dict, U: dict) -> dict[str, float]
     return parts
 
 
-def phases_1_3_seconds(demo: DemoProbe, E: dict, U: dict, directional: str = "auto",
+def phases_1_3_seconds(demo: DemoProbe, E, U, directional: str = "auto",
                        variance: bool = True) -> tuple[float, dict]:
     from entropy_experiments.config import config_from_dict
     from entropy_experiments.probe import recipe as probe
@@ -148,7 +148,6 @@ def pass_seconds(demo: DemoProbe, E: dict) -> dict[str, float]:
     """The passes over ONE E microbatch (second of two timings each): a no-grad forward, a forward with grad, the
     backward of L_α' and the backward of L_β — what a training step's forward + backward is made of, and why
     the exact pieces cost a second backward (r_i = D_v L_β,i exists only in a backward of L_β or a tangent)."""
-    from entropy_experiments.data.batch import subset_batch
     from entropy_experiments.estimators.entropy_gradient import e_microbatches
     from entropy_experiments.estimators.objective_gradient import Trainable
     from entropy_experiments.estimators.surrogate import (
@@ -156,13 +155,12 @@ def pass_seconds(demo: DemoProbe, E: dict) -> dict[str, float]:
         surrogate_loss,
         weighted_logq_sum,
     )
-    from entropy_experiments.policy.sequences import batch_to_sequences
 
     engine, options = demo.policy.engine, demo.config.entropy_options()
     params = Trainable.of(demo.policy.trainable.model).params
-    idx = e_microbatches(E["num_prompts"], E["num_responses_per_prompt"], options.microbatch_size)[0]
-    seqs = batch_to_sequences(subset_batch(E, idx))
-    rows = len(idx) * E["num_responses_per_prompt"]
+    idx = e_microbatches(E.num_prompts, E.num_responses_per_prompt, options.microbatch_size)[0]
+    seqs = E.subset(idx).as_sequences()
+    rows = len(idx) * E.num_responses_per_prompt
     out: dict[str, float] = {}
     for _ in range(2):
         t0 = time.perf_counter()
@@ -198,13 +196,12 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from entropy_experiments.data.batch import count_tokens
 
     demo = demo_probe(args)
     t0 = time.perf_counter()
     E, U = sample_E_U(demo)
-    print(f"sampled E ({count_tokens(E)} response tokens, {E['sequences'].shape}) and U "
-          f"({count_tokens(U)} response tokens, {U['sequences'].shape}) in {time.perf_counter() - t0:.0f} s; "
+    print(f"sampled E ({E.count_tokens()} response tokens, {E.sequences.shape}) and U "
+          f"({U.count_tokens()} response tokens, {U.sequences.shape}) in {time.perf_counter() - t0:.0f} s; "
           f"threads {torch.get_num_threads()}", flush=True)
 
     baseline, ours, jvp = [], [], []

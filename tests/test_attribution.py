@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from entropy_experiments.compat.sequence_processor import SequenceProcessor
-from entropy_experiments.data.batch import subset_batch
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.estimators.attribution import top_share
 from entropy_experiments.probe_components import ProbeComponents
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
@@ -63,7 +63,7 @@ def test_u_influence_is_delta_h1_minus_delta_h1_without_the_group(tiny_model_dir
     assert abs(_delta_h1_from_scratch(probe, E, U) - dh1) <= 1e-5 * abs(dh1)
     for row in rows:
         keep = [p for p in range(U["num_prompts"]) if p not in row["prompt_index"]]
-        without = _delta_h1_from_scratch(probe, E, subset_batch(U, keep))
+        without = _delta_h1_from_scratch(probe, E, Batch.from_dict(U).subset(keep).to_dict())
         assert abs(row["influence"] - (dh1 - without)) <= 1e-4 * abs(dh1), (row, dh1, without)
         assert row["rewards"] == [[float(r) for r in U["rewards"][p]] for p in row["prompt_index"]]
         for p, adv in zip(row["prompt_index"], row["advantages"]):  # Dr-GRPO: r − mean_g r

@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from entropy_experiments import cli
-from entropy_experiments.data.batch import concat_batches
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.probe import parallel as D
 from tests.hooked_cli import FAULT_ENV, hooked_command
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
@@ -82,9 +82,7 @@ def test_bad_launch_environments_are_one_line_errors(monkeypatch):
     assert D.init_from_env(SimpleNamespace(backend="nccl", timeout_s=5)).world_size == 1
 
 
-def _part(prompt_lens: list[int], gen: list[list[int]], first_id: int) -> dict:
-    from entropy_experiments.data.batch import validate_batch
-
+def _part(prompt_lens: list[int], gen: list[list[int]], first_id: int) -> Batch:
     B, G = len(gen), len(gen[0])
     Lp, T = max(prompt_lens), max(max(g) for g in gen)
     seqs = torch.full((B, G, Lp + T), 99, dtype=torch.long)
@@ -98,25 +96,24 @@ def _part(prompt_lens: list[int], gen: list[list[int]], first_id: int) -> dict:
              "advantages": torch.zeros(B, G), "rewards": [[0.0] * G for _ in range(B)],
              "max_lengths": [max(g) for g in gen], "prompt_ids": list(range(first_id, first_id + B)),
              "num_prompts": B, "num_responses_per_prompt": G}
-    validate_batch(batch)
-    return batch
+    return Batch.from_dict(batch)
 
 
-def _tokens(batch: dict, b: int, g: int) -> list[int]:
-    return batch["sequences"][b, g][batch["attention_masks"][b, g].bool()].tolist()
+def _tokens(batch: Batch, b: int, g: int) -> list[int]:
+    return batch.sequences[b, g][batch.attention_masks[b, g].bool()].tolist()
 
 
 def test_concat_batches_repads_and_keeps_every_token():
     p0 = _part([3, 2], [[2, 4], [1, 1]], 0)
     p1 = _part([5], [[6, 2]], 2)
-    out = concat_batches([p0, None, p1], pad_id=99)
-    assert out["num_prompts"] == 3 and out["prompt_ids"] == [0, 1, 2]
-    assert out["prompt_lens"] == [5, 5, 5] and out["sequences"].shape == (3, 2, 11)
+    out = Batch.concat([p0, None, p1], pad_id=99)
+    assert out.num_prompts == 3 and out.prompt_ids == [0, 1, 2]
+    assert out.prompt_lens == [5, 5, 5] and out.sequences.shape == (3, 2, 11)
     for b_out, (part, b) in enumerate([(p0, 0), (p0, 1), (p1, 0)]):
         for g in range(2):
             assert _tokens(out, b_out, g) == _tokens(part, b, g)
             # the response still starts right after the common padded prompt length
-            assert out["sequences"][b_out, g, 5].item() == 50 + g
+            assert out.sequences[b_out, g, 5].item() == 50 + g
 
 
 # ------------------------------------------------------------------------------------------ 2 ranks

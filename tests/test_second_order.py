@@ -20,7 +20,6 @@ from entropy_experiments.estimators.second_order import (
     second_order_report,
     snis_derivatives,
 )
-from entropy_experiments.policy.sequences import batch_to_sequences
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
 
@@ -86,7 +85,7 @@ def test_forward_over_forward_matches_a_central_difference_of_forward_mode(tiny_
                        {"batch_config": {"B_E": 4, "B_U": 2, "G": 2}})
     sp = probe.engine
     E, _ = probe.sample(B_E=4, B_U=2, G=2)[:2]
-    seqs = batch_to_sequences(E)
+    seqs = E.as_sequences()
     named = {n: p for n, p in probe.model.named_parameters() if p.requires_grad}
     gen = torch.Generator().manual_seed(0)
     v = {n: torch.randn(p.shape, generator=gen) * 0.5 for n, p in named.items()}

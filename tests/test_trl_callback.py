@@ -17,6 +17,7 @@ import torch
 pytest.importorskip("trl")
 
 from entropy_experiments.checkpoint.displacement import displacement_to
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.errors import ConfigError
 from entropy_experiments.estimators.delta_h import measure_delta_h
 from entropy_experiments.estimators.update_direction import named_dot
@@ -81,8 +82,8 @@ def test_callback_equals_an_offline_probe_of_the_checkpoint_pair(runs):
     (_, _, _), (_, callback, _), base = runs
     step = 2  # probed before step 2: parameters of checkpoint-1, the step to checkpoint-2
     row = next(r for r in callback.rows if r["step"] == step)
-    E = torch.load(base / "probed" / "entropy_probe" / f"step_{step}" / "E_batch.pt", weights_only=True)
-    U = torch.load(base / "probed" / "entropy_probe" / f"step_{step}" / "U_batch.pt", weights_only=True)
+    E = Batch.from_dict(torch.load(base / "probed" / "entropy_probe" / f"step_{step}" / "E_batch.pt", weights_only=True))
+    U = Batch.from_dict(torch.load(base / "probed" / "entropy_probe" / f"step_{step}" / "U_batch.pt", weights_only=True))
     config = callback.config.model_copy(update={"seed": callback.step_seed(step)})
     config = config.model_copy(update={"checkpoint": config.checkpoint.model_copy(
         update={"checkpoint_path": str(base / "probed" / f"checkpoint-{step - 1}")})})

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..cli import interrupt_hint, run_with_clean_errors
 from ..config import ProbeConfig, config_from_dict, load_config
-from ..data.batch import pack_batch
+from ..data.batch import Batch
 from ..estimators.objective_gradient import Trainable
 from ..estimators.objectives import batch_advantages
 from ..probe import recipe as probe
@@ -102,10 +102,10 @@ class OfflineEntropyProbe:
         return prompt_examples(self.config.batch_config)
 
     def _pack_E_from_sequences(self, seqs) -> dict:
-        return pack_batch(seqs, None)
+        return Batch.pack(seqs, None).to_dict()
 
     def _pack_U_from_sequences(self, seqs, rewards: list[list[float]]) -> dict:
-        return pack_batch(seqs, rewards, batch_advantages(rewards))
+        return Batch.pack(seqs, rewards, batch_advantages(rewards)).to_dict()
 
     def _sample_EU_via_sequence_processor(self, *, B_E: int, B_U: int, G_U: int) -> tuple[dict, dict]:
         """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G."""
@@ -113,7 +113,7 @@ class OfflineEntropyProbe:
         config = self.config.model_copy(update={"batch_config": bc})
         samples = probe.sample_phase(config, self._ensure_sequence_processor(), self._ensure_dist(), self.logger)
         self.index_plan = samples.plan
-        return samples.E, samples.U
+        return samples.E.to_dict(), samples.U.to_dict()
 
     def run_mixed_probe(self, checkpoint_path: str | None = None, *, batches: tuple[dict, dict] | None = None,
                         on_batches=None) -> dict[str, Any]:
@@ -128,9 +128,12 @@ class OfflineEntropyProbe:
         return outcome.results
 
     def run(self, *, batches: tuple[dict, dict] | None = None, on_batches=None) -> probe.ProbeOutcome:
-        """`probe.run` with this object's config, loaded policy (loading it if needed) and warnings."""
-        outcome = probe.run(self.config, dist=self._ensure_dist(), policy=self._policy(), batches=batches,
-                            on_batches=on_batches, chunk_store=self.chunk_store, notes=self.notes,
+        """`probe.run` with this object's config, loaded policy (loading it if needed) and warnings; the
+        batches handed in and out (`on_batches(E, U)`) are the seeds' dicts (`Batch.to_dict`)."""
+        typed = None if batches is None else (Batch.from_dict(batches[0], "E_batch"), Batch.from_dict(batches[1], "U_batch"))
+        as_dicts = None if on_batches is None else (lambda E, U: on_batches(E.to_dict(), U.to_dict()))
+        outcome = probe.run(self.config, dist=self._ensure_dist(), policy=self._policy(), batches=typed,
+                            on_batches=as_dicts, chunk_store=self.chunk_store, notes=self.notes,
                             sampling_warnings=self.sampling_warnings, logger=self.logger)
         self._adopt(outcome.policy)
         self.update_vector = outcome.update_vector

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from ..checkpoint.learning_rate import resolve_learning_rate
 from ..config import ProbeConfig, config_from_dict
+from ..data.batch import Batch
 from ..estimators.entropy_gradient import coefficients, pieces_method
 from ..estimators.objective_gradient import Trainable, UGradients, chunked, split_into_groups
 from ..estimators.sequence_scores import SequenceScores
@@ -76,8 +77,8 @@ class ProbeComponents:
     # ------------------------------------------------------------------ U side
     def accumulate_sum_Y(self, U_batch: dict, groups: list[list[int]] | None = None) -> UGradients:
         """∇L_U of the trainer's objective per group of prompts (default: one group)."""
-        groups = groups or [list(range(U_batch["num_prompts"]))]
-        return probe.update_gradients(self.config, self._policy(), U_batch, groups)
+        U = Batch.from_dict(U_batch, "U_batch")
+        return probe.update_gradients(self.config, self._policy(), U, groups or [list(range(U.num_prompts))])
 
     def learning_rate(self, optimizer) -> float:
         """The configured learning_rate, else the optimizer's saved lr (`checkpoint.resolve_learning_rate`)."""
@@ -90,19 +91,19 @@ class ProbeComponents:
     # ------------------------------------------------------------------ E side
     def score_E(self, E_batch: dict, v_named: NamedTensors | None = None) -> SequenceScores:
         """ℓ_ik and H_ik on E (no graph); with `v_named`, also their exact derivatives along v (forward mode)."""
-        return probe.score_E(self.config, self._policy(), E_batch, v_named)
+        return probe.score_E(self.config, self._policy(), Batch.from_dict(E_batch, "E_batch"), v_named)
 
     def coefficients(self, scores: SequenceScores) -> SurrogateCoefficients:
         return coefficients(scores, self.config.entropy_options())
 
     def accumulate_sum_X(self, E_batch: dict, coefs: SurrogateCoefficients) -> NamedTensors:
         """X̂ = ∇L_X by a microbatched backward of the surrogate (docs/maths.md §3), fp32 buffers."""
-        return probe.surrogate_gradient_phase(self.config, self._policy(), E_batch, coefs)
+        return probe.surrogate_gradient_phase(self.config, self._policy(), Batch.from_dict(E_batch, "E_batch"), coefs)
 
     def accumulate_X_one_pass(self, E_batch: dict, v_named: NamedTensors | None):
         """(X̂, scores, coefficients, pieces (a, r) along v or None) from ONE forward per microbatch (baseline none)."""
         directions = {probe.MAIN: v_named} if v_named is not None else {}
-        e_pass = probe.one_pass_phase(self.config, self._policy(), E_batch, directions)
+        e_pass = probe.one_pass_phase(self.config, self._policy(), Batch.from_dict(E_batch, "E_batch"), directions)
         return e_pass.X_hat, e_pass.scores, e_pass.coefficients, e_pass.pieces.get(probe.MAIN)
 
     def pieces_method(self, want_pieces: bool) -> str:
@@ -113,7 +114,8 @@ class ProbeComponents:
                                       u_groups: list[list[int]] | None = None,
                                       per_sequence_pieces: bool = False) -> SeedDeltaH1Result:
         """δH₁ = lr · X̂·v from packed batches and the loaded optimizer (`probe.delta_h1_phase`)."""
-        return SeedDeltaH1Result.of(probe.delta_h1_phase(self.config, self._policy(optimizer), E_batch, U_batch,
+        E, U = Batch.from_dict(E_batch, "E_batch"), Batch.from_dict(U_batch, "U_batch")
+        return SeedDeltaH1Result.of(probe.delta_h1_phase(self.config, self._policy(optimizer), E, U,
                                                          u_groups=u_groups, per_sequence_pieces=per_sequence_pieces))
 
     def pieces(self, result: DeltaH1Result) -> tuple[Tensor, Tensor]:

@@ -16,4 +16,5 @@ def sample_batch(sp: SequenceProcessor, examples: list, prompt_indices: list[int
                  with_rewards: bool, reference: bool = False) -> dict:
     """`sampling.sample_batch` with the processor's `reward.name` when `with_rewards` (U), none otherwise (E)."""
     rewards = RewardSet.resolve([sp.reward_spec]) if with_rewards else None
-    return sampling.sample_batch(sp, examples, prompt_indices, G, seed=seed, rewards=rewards, reference=reference)
+    return sampling.sample_batch(sp, examples, prompt_indices, G, seed=seed, rewards=rewards,
+                                 reference=reference).to_dict()

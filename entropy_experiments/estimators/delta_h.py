@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..data.batch import Batch
 from ..policy.engine import PolicyEngine
 from . import snis
 from .sequence_scores import SequenceScores, log_weights, score_sequences, units_of
@@ -69,7 +70,7 @@ def gather_locally(values: list[float], what: str) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
 
 
-def score_at_eta(engine: PolicyEngine, E_batch: dict, v_named: NamedTensors, eta: float, *, mode: str, optimizer=None,
+def score_at_eta(engine: PolicyEngine, E_batch: Batch, v_named: NamedTensors, eta: float, *, mode: str, optimizer=None,
                  named_params=None, grads: NamedTensors | None = None, max_grad_norm: float | None = None,
                  tf_batch_size: int | None = None) -> SequenceScores:
     """E scored at θ' = θ + η·v: as a parameter override, or after a real AdamW step with lr = η (undone)."""
@@ -83,7 +84,7 @@ def score_at_eta(engine: PolicyEngine, E_batch: dict, v_named: NamedTensors, eta
     raise ValueError(f"importance.mode must be param_override or real_step, got {mode!r}")
 
 
-def measure_delta_h(engine: PolicyEngine, E_batch: dict | None, v_named: NamedTensors, etas: list[float], *, normalize: str,
+def measure_delta_h(engine: PolicyEngine, E_batch: Batch | None, v_named: NamedTensors, etas: list[float], *, normalize: str,
                     units: list[int] | None = None, mode: str = "param_override", optimizer=None, named_params=None,
                     grads=None, max_grad_norm: float | None = None, base: SequenceScores | None = None,
                     tf_batch_size: int | None = None,
@@ -102,7 +103,7 @@ def measure_delta_h(engine: PolicyEngine, E_batch: dict | None, v_named: NamedTe
     the SNIS estimate then runs on the whole E. By default E is whole and `gather` is the identity.
     """
     if units is None:
-        units = units_of(E_batch["num_prompts"], E_batch["num_responses_per_prompt"])
+        units = units_of(E_batch.num_prompts, E_batch.num_responses_per_prompt)
     local = E_batch is not None
     base = base or (score_sequences(engine, E_batch, tf_batch_size=tf_batch_size) if local else None)
     T = gather([len(x) for x in base.token_logqs] if local else [], "E lengths gather")

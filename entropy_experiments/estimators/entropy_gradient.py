@@ -25,10 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..data.batch import subset_batch
+from ..data.batch import Batch
 from ..errors import ConfigError
 from ..policy.engine import PolicyEngine
-from ..policy.sequences import batch_to_sequences
 from .objective_gradient import NamedTensors, Trainable, chunked, prompts_per_microbatch
 from .row_directional import RowDirectionalDerivatives, linear_directions, many_row_directionals
 from .sequence_scores import SequenceScores
@@ -105,15 +104,15 @@ def pieces_method(trainable: Trainable, options: EntropyOptions, want_pieces: bo
     return "backward_hooks" if hooks_ok else "jvp"
 
 
-def surrogate_gradient_sum(engine: PolicyEngine, trainable: Trainable, E_batch: dict, microbatches: list[list[int]],
+def surrogate_gradient_sum(engine: PolicyEngine, trainable: Trainable, E_batch: Batch, microbatches: list[list[int]],
                            coefs: SurrogateCoefficients, progress=iter) -> NamedTensors:
     """Σ over the given microbatches of ∇L_X (float64), with the coefficients of the whole E."""
     trainable.model.eval()
-    G = E_batch["num_responses_per_prompt"]
+    G = E_batch.num_responses_per_prompt
     X = trainable.zeros(torch.float64)
     for idx in progress(microbatches):
-        sub = subset_batch(E_batch, idx)
-        lp = engine.teacher_force_logprobs(batch_to_sequences(sub), with_grad=True, compute_rb=True, phase=E_BACKWARD)
+        sub = E_batch.subset(idx)
+        lp = engine.teacher_force_logprobs(sub.as_sequences(), with_grad=True, compute_rb=True, phase=E_BACKWARD)
         seq_ids = [b * G + g for b in idx for g in range(G)]
         loss = surrogate_loss(_flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch),
                               [coefs.coefficient(n) for n in seq_ids], coefs.D)
@@ -121,7 +120,7 @@ def surrogate_gradient_sum(engine: PolicyEngine, trainable: Trainable, E_batch: 
     return X
 
 
-def one_pass_sums(engine: PolicyEngine, trainable: Trainable, E_batch: dict, microbatches: list[list[int]], options: EntropyOptions,
+def one_pass_sums(engine: PolicyEngine, trainable: Trainable, E_batch: Batch, microbatches: list[list[int]], options: EntropyOptions,
                   directions: dict[str, NamedTensors], agree_on_shift: Callable[[float | None], float | None] = lambda s: s,
                   progress=iter) -> OnePassSums:
     """Σ over the given microbatches of ∇L_α' and ∇L_β (float64), with the pieces along each of `directions`
@@ -136,7 +135,7 @@ def one_pass_sums(engine: PolicyEngine, trainable: Trainable, E_batch: dict, mic
     if options.baseline != "none":
         raise ValueError("accumulate_X_one_pass needs estimator.baseline none")
     trainable.model.eval()
-    N = E_batch["num_prompts"] * E_batch["num_responses_per_prompt"]
+    N = E_batch.num_prompts * E_batch.num_responses_per_prompt
     row_maps = hook_directions(trainable, directions)
     sums = OnePassSums(trainable.zeros(torch.float64), trainable.zeros(torch.float64),
                        {k: torch.zeros(N, dtype=torch.float64) for k in directions},
@@ -161,14 +160,14 @@ def hook_directions(trainable: Trainable, directions: dict[str, NamedTensors]) -
     return maps
 
 
-def entropy_only_gradient_sum(engine: PolicyEngine, trainable: Trainable, E_batch: dict, microbatches: list[list[int]],
+def entropy_only_gradient_sum(engine: PolicyEngine, trainable: Trainable, E_batch: Batch, microbatches: list[list[int]],
                               options: EntropyOptions, v_named: NamedTensors | None,
                               progress=iter) -> tuple[NamedTensors, Tensor]:
     """(Σ over the given microbatches of ∇Σ_ik H_ik (float64), d [N] with d_i = D_v h_i (zero outside the
     microbatches run, and everywhere without `v_named`)): the `direct_only` predictor's pieces, one forward
     and one backward per microbatch; divide by D for the gradient of Ĥ's explicit part."""
     trainable.model.eval()
-    N = E_batch["num_prompts"] * E_batch["num_responses_per_prompt"]
+    N = E_batch.num_prompts * E_batch.num_responses_per_prompt
     X_H, d = trainable.zeros(torch.float64), torch.zeros(N, dtype=torch.float64)
     row_maps = hook_directions(trainable, {"v": v_named}) if v_named is not None else {}
     with many_row_directionals(row_maps) as rows:
@@ -182,12 +181,12 @@ def entropy_only_gradient_sum(engine: PolicyEngine, trainable: Trainable, E_batc
     return X_H, d
 
 
-def _microbatch_forward(engine: PolicyEngine, E_batch: dict, idx: list[int], options: EntropyOptions) -> tuple:
+def _microbatch_forward(engine: PolicyEngine, E_batch: Batch, idx: list[int], options: EntropyOptions) -> tuple:
     """(sequence ids, ℓ with graph, H with graph, (α, β) per sequence) of one microbatch: ONE forward, so
     that batch row j is sequence seq_ids[j] (the row hooks count rows per forward)."""
-    G = E_batch["num_responses_per_prompt"]
+    G = E_batch.num_responses_per_prompt
     seq_ids = [b * G + g for b in idx for g in range(G)]
-    lp = engine.teacher_force_logprobs(batch_to_sequences(subset_batch(E_batch, idx)), with_grad=True, compute_rb=True,
+    lp = engine.teacher_force_logprobs(E_batch.subset(idx).as_sequences(), with_grad=True, compute_rb=True,
                                    tf_batch_size=len(seq_ids), phase=E_BACKWARD)
     l_mb, h_mb = _flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch)
     coefs = [sequence_coefficients(h, normalize=options.normalize, x_mode=options.x_mode) for h in h_mb]

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..data.batch import subset_batch, zero_advantage_prompts
+from ..data.batch import Batch
 from ..errors import ConfigError, NumericsError
 from ..policy.engine import PolicyEngine
-from ..policy.sequences import BatchedSequences, batch_to_sequences
+from ..policy.sequences import BatchedSequences
 from . import objectives
 from .objectives import ObjectiveOptions, SequenceTerms
 
@@ -88,10 +88,10 @@ def prompts_per_microbatch(microbatch_size: int, G: int) -> int:
     return max(1, microbatch_size // G)
 
 
-def u_terms(U_batch: dict, options: ObjectiveOptions) -> list[list[SequenceTerms]]:
+def u_terms(U_batch: Batch, options: ObjectiveOptions) -> list[list[SequenceTerms]]:
     """Per prompt and response: the objective's advantage and normaliser (objectives.batch_terms)."""
-    return objectives.batch_terms(torch.tensor(U_batch["rewards"], dtype=torch.float64),
-                                  torch.tensor(U_batch["gen_lens"]), options)
+    return objectives.batch_terms(torch.tensor(U_batch.rewards, dtype=torch.float64),
+                                  torch.tensor(U_batch.gen_lens), options)
 
 
 def u_work_items(terms: list[list[SequenceTerms]], groups: list[list[int]], options: ObjectiveOptions,
@@ -102,7 +102,7 @@ def u_work_items(terms: list[list[SequenceTerms]], groups: list[list[int]], opti
                                                                           per_microbatch)]
 
 
-def objective_gradient_sums(engine: PolicyEngine, trainable: Trainable, U_batch: dict, items: list[tuple[int, list[int]]],
+def objective_gradient_sums(engine: PolicyEngine, trainable: Trainable, U_batch: Batch, items: list[tuple[int, list[int]]],
                             terms: list[list[SequenceTerms]], options: ObjectiveOptions, n_groups: int,
                             progress=iter) -> tuple[list[NamedTensors], float]:
     """Σ over the given work items of ∇(objective share), per group (float64), and Σ of the losses."""
@@ -110,31 +110,31 @@ def objective_gradient_sums(engine: PolicyEngine, trainable: Trainable, U_batch:
     group_grads = [trainable.zeros(torch.float64) for _ in range(n_groups)]
     total_loss = 0.0
     for k, idx in progress(items):
-        loss = objective_loss(engine, trainable.model, subset_batch(U_batch, idx), [terms[p] for p in idx], options)
+        loss = objective_loss(engine, trainable.model, U_batch.subset(idx), [terms[p] for p in idx], options)
         trainable.add_grad(group_grads[k], loss, f"U backward, prompts {idx}")
         total_loss += float(loss.detach())
     return group_grads, total_loss
 
 
-def u_gradients(group_grads: list[NamedTensors], loss: float, U_batch: dict, groups: list[list[int]],
+def u_gradients(group_grads: list[NamedTensors], loss: float, U_batch: Batch, groups: list[list[int]],
                 options: ObjectiveOptions) -> UGradients:
     """Finish the summed group buffers: g = Σ_k g_k, fp32 buffers, leave-one-out scales (K ≥ 2)."""
     total = {name: torch.zeros_like(t) for name, t in group_grads[0].items()}
     for buf in group_grads:
         for name in total:
             total[name] += buf[name]
-    loo = (objectives.leave_one_out_scales(torch.tensor(U_batch["gen_lens"]), groups, options)
+    loo = (objectives.leave_one_out_scales(torch.tensor(U_batch.gen_lens), groups, options)
            if len(groups) >= 2 else None)
     return UGradients(total={n: t.float() for n, t in total.items()},
                       groups=[{n: t.float() for n, t in buf.items()} for buf in group_grads],
                       group_sizes=[len(g) for g in groups], loss=loss,
-                      zero_advantage_prompts=zero_advantage_prompts(U_batch), leave_one_out_scales=loo)
+                      zero_advantage_prompts=U_batch.zero_advantage_prompts(), leave_one_out_scales=loo)
 
 
-def objective_loss(engine: PolicyEngine, model: nn.Module, sub: dict, terms: list[list[SequenceTerms]],
+def objective_loss(engine: PolicyEngine, model: nn.Module, sub: Batch, terms: list[list[SequenceTerms]],
                    options: ObjectiveOptions) -> Tensor:
     """The objective's share of one microbatch of U prompts (graph through the trainer log-probs)."""
-    seqs = batch_to_sequences(sub)
+    seqs = sub.as_sequences()
     lp = engine.teacher_force_logprobs(seqs, with_grad=True, compute_rb=False, phase=U_GRADIENT)
     ref = reference_logps(engine, model, seqs) if options.needs_reference else None
     loss = 0.0

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..data.batch import Batch
 from ..policy.engine import PolicyEngine
-from ..policy.sequences import batch_to_sequences
 
 E_SCORING = "teacher forcing (E scoring)"
 ETA_SCORING = "teacher forcing at θ + η·v (ΔH(η) scoring)"
@@ -74,14 +74,14 @@ def units_of(num_prompts: int, G: int) -> list[int]:
     return [b for b in range(num_prompts) for _ in range(G)]
 
 
-def score_sequences(engine: PolicyEngine, batch: dict, *, v_named: Mapping[str, Tensor] | None = None,
+def score_sequences(engine: PolicyEngine, batch: Batch, *, v_named: Mapping[str, Tensor] | None = None,
                     params_override: Mapping[str, Tensor] | None = None,
                     tf_batch_size: int | None = None) -> SequenceScores:
     """No-grad teacher forcing of a packed batch: at θ, at `params_override`, or (with `v_named`) with the
     exact derivatives along v by forward-mode AD. `tf_batch_size` (rows per forward; None: the engine's
     setting) fixes the batch layout: the same layout gives bitwise the same numbers at the same θ."""
-    units = units_of(batch["num_prompts"], batch["num_responses_per_prompt"])
-    seqs = batch_to_sequences(batch)
+    units = units_of(batch.num_prompts, batch.num_responses_per_prompt)
+    seqs = batch.as_sequences()
     if v_named is not None:
         rows = [r for row in engine.teacher_force_directional(seqs, v_named, phase=E_JVP) for r in row]
         return SequenceScores(token_logqs=[r["logq"].double() for r in rows],
@@ -105,10 +105,10 @@ def log_weights(new: SequenceScores, old: SequenceScores) -> np.ndarray:
 SECOND_ORDER_KEYS = ("s", "s2", "dh", "d2h", "h", "T")
 
 
-def second_order_sums(engine: PolicyEngine, batch: dict, v_named: Mapping[str, Tensor]) -> dict[str, list[float]]:
+def second_order_sums(engine: PolicyEngine, batch: Batch, v_named: Mapping[str, Tensor]) -> dict[str, list[float]]:
     """Per sequence (float64): s = Σ_k D_v ℓ, s2 = Σ_k D²_v ℓ, dh = Σ_k D_v H, d2h = Σ_k D²_v H, h = Σ_k H, T,
     by forward-over-forward mode along v (estimators/second_order.py)."""
-    rows = [r for row in engine.teacher_force_directional(batch_to_sequences(batch), v_named, order=2,
+    rows = [r for row in engine.teacher_force_directional(batch.as_sequences(), v_named, order=2,
                                                           phase=E_SECOND_ORDER_JVP)
             for r in row]
     keys = ("d_logq", "d2_logq", "d_rb_entropy", "d2_rb_entropy", "rb_entropy")

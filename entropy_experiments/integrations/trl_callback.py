@@ -150,7 +150,7 @@ class EntropyProbeCallback(TrainerCallback):
     # ------------------------------------------------------------------ output
     def _save_batches(self, step: int, pending) -> None:
         folder = Path(self.trainer.args.output_dir) / BATCH_DIR / f"step_{step}"
-        for name, batch in (("E_batch.pt", pending.E), ("U_batch.pt", pending.U)):
+        for name, batch in (("E_batch.pt", pending.E.to_dict()), ("U_batch.pt", pending.U.to_dict())):
             atomic_write(folder / name, lambda fh, b=batch: torch.save(b, fh), make_parents=True)
 
     def _record(self, row: dict) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from entropy_experiments.config import ProbeConfig
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.estimators.delta_h import measure_delta_h
 from entropy_experiments.estimators.displacement import (
     BatchColumns,
@@ -50,8 +51,8 @@ class PendingStep:
     """What the probe knows before the step, to be checked after it."""
 
     step: int
-    E: dict
-    U: dict
+    E: Batch
+    U: Batch
     res: DeltaH1Result
     bars: ErrorBars
     theta: NamedTensors
@@ -113,5 +114,5 @@ def check_step(config: ProbeConfig, policy: Policy, pending: PendingStep, u_batc
             "first_order_z": residual.value / residual.se if residual.se else None,
             "u_noise": None if noise is None else noise["value"], "u_noise_z": None if noise is None else noise["z"],
             **step_comparison(res.v, res.learning_rate, delta), "delta_theta_norm": entry["delta_theta_norm"],
-            "n_E": len(units), "n_U": pending.U["num_prompts"] * pending.U["num_responses_per_prompt"],
+            "n_E": len(units), "n_U": pending.U.num_prompts * pending.U.num_responses_per_prompt,
             "seconds": pending.seconds + time.perf_counter() - t0, "warnings": warnings}

@@ -79,13 +79,13 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
         U = sample_batch(engine, examples, plan.U_prompt_indices, bc.G, seed=config.seed + 1000 * (step + 1) + 1,
                          rewards=rewards, chat_template_kwargs=bc.chat_template_kwargs)
         warn_zero_advantages(U, logger.warning, logger)  # all zero: this step is weight decay only
-        grads = update_gradients(config, policy, U, [list(range(U["num_prompts"]))]).total
+        grads = update_gradients(config, policy, U, [list(range(U.num_prompts))]).total
         for name, p in named:
             p.grad = grads[name].to(p.dtype)
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        mean_rewards.append(float(sum(map(sum, U["rewards"])) / (bc.B_U * bc.G)))
+        mean_rewards.append(float(sum(map(sum, U.rewards)) / (bc.B_U * bc.G)))
         logger.info("make-checkpoint step %d/%d: mean reward %.3f", step + 1, steps, mean_rewards[-1])
         if save_every is not None and ((step + 1) % save_every == 0 or step + 1 == steps):
             save(Path(out_dir) / f"step_{step + 1}", step + 1)

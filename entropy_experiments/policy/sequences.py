@@ -1,7 +1,8 @@
 """The data that flows between generation, scoring and the probe (seed 004 layout, docs/maths.md §1).
 
 BatchedSequences: the packed, left-padded layout; a response of T tokens sits at [Lp, Lp + T) of its
-row; `batch_to_sequences` is its view of a packed batch dict (data/batch.py). LogprobResults / DiagnosticsResults: teacher-forcing results per [b][g]. `LogprobResults.logprobs`
+row; a packed `data.batch.Batch` hands out this view (`Batch.as_sequences`) for teacher forcing.
+LogprobResults / DiagnosticsResults: teacher-forcing results per [b][g]. `LogprobResults.logprobs`
 is log p (raw model, τ = 1, no nucleus) as in the seed; `token_logqs` is log q (the sampling policy).
 """
 
@@ -19,7 +20,7 @@ from torch import Tensor
 from entropy_experiments.policy.distribution_diagnostics import DiagnosticsPack
 
 __all__ = [
-    "BatchedSequences", "DiagnosticsResults", "LogprobResults", "batch_to_sequences", "completion_ids",
+    "BatchedSequences", "DiagnosticsResults", "LogprobResults", "completion_ids",
     "global_prompt_id", "response_tokens", "take_prompts", "take_rows",
 ]
 
@@ -99,20 +100,6 @@ class BatchedSequences:
                    gen_lens=[list(r) for r in d["gen_lens"]], attention_masks=d["attention_masks"],
                    responses_text=[list(r) for r in d["responses_text"]], prompts=d.get("prompts"),
                    examples=None if examples is None else list(examples), prompt_ids=d.get("prompt_ids"))
-
-
-def batch_to_sequences(batch: Mapping[str, Any]) -> BatchedSequences:
-    """The `BatchedSequences` view of a packed batch dict (data/batch.py's contract), for teacher forcing."""
-    B, G = batch["sequences"].shape[:2]
-    return BatchedSequences(
-        sequences=batch["sequences"],
-        prompt_lens=list(batch["prompt_lens"]),
-        gen_lens=[list(row) for row in batch["gen_lens"]],
-        attention_masks=batch["attention_masks"],
-        responses_text=batch.get("responses_text") or [[""] * G for _ in range(B)],
-        prompts=batch.get("prompts"),
-        prompt_ids=list(batch["prompt_ids"]),
-    )
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import ProbeConfig
+from ..data.batch import Batch
 from ..estimators.attribution import TokenAttribution, influence_summary, token_summary, u_group_influences
 from ..estimators.error_bars import ErrorBars
 from ..estimators.objective_gradient import split_into_groups, u_terms
@@ -22,33 +23,33 @@ from .results import DeltaH1Result, Policy
 TOP_K_TOKENS = 20
 
 
-def u_attribution(config: ProbeConfig, U: dict, res: DeltaH1Result, bars: ErrorBars) -> dict | None:
+def u_attribution(config: ProbeConfig, U: Batch, res: DeltaH1Result, bars: ErrorBars) -> dict | None:
     """{groups: [...] sorted by |influence|, summary} (None: no leave-one-group-out directions)."""
     if len(bars.loo_directions) < 2:
         return None
-    groups = split_into_groups(U["num_prompts"], len(res.u_gradients.group_sizes))
+    groups = split_into_groups(U.num_prompts, len(res.u_gradients.group_sizes))
     if [len(g) for g in groups] != list(res.u_gradients.group_sizes):
         raise ValueError(f"U groups {res.u_gradients.group_sizes} are not the contiguous split of "
-                         f"{U['num_prompts']} prompts")
+                         f"{U.num_prompts} prompts")
     terms = u_terms(U, config.objective_options())
     advantages = [[t.advantage for t in row] for row in terms]
     rows = u_group_influences(res.delta_h1, res.X_hat, bars.loo_directions, res.learning_rate, groups,
-                              U["rewards"], advantages)
+                              U.rewards, advantages)
     return {"groups": rows, "summary": influence_summary(res.delta_h1, rows)}
 
 
-def response_token_ids(E: dict, lengths: list[int]) -> list[int]:
+def response_token_ids(E: Batch, lengths: list[int]) -> list[int]:
     """The realised response tokens of every E sequence (sequence n = b·G + g), flat, in order."""
-    G = E["num_responses_per_prompt"]
+    G = E.num_responses_per_prompt
     ids = []
     for n, T in enumerate(lengths):
         b, g = divmod(n, G)
-        start = int(E["prompt_lens"][b])
-        ids.extend(int(t) for t in E["sequences"][b, g, start:start + T].tolist())
+        start = int(E.prompt_lens[b])
+        ids.extend(int(t) for t in E.sequences[b, g, start:start + T].tolist())
     return ids
 
 
-def e_token_attribution(policy: Policy, E: dict, res: DeltaH1Result,
+def e_token_attribution(policy: Policy, E: Batch, res: DeltaH1Result,
                         score_along_v: Callable[[], SequenceScores]) -> tuple[dict, dict]:
     """(results.json `attribution.E_tokens`, the E_tokens table's columns) of every realised E token."""
     scores = res.scores if res.scores.d_entropy is not None else score_along_v()
@@ -61,7 +62,7 @@ def e_token_attribution(policy: Policy, E: dict, res: DeltaH1Result,
     return token_summary(tokens, float(res.coefficients.D), ids, texts, TOP_K_TOKENS), columns
 
 
-def attribution_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, res: DeltaH1Result, bars: ErrorBars,
+def attribution_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, res: DeltaH1Result, bars: ErrorBars,
                       score_along_v: Callable[[], SequenceScores]) -> tuple[dict, dict | None]:
     """(results.json `attribution` {U_groups, U_summary, E_tokens} with None for what is off, E token columns)."""
     out: dict = {"U_groups": None, "U_summary": None, "E_tokens": None}

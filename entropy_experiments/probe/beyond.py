@@ -16,7 +16,7 @@ import time
 import torch
 
 from ..config import ProbeConfig
-from ..data.batch import subset_batch
+from ..data.batch import Batch
 from ..estimators import jackknife
 from ..estimators.delta_h import eta_grid, measure_delta_h
 from ..estimators.displacement import displacement_entry, step_comparison
@@ -42,25 +42,25 @@ from .results import BeyondFirstOrder, DeltaH1Result, NamedTensors, Policy
 log = logging.getLogger(__name__)
 
 
-def scoring_share(config: ProbeConfig, E: dict, dist: DistContext,
+def scoring_share(config: ProbeConfig, E: Batch, dist: DistContext,
                   tf_batch_size: int | None = None) -> tuple[dict | None, list[int]]:
     """This rank's share of E for a no-grad pass (whole tf chunks of `tf_batch_size` rows, default the config's):
     its sub-batch (None: none) and sequence indices."""
-    G, B = E["num_responses_per_prompt"], E["num_prompts"]
+    G, B = E.num_responses_per_prompt, E.num_prompts
     if not dist.enabled:
         return E, list(range(B * G))
     mine = dist.scoring_prompts(B, G, tf_batch_size or config.generation.tf_batch_size)
-    return (subset_batch(E, mine) if mine else None), [b * G + g for b in mine for g in range(G)]
+    return (E.subset(mine) if mine else None), [b * G + g for b in mine for g in range(G)]
 
 
-def truth_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, dist: DistContext = SINGLE) -> dict:
+def truth_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, dist: DistContext = SINGLE) -> dict:
     """ΔH(η) by SNIS on the same E for every η: one no-grad pass per η, none at θ — phase 1's scores are the
     base, and E is scored at θ' in phase 1's batch layout so that log w is exactly 0 at η = 0. Each rank
     scores whole chunks of that layout; values are gathered in order."""
     imp = config.importance
     if not imp.enabled:
         return {"true": [], "linearity": linearity_fit([], []), "per_sequence": {}}  # NaN slopes
-    G, B = E["num_responses_per_prompt"], E["num_prompts"]
+    G, B = E.num_responses_per_prompt, E.num_prompts
     local_E, rows_mine = scoring_share(config, E, dist, res.scores_tf_batch)
     t = policy.trainable
     return measure_delta_h(policy.engine, local_E, res.v, eta_grid(imp.eta_list, imp.symmetric),
@@ -71,11 +71,11 @@ def truth_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result
                            tf_batch_size=res.scores_tf_batch, gather=dist.row_gatherer(rows_mine, B * G))
 
 
-def second_derivative_along(config: ProbeConfig, policy: Policy, E: dict, direction: NamedTensors,
+def second_derivative_along(config: ProbeConfig, policy: Policy, E: Batch, direction: NamedTensors,
                             dist: DistContext = SINGLE) -> tuple[Estimate, dict[str, list[float]]]:
     """(D² Ĥ along `direction` of the SNIS estimate on E with its SE, the per-sequence sums it came from),
     by the nested jvp; sharded like ΔH."""
-    G, B = E["num_responses_per_prompt"], E["num_prompts"]
+    G, B = E.num_responses_per_prompt, E.num_prompts
     local_E, rows_mine = scoring_share(config, E, dist)
     sums = second_order_sums(policy.engine, local_E, direction) if local_E is not None else None
     gather = dist.row_gatherer(rows_mine, B * G)
@@ -85,7 +85,7 @@ def second_derivative_along(config: ProbeConfig, policy: Policy, E: dict, direct
     return d2, cols
 
 
-def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result,
+def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result,
                        dist: DistContext = SINGLE) -> dict | None:
     """d2 = D²_v H of the SNIS estimate on E with its SE, η* and the prediction per η (None: off); sharded like ΔH."""
     if not config.second_order.enabled:
@@ -95,7 +95,7 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH
     return second_order_report(d2, res.x_hat_dot_v, etas, "forward-over-forward jvp")
 
 
-def displacement_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result,
+def displacement_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result,
                        dist: DistContext = SINGLE) -> dict:
     """The `displacement` predictor: δH_Δθ = X̂·Δθ with SE_E from the pieces along Δθ (same E pass as v),
     ½·D²_Δθ H by the nested jvp (only with second_order.enabled: it is a second-order pass over E; None
@@ -115,13 +115,13 @@ def displacement_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH
     return entry
 
 
-def direct_only_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, bars: ErrorBars,
+def direct_only_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
                       dist: DistContext = SINGLE) -> dict:
     """The `direct_only` predictor: one forward + backward of Σ H over E (this rank's microbatches, summed over
     ranks) → X_H = ∇ΣH/D, with d_i = D_v h_i from the same backward (hooks) or from the jvp scores."""
     options = config.entropy_options()
     hooks = res.pieces_method == "backward_hooks"
-    microbatches = e_microbatches(E["num_prompts"], E["num_responses_per_prompt"], options.microbatch_size)
+    microbatches = e_microbatches(E.num_prompts, E.num_responses_per_prompt, options.microbatch_size)
     X_H, d = entropy_only_gradient_sum(policy.engine, policy.trainable, E, dist.chunk_slice(microbatches), options,
                                        res.v if hooks else None,
                                        progress=lambda items: progress(items, "E backward (Σ H, direct_only)"))
@@ -135,7 +135,7 @@ def direct_only_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1
                                 bars.loo_directions, normalize=config.estimator.normalize)
 
 
-def predictors_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, bars: ErrorBars,
+def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
                      truth: dict, dist: DistContext = SINGLE) -> dict | None:
     """results.json `predictors`: {name: {delta_h1, se, se_E, se_U, from_pieces, ratio_to_measured}} (None: off)."""
     if not config.predictors.enabled:
@@ -162,7 +162,7 @@ def predictors_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1R
     return out
 
 
-def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: dict, res: DeltaH1Result, bars: ErrorBars,
+def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
                              dist: DistContext = SINGLE) -> BeyondFirstOrder:
     """ΔH(η) with the paired residuals, the second-order coefficient and the competing predictors, timed."""
     timing, t0 = {}, time.perf_counter()

@@ -16,8 +16,8 @@ def budgeted_config(config: ProbeConfig, model, batches: Sequence[dict], warn: C
     budget = config.estimator.memory_budget_gb
     if budget is None:
         return config
-    positions = max(int(batch["sequences"].shape[-1]) for batch in batches)
-    response = max(max(max(row) for row in batch["gen_lens"]) for batch in batches)
+    positions = max(int(batch.sequences.shape[-1]) for batch in batches)
+    response = max(max(max(row) for row in batch.gen_lens) for batch in batches)
     rows, message = microbatch_within_budget(budget, ModelShape.of(model), positions, int(response),
                                              config.estimator.microbatch_size)
     if message is None:

@@ -29,7 +29,7 @@ from ..checkpoint.rollouts import refuse_rollout_reuse
 from ..checkpoint.runtime_precision import runtime_precision_warnings
 from ..checkpoint.trainer_batch import trainer_batch_record
 from ..config import ProbeConfig
-from ..data.batch import concat_batches
+from ..data.batch import Batch
 from ..data.plan import IndexPlan, draw_index_plan
 from ..data.rewards import clear_reward_warnings
 from ..data.rewards.weighted import RewardSet
@@ -124,12 +124,12 @@ def displacement_phase(config: ProbeConfig, policy: Policy, notes: WarningLog) -
 
 
 # ---------------------------------------------------------------------- phases 1–3: update and entropy
-def update_gradients(config: ProbeConfig, policy: Policy, U: dict, groups: list[list[int]],
+def update_gradients(config: ProbeConfig, policy: Policy, U: Batch, groups: list[list[int]],
                      dist: DistContext = SINGLE) -> UGradients:
     """g per group of U prompts: this rank's share of the microbatches, summed over ranks."""
     options = config.objective_options()
     terms = u_terms(U, options)
-    per_mb = prompts_per_microbatch(config.estimator.microbatch_size, U["num_responses_per_prompt"])
+    per_mb = prompts_per_microbatch(config.estimator.microbatch_size, U.num_responses_per_prompt)
     items = dist.chunk_slice(u_work_items(terms, groups, options, per_mb))
     sums, loss = objective_gradient_sums(policy.engine, policy.trainable, U, items, terms, options, len(groups),
                                          progress=progress("U backward (trainer objective gradient)"))
@@ -139,35 +139,35 @@ def update_gradients(config: ProbeConfig, policy: Policy, U: dict, groups: list[
     return u_gradients(sums, loss, U, groups, options)
 
 
-def update_phase(config: ProbeConfig, policy: Policy, U: dict, groups: list[list[int]] | None,
+def update_phase(config: ProbeConfig, policy: Policy, U: Batch, groups: list[list[int]] | None,
                  dist: DistContext = SINGLE) -> UpdateStep:
     """g (per group; one group by default) → v, the AdamW step per unit lr, and its description."""
-    grads = update_gradients(config, policy, U, groups or [list(range(U["num_prompts"]))], dist)
+    grads = update_gradients(config, policy, U, groups or [list(range(U.num_prompts))], dist)
     v, info = step_direction(config.step_options(), policy, grads.total)
     info["u_loss"] = grads.loss
     return UpdateStep(grads, v, info)
 
 
-def score_E(config: ProbeConfig, policy: Policy, E: dict, v: NamedTensors | None,
+def score_E(config: ProbeConfig, policy: Policy, E: Batch, v: NamedTensors | None,
             dist: DistContext = SINGLE) -> SequenceScores:
     """ℓ, H (and with v their derivatives along v) of every E sequence; each rank scores its share."""
     local_E, rows_mine = scoring_share(config, E, dist)
     local = score_sequences(policy.engine, local_E, v_named=v) if local_E is not None else None
     if not dist.enabled:
         return local
-    units = units_of(E["num_prompts"], E["num_responses_per_prompt"])
+    units = units_of(E.num_prompts, E.num_responses_per_prompt)
     rows = {} if local is None else local.rows(rows_mine)
     return SequenceScores.from_rows(dist.gather_rows(rows, len(units), "E scores gather"), units)
 
 
-def one_pass_phase(config: ProbeConfig, policy: Policy, E: dict, directions: dict[str, NamedTensors],
+def one_pass_phase(config: ProbeConfig, policy: Policy, E: Batch, directions: dict[str, NamedTensors],
                    dist: DistContext = SINGLE) -> SurrogatePass:
     """X̂, the E scores, the coefficients and the pieces along each of `directions` ({name: v}; empty: none)
     from ONE forward per microbatch (baseline none)."""
     options = config.entropy_options()
-    G, N = E["num_responses_per_prompt"], E["num_prompts"] * E["num_responses_per_prompt"]
+    G, N = E.num_responses_per_prompt, E.num_prompts * E.num_responses_per_prompt
     sums = one_pass_sums(policy.engine, policy.trainable, E,
-                         dist.chunk_slice(e_microbatches(E["num_prompts"], G, options.microbatch_size)), options,
+                         dist.chunk_slice(e_microbatches(E.num_prompts, G, options.microbatch_size)), options,
                          directions, agree_on_shift=lambda s: dist.broadcast_float(s, "E shift broadcast"),
                          progress=progress("E backward (entropy surrogate)"))
     if dist.enabled:  # one flat all-reduce: X_α, X_β and the per-sequence a, r (zero off this rank)
@@ -176,12 +176,12 @@ def one_pass_phase(config: ProbeConfig, policy: Policy, E: dict, directions: dic
         sums.X_alpha, sums.X_beta, sums.a, sums.r = summed["alpha"], summed["beta"], summed["a"], summed["r"]
     gathered = dist.gather_rows(sums.rows, N, "E scores gather")
     scores = SequenceScores(token_logqs=[row[0] for row in gathered], token_entropies=[row[1] for row in gathered],
-                            unit_of_sequence=units_of(E["num_prompts"], G))
+                            unit_of_sequence=units_of(E.num_prompts, G))
     X, coefs, pieces = finish_one_pass(sums, scores, options)
     return SurrogatePass(X, scores, coefs, pieces)
 
 
-def scored_pieces_phase(config: ProbeConfig, policy: Policy, E: dict, directions: dict[str, NamedTensors],
+def scored_pieces_phase(config: ProbeConfig, policy: Policy, E: Batch, directions: dict[str, NamedTensors],
                         with_pieces: bool, dist: DistContext = SINGLE) -> SurrogatePass:
     """E scored first (with the jvp along v when the pieces are wanted), X̂ by a second backward pass; the
     pieces along every other direction by one more jvp scoring pass each. Returns the timings too."""
@@ -201,18 +201,18 @@ def scored_pieces_phase(config: ProbeConfig, policy: Policy, E: dict, directions
     return SurrogatePass(X, scores, coefs, pieces, timings)
 
 
-def surrogate_gradient_phase(config: ProbeConfig, policy: Policy, E: dict, coefs: SurrogateCoefficients,
+def surrogate_gradient_phase(config: ProbeConfig, policy: Policy, E: Batch, coefs: SurrogateCoefficients,
                              dist: DistContext = SINGLE) -> NamedTensors:
     """X̂ = ∇L_X with the coefficients of the whole E (this rank's microbatches, summed over ranks), fp32."""
     options = config.entropy_options()
-    microbatches = e_microbatches(E["num_prompts"], E["num_responses_per_prompt"], options.microbatch_size)
+    microbatches = e_microbatches(E.num_prompts, E.num_responses_per_prompt, options.microbatch_size)
     X = surrogate_gradient_sum(policy.engine, policy.trainable, E, dist.chunk_slice(microbatches), coefs,
                                progress=progress("E backward (entropy surrogate)"))
     X = dist.all_reduce_named(X, "X̂ all-reduce")
     return {n: t.float() for n, t in X.items()}
 
 
-def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_groups=None,
+def delta_h1_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, *, u_groups=None,
                    per_sequence_pieces: bool = False, dist: DistContext = SINGLE) -> DeltaH1Result:
     """δH₁ = lr · X̂·v. U goes first: v (and the competing predictors' directions) are needed by the E pass
     when the pieces are wanted."""
@@ -235,7 +235,7 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, *, u_g
     x_hat_dot_v = named_dot(e_pass.X_hat, update.v)
     pieces = dict(e_pass.pieces)
     main_pieces = pieces.pop(MAIN, None)
-    G = E["num_responses_per_prompt"]
+    G = E.num_responses_per_prompt
     one_pass_rows = prompts_per_microbatch(config.entropy_options().microbatch_size, G) * G
     return DeltaH1Result(delta_h1=lr * x_hat_dot_v, x_hat_dot_v=x_hat_dot_v, learning_rate=lr, X_hat=e_pass.X_hat,
                          v=update.v, coefficients=e_pass.coefficients, scores=e_pass.scores,
@@ -286,7 +286,7 @@ def sample_sharded(engine: PolicyEngine, examples: list, prompt_indices: list[in
     mine = dist.prompt_slice(len(prompt_indices))
     local = (sample_batch(engine, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
                           **options) if mine else None)
-    return concat_batches(dist.all_gather_object(local, f"gather sampled {what}"), engine.pad_token_id)
+    return Batch.concat(dist.all_gather_object(local, f"gather sampled {what}"), engine.pad_token_id)
 
 
 def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = SINGLE, logger: logging.Logger = log,
@@ -317,10 +317,10 @@ def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = 
 
 
 # ---------------------------------------------------------------------- the whole probe
-def estimate_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, notes: WarningLog,
+def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, notes: WarningLog,
                    dist: DistContext = SINGLE, logger: logging.Logger = log) -> Estimates:
     """Phases 1–3: δH₁ with its error bars, and their timings."""
-    B_U = U["num_prompts"]
+    B_U = U.num_prompts
     K = config.variance.u_groups or min(B_U, 8)
     u_groups = split_into_groups(B_U, min(K, B_U)) if config.variance.enabled else None
     t0 = time.perf_counter()
@@ -338,7 +338,7 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: dict, U: dict, notes:
 
 
 def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | None = None,
-        batches: tuple[dict, dict] | None = None, on_batches=None, chunk_store=None,
+        batches: tuple[Batch, Batch] | None = None, on_batches=None, chunk_store=None,
         notes: WarningLog | None = None, sampling_warnings: list[str] = (),
         logger: logging.Logger = log) -> ProbeOutcome:
     """Every phase in order. `batches` = (E, U) reuses saved batches (resume); `on_batches(E, U)` is called

@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import Tensor
 
+from ..data.batch import Batch
 from ..data.plan import IndexPlan
 from ..estimators.error_bars import ErrorBars
 from ..estimators.objective_gradient import Trainable, UGradients
@@ -75,8 +76,8 @@ class DeltaH1Result:
 class Samples:
     """Phase 0: the packed E and U batches and the index plan they were drawn by (None: saved batches)."""
 
-    E: dict
-    U: dict
+    E: Batch
+    U: Batch
     plan: IndexPlan | None = None
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ..config import ProbeConfig, config_from_dict
+from ..data.batch import Batch
 from ..data.rewards import reward_warnings
 from ..errors import ProbeError
 from ..report.html_report import write_html_report
@@ -75,7 +76,7 @@ def run_worker(config: ProbeConfig, dist: DistContext, logger: logging.Logger) -
     status, payload = dist.broadcast_object(None, "run directory broadcast")
     if status == "error":
         raise ProbeError(payload)
-    return probe.run(config, dist=dist, batches=payload, logger=logger).results
+    return probe.run(config, dist=dist, batches=typed_batches(payload), logger=logger).results
 
 
 def open_run_directory(config: ProbeConfig, dist: DistContext, *, out: str | None, resume: str | None,
@@ -103,7 +104,7 @@ def reused_samples(config: ProbeConfig, dist: DistContext, source: str | None) -
 
 
 def resumed_batches(run_dir: RunDirectory, dist: DistContext, resume: str | None,
-                    logger: logging.Logger, reused: tuple[dict, dict] | None = None) -> tuple[dict, dict] | None:
+                    logger: logging.Logger, reused: tuple[dict, dict] | None = None) -> tuple[Batch, Batch] | None:
     """The E and U batches a resumed run saved, or `reused` ones (None: sample them), shared with the other ranks."""
     batches = reused
     if resume is not None and reused is None:
@@ -119,7 +120,12 @@ def resumed_batches(run_dir: RunDirectory, dist: DistContext, resume: str | None
             logger.info("resuming %s: reusing the generation chunks it saved", run_dir.path)
     if dist.enabled:
         dist.broadcast_object(("ok", batches), "run directory broadcast")
-    return batches
+    return typed_batches(batches)
+
+
+def typed_batches(saved: tuple[dict, dict] | None) -> tuple[Batch, Batch] | None:
+    """Saved E_batch.pt / U_batch.pt dicts as checked `Batch`es (every rank checks the ones it received)."""
+    return None if saved is None else (Batch.from_dict(saved[0], "E_batch"), Batch.from_dict(saved[1], "U_batch"))
 
 
 def run_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume: str | None, overwrite: bool,
@@ -157,16 +163,16 @@ def run_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume:
         handler.close()
 
 
-def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, batches: tuple[dict, dict] | None,
+def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, batches: tuple[Batch, Batch] | None,
                logger: logging.Logger, *, policy: Policy | None = None,
                notes: WarningLog | None = None) -> probe.ProbeOutcome:
     """`probe.run`, saving E and U (and the generation chunks) into the run directory as they are made."""
     chunks = GenerationChunkStore(run_dir)
 
-    def save_batches(E: dict, U: dict) -> None:
+    def save_batches(E: Batch, U: Batch) -> None:
         if config.output.save_batches and batches is None:
-            run_dir.save_batch("E", E)
-            run_dir.save_batch("U", U)
+            run_dir.save_batch("E", E.to_dict())
+            run_dir.save_batch("U", U.to_dict())
             run_dir.record_meta("sampling_warnings", list(reward_warnings()))
             chunks.clear()
 

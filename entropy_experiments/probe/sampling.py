@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..data.batch import pack_batch, validate_batch, zero_advantage_prompts
+from ..data.batch import Batch
 from ..data.datasets import load_examples
 from ..data.plan import IndexPlan, draw_index_plan
 from ..data.prompt_rendering import render_prompts
@@ -32,7 +32,7 @@ __all__ = ["IndexPlan", "draw_index_plan", "prompt_examples", "sample_batch", "s
 
 def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
                  rewards: RewardSet | None, reference: bool = False,
-                 chat_template_kwargs: dict | None = None) -> dict:
+                 chat_template_kwargs: dict | None = None) -> Batch:
     """Generate G responses for each listed prompt and pack them; with `rewards` (a U batch) also each reward
     function's values, their weighted sum and the advantages, without (an E batch) zeros.
 
@@ -60,13 +60,13 @@ def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int]
     seqs.prompts = [r.text for r in rendered]
     seqs.prompt_ids = [int(ex.meta["global_prompt_id"]) for ex in chosen]
     if rewards is None:
-        return pack_batch(seqs, None)
+        return Batch.pack(seqs, None)
     scored = [rewards.score(seqs.prompts[b], list(seqs.responses_text[b]), ex, completion_ids=completion_ids(seqs, b),
                             where=where_of(chosen, b)) for b, ex in enumerate(chosen)]
     summed = [p.summed for p in scored]
-    batch = pack_batch(seqs, summed, batch_advantages(summed))
-    batch["rewards_per_function"] = {name: [p.per_function[name] for p in scored] for name in rewards.names}
-    batch["reward_weights"] = dict(zip(rewards.names, rewards.weights, strict=True))
+    batch = Batch.pack(seqs, summed, batch_advantages(summed))
+    batch.rewards_per_function = {name: [p.per_function[name] for p in scored] for name in rewards.names}
+    batch.reward_weights = dict(zip(rewards.names, rewards.weights, strict=True))
     return batch
 
 
@@ -83,21 +83,21 @@ def prompt_examples(bc) -> list:
                          columns=bc.column_options())
 
 
-def saved_batches(batches: tuple[dict, dict], logger: logging.Logger = log) -> tuple[dict, dict]:
+def saved_batches(batches: tuple[Batch, Batch], logger: logging.Logger = log) -> tuple[Batch, Batch]:
     """Saved (E, U) batches, validated."""
     E, U = batches
-    validate_batch(E, "E_batch")
-    validate_batch(U, "U_batch")
-    logger.info("Phase 0: reusing saved batches (E %d×%d, U %d×%d)", E["num_prompts"], E["num_responses_per_prompt"],
-                U["num_prompts"], U["num_responses_per_prompt"])
+    E.validate("E_batch")
+    U.validate("U_batch")
+    logger.info("Phase 0: reusing saved batches (E %d×%d, U %d×%d)", E.num_prompts, E.num_responses_per_prompt,
+                U.num_prompts, U.num_responses_per_prompt)
     return E, U
 
 
-def warn_zero_advantages(U: dict, warn: Callable[[str], None], logger: logging.Logger = log) -> int:
+def warn_zero_advantages(U: Batch, warn: Callable[[str], None], logger: logging.Logger = log) -> int:
     """Log how many U prompts have all-zero advantages; `warn` when all of them do (v is then no policy step)."""
-    n_zero = zero_advantage_prompts(U)
-    logger.info("U: %d of %d prompts have all-zero advantages (they add nothing to v)", n_zero, U["num_prompts"])
-    if n_zero == U["num_prompts"]:
+    n_zero = U.zero_advantage_prompts()
+    logger.info("U: %d of %d prompts have all-zero advantages (they add nothing to v)", n_zero, U.num_prompts)
+    if n_zero == U.num_prompts:
         warn("every U prompt has all-zero advantages: the update direction is pure weight decay / "
              "momentum (check rewards and gold answers)")
     return n_zero

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.batch import count_tokens
+from ..data.batch import Batch
 from ..data.rewards import reward_warnings
 from ..estimators.surrogate import entropy_estimates
 
@@ -48,7 +48,7 @@ class ProbeOutcome:
     e_tokens: dict | None = None          # E_tokens table columns (probe/attribution.py; None: not computed)
 
 
-def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[dict], second_order: dict | None,
+def assemble_results(E: Batch, U: Batch, res, bars, truth: dict, residuals: list[dict], second_order: dict | None,
                      predictors: dict | None, timing: dict, facts: RunFacts) -> ProbeOutcome:
     """The results dict from the phases' typed results (`probe.DeltaH1Result`, `probe.ErrorBars`, truth and
     its paired residuals, one per η, the second-order report and the competing predictors)."""
@@ -65,9 +65,9 @@ def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[d
         "second_order": None if second_order is None else {k: v for k, v in second_order.items() if k != "predictions"},
         "linearity": truth["linearity"],
         "predictors": predictors,
-        "counts": {"B_E": E["num_prompts"] * E["num_responses_per_prompt"],
-                   "unique_E_prompts": len(set(E["prompt_ids"])), "B_U": U["num_prompts"],
-                   "G": U["num_responses_per_prompt"], "E_tokens": count_tokens(E), "U_tokens": count_tokens(U),
+        "counts": {"B_E": E.num_prompts * E.num_responses_per_prompt,
+                   "unique_E_prompts": len(set(E.prompt_ids)), "B_U": U.num_prompts,
+                   "G": U.num_responses_per_prompt, "E_tokens": E.count_tokens(), "U_tokens": U.count_tokens(),
                    "zero_advantage_prompts": facts.zero_advantage_prompts,
                    "u_groups": facts.u_groups},
         "update": res.update_info, "consistency": bars.consistency, "timing": timing,
@@ -81,14 +81,14 @@ def assemble_results(E: dict, U: dict, res, bars, truth: dict, residuals: list[d
     return ProbeOutcome(results, rows, res.v, facts.plan)
 
 
-def per_sequence_rows(E: dict, scores, a, r, per_eta: dict, extra: dict | None = None) -> list[dict]:
+def per_sequence_rows(E: Batch, scores, a, r, per_eta: dict, extra: dict | None = None) -> list[dict]:
     """One row per E sequence: its prompt, T, h, Σℓ, the pieces a, r, log w at every η (when computed) and the
     `extra` columns {name: {column: [N]}} as row[name] = {column: value} (e.g. the displacement's pieces)."""
-    G = E["num_responses_per_prompt"]
+    G = E.num_responses_per_prompt
     rows = []
     for n, (logq, ent) in enumerate(zip(scores.token_logqs, scores.token_entropies)):
         b = n // G
-        row = {"index": n, "prompt_index": b, "prompt_id": E["prompt_ids"][b], "T": len(logq),
+        row = {"index": n, "prompt_index": b, "prompt_id": E.prompt_ids[b], "T": len(logq),
                "h": float(ent.sum()), "logq_sum": float(logq.sum())}
         if a is not None:
             row.update({"a": float(a[n]), "r": float(r[n])})

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from .. import io_utils
 from ..config import ProbeConfig
+from ..data.batch import Batch
 from ..errors import OutputError, output_error_on_os_error
 from ..estimators.realised_change import CrossScored
 from ..estimators.sequence_scores import log_weights, score_sequences
-from ..policy.sequences import batch_to_sequences, completion_ids
+from ..policy.sequences import completion_ids
 from ..report.results_schema import dumps_strict
 from ..report.run_dir import BATCH_FILES, RunDirectory
 from .discovery import SweepCheckpoint
@@ -38,26 +39,26 @@ def interval_path(sweep_path: Path, from_name: str, to_name: str) -> Path:
     return Path(sweep_path) / INTERVALS_DIR / f"{from_name}__{to_name}.json"
 
 
-def _keys(E: dict) -> list[str]:
-    G = E["num_responses_per_prompt"]
-    return [f"{b}:{E['prompt_ids'][b]}" for b in range(E["num_prompts"]) for _ in range(G)]
+def _keys(E: Batch) -> list[str]:
+    G = E.num_responses_per_prompt
+    return [f"{b}:{E.prompt_ids[b]}" for b in range(E.num_prompts) for _ in range(G)]
 
 
-def changed_draws(E_from: dict, E_to: dict) -> tuple[int, int]:
+def changed_draws(E_from: Batch, E_to: Batch) -> tuple[int, int]:
     """(draws in both batches whose prompt or response token ids differ, draws in both)."""
-    a, b = batch_to_sequences(E_from), batch_to_sequences(E_to)
+    a, b = E_from.as_sequences(), E_to.as_sequences()
     both = min(a.num_prompts, b.num_prompts)
-    changed = sum(E_from["prompt_ids"][i] != E_to["prompt_ids"][i] or completion_ids(a, i) != completion_ids(b, i)
+    changed = sum(E_from.prompt_ids[i] != E_to.prompt_ids[i] or completion_ids(a, i) != completion_ids(b, i)
                   for i in range(both))
     return int(changed), int(both)
 
 
-def _side(own, other, E: dict) -> dict:
+def _side(own, other, E: Batch) -> dict:
     return {"logw": log_weights(other, own).tolist(), "h_own": own.seq_entropies.tolist(),
             "h_other": other.seq_entropies.tolist(), "T": own.lengths.tolist(), "units": _keys(E)}
 
 
-def _score_interval(config: ProbeConfig, a: SweepCheckpoint, b: SweepCheckpoint, batches: tuple[dict, dict],
+def _score_interval(config: ProbeConfig, a: SweepCheckpoint, b: SweepCheckpoint, batches: tuple[Batch, Batch],
                     policies: SweepPolicies) -> dict:
     E_a, E_b = batches
     engine = scoring_engine(policies, config, a)
@@ -77,12 +78,13 @@ def score_intervals(config_for, chosen: list[SweepCheckpoint], run_dir_of, sweep
         path = interval_path(sweep_path, a.name, b.name)
         if path.is_file():
             continue
-        batches = tuple(RunDirectory(run_dir_of(ck.name)).load_batch("E") for ck in (a, b))
-        if any(E is None for E in batches):
+        saved = tuple(RunDirectory(run_dir_of(ck.name)).load_batch("E") for ck in (a, b))
+        if any(E is None for E in saved):
             logger.warning("sweep: %s → %s: no saved %s (output.save_batches false?): the realised change "
                            "falls back to two independent-batch entropies", a.name, b.name, BATCH_FILES["E"])
             continue
         logger.info("sweep: scoring E of %s and %s at both checkpoints (realised change)", a.name, b.name)
+        batches = tuple(Batch.from_dict(E, "E_batch") for E in saved)
         doc = _score_interval(config_for(a), a, b, batches, policies)
         with output_error_on_os_error(f"cannot write {path}"):
             path.parent.mkdir(parents=True, exist_ok=True)

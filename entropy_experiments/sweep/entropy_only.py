@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import io_utils
 from ..config import ProbeConfig
+from ..data.batch import Batch
 from ..errors import output_error_on_os_error
 from ..estimators.sequence_scores import score_sequences
 from ..estimators.surrogate import entropy_estimates
@@ -33,12 +34,12 @@ __all__ = ["measure_entropy_only"]
 log = logging.getLogger("entropy_experiments.sweep")
 
 
-def _sample_E(config: ProbeConfig, policy: Policy, run_dir: RunDirectory, logger: logging.Logger) -> dict:
+def _sample_E(config: ProbeConfig, policy: Policy, run_dir: RunDirectory, logger: logging.Logger) -> Batch:
     """E as `probe.sample_phase` draws it (same plan, same seed), or the E batch a killed measurement saved."""
     saved = run_dir.load_batch("E")
     if saved is not None:
         logger.info("entropy only: reusing the saved E batch of %s", run_dir.path)
-        return saved
+        return Batch.from_dict(saved, "E_batch")
     examples = prompt_examples(config.batch_config)
     plan = draw_plan(config, len(examples), SINGLE)
     policy.engine.chunk_store = GenerationChunkStore(run_dir)
@@ -46,7 +47,7 @@ def _sample_E(config: ProbeConfig, policy: Policy, run_dir: RunDirectory, logger
                        seed=config.seed + 1, rewards=None,
                        reference=not config.sampler.batched, dist=SINGLE, what="E",
                        chat_template_kwargs=config.batch_config.chat_template_kwargs)
-    run_dir.save_batch("E", E)
+    run_dir.save_batch("E", E.to_dict())
     GenerationChunkStore(run_dir).clear()
     return E
 
@@ -67,7 +68,7 @@ def measure_entropy_only(config: ProbeConfig, policy: Policy, out: Path, reason:
                "H": entropy_estimates(h, T),
                "learning_rate": 0.0, "checkpoint": policy.checkpoint_info, "config_hash": config.config_hash(),
                "counts": {"E_sequences": len(rows), "E_tokens": int(T.sum()),
-                          "unique_E_prompts": len(set(E["prompt_ids"]))}}
+                          "unique_E_prompts": len(set(E.prompt_ids))}}
         run_dir.write_per_sequence(rows)
         with output_error_on_os_error(f"cannot write {run_dir.path / ENTROPY_ONLY_FILE}"):
             io_utils.atomic_write_text(run_dir.path / ENTROPY_ONLY_FILE, dumps_strict(doc, indent=2) + "\n")
