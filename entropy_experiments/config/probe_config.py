@@ -42,6 +42,13 @@ HASHED_AS: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
+# Keys added after configs were written, hashed only when they differ from their default (the behaviour a config
+# without them had), so that an older run directory still resumes: (section, key) -> the default.
+HASHED_UNLESS_DEFAULT: dict[tuple[str, str], Any] = {
+    ("second_order", "method"): "jvp",
+}
+
+
 class ProbeConfig(_Section):
     """The whole probe configuration (see entropy_experiments/configs/default.yaml for every key)."""
 
@@ -88,6 +95,12 @@ class ProbeConfig(_Section):
                                   f"(batch_config.B_U·G), got {options.micro_batches}")
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+        imp = self.importance
+        if self.second_order.enabled and self.second_order.method == "finite_difference" and not (
+                imp.enabled and imp.symmetric):
+            raise ValueError("second_order.method: finite_difference needs the ΔH(±η) passes (importance.enabled "
+                             f"and importance.symmetric true, got {imp.enabled} and {imp.symmetric}); "
+                             "set second_order.method: jvp")
         return self
 
     def objective_options(self):
@@ -152,8 +165,11 @@ class ProbeConfig(_Section):
     def config_hash(self) -> str:
         """First 16 hex chars of sha256 over the canonical JSON of the config, `output` and `distributed`
         excluded (neither changes a number: a run can be resumed on any number of ranks or backend); renamed
-        sections under their old names (`HASHED_AS`)."""
+        sections under their old names (`HASHED_AS`); newer keys at their default left out (`HASHED_UNLESS_DEFAULT`)."""
         d = self.model_dump(mode="json", exclude={"output", "distributed"})
+        for (section, key), default in HASHED_UNLESS_DEFAULT.items():
+            if d[section][key] == default:
+                del d[section][key]
         for section, (old_section, old_keys) in HASHED_AS.items():
             d[old_section] = {old_keys.get(k, k): v for k, v in d.pop(section).items()}
         payload = json.dumps(
