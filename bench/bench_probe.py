@@ -182,7 +182,8 @@ def second_order_lines(runs: dict[str, dict]) -> list[str]:
         line = f"d2 ({method}) = {so['d2']:+.5g} ± {so['se']:.3g}"
         if method == "finite_difference":
             line += f" at η {so['eta']:g}, bias ≤ {so['bias_bound']}; per η: " + ", ".join(
-                f"{r['eta']:g}: {r['d2']:+.4g} ± {r['se']:.2g}" for r in so["per_eta"])
+                f"{r['eta']:g}: {r['d2']:+.4g} ± {r['se']:.2g} (bias ≤ {r['bias_bound']:.2g})" if r["bias_bound"]
+                is not None else f"{r['eta']:g}: {r['d2']:+.4g} ± {r['se']:.2g}" for r in so["per_eta"])
         lines.append(line)
     jvp, fd = runs["jvp"]["second_order"], runs["finite_difference"]["second_order"]
     gap = abs(jvp["d2"] - fd["d2"])

@@ -65,7 +65,9 @@ def test_bias_bound_estimates_the_fourth_order_term():
     assert report["eta"] == 0.1 and [r["eta"] for r in report["per_eta"]] == [0.1, 0.2]
     assert report["d2"] - exact == pytest.approx(2 * q.mean() * 0.1 ** 2, rel=1e-6)
     assert report["bias_bound"] == pytest.approx(2 * q.mean() * 0.1 ** 2, rel=1e-6)
-    assert report["per_eta"][1]["bias_bound"] is None
+    assert report["per_eta"][1]["bias_bound"] == pytest.approx(2 * q.mean() * 0.2 ** 2, rel=1e-6)
+    one = finite_difference_report({e: per_eta[e] for e in (0.1, -0.1)}, h, np.ones(N), normalize="per_sequence")
+    assert one["eta"] == 0.1 and one["bias_bound"] is None
     with pytest.raises(ValueError, match="needs ΔH at"):
         finite_difference_report({0.1: per_eta[0.1]}, h, np.ones(N), normalize="per_sequence")
 

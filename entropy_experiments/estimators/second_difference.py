@@ -14,11 +14,11 @@ Two symmetric η₁ < η₂ give Ĥ'''' ≈ 12 (d2(η₂) − d2(η₁)) / (η�
 
     bias(η₁) ≈ η₁² (d2(η₂) − d2(η₁)) / (η₂² − η₁²),
 
-reported in absolute value as `bias_bound` (it is an estimate of the leading term, not a rigorous bound; it
-also carries the two estimates' rounding noise, which is what one wants to see). Rounding of the forwards
-(fp32/bf16) enters ΔH(±η) as noise of roughly fixed size, which d2(η) divides by η²: small η trade bias
-for rounding noise, so the reported d2 is the η (of all but the largest) with the smallest √(SE² + bias²);
-every η's d2 and SE are reported beside it.
+and at η₂ the same with η₂² in the numerator. It is reported in absolute value as `bias_bound` (an estimate
+of the leading term, not a rigorous bound; it also carries the two estimates' rounding noise, which is what
+one wants to see). Rounding of the forwards (fp32/bf16) enters ΔH(±η) as noise of roughly fixed size, which
+d2(η) divides by η²: small η trade bias for rounding noise, so the reported d2 is the η with the smallest
+√(SE² + bias²); every η's d2, SE and bias estimate are reported beside it.
 """
 
 from __future__ import annotations
@@ -61,9 +61,10 @@ def symmetric_etas(etas: Any) -> list[float]:
     return sorted(e for e in values if e > 0 and -e in values)
 
 
-def _bias(small: tuple[float, Estimate], large: tuple[float, Estimate]) -> float:
+def _bias(small: tuple[float, Estimate], large: tuple[float, Estimate], at: float) -> float:
+    """|(at²/12)·Ĥ| with Ĥ from the d2 of two η (module docstring)."""
     (e1, d1), (e2, d2) = small, large
-    return abs(e1 ** 2 * (d2.value - d1.value) / (e2 ** 2 - e1 ** 2))
+    return abs(at ** 2 * (d2.value - d1.value) / (e2 ** 2 - e1 ** 2))
 
 
 def finite_difference_report(per_eta: dict[float, dict[str, Any]], h: Any, T: Any, *, normalize: Normalize,
@@ -71,7 +72,8 @@ def finite_difference_report(per_eta: dict[float, dict[str, Any]], h: Any, T: An
     """d2 from the ΔH(±η) passes: {"d2", "se", "eta", "bias_bound", "per_eta": [{eta, d2, se, bias_bound}]}.
 
     per_eta: {η: {"logw": [N], "h_new": [N]}} (the ΔH phase's per-sequence values, η of both signs); h, T: at θ.
-    ValueError without a symmetric pair. `bias_bound` is None for the largest η (nothing larger to compare).
+    ValueError without a symmetric pair. Each η's `bias_bound` comes from it and the next larger η (the largest:
+    from the two largest); None with one symmetric η (nothing to compare).
     """
     etas = symmetric_etas(per_eta)
     if not etas:
@@ -79,15 +81,15 @@ def finite_difference_report(per_eta: dict[float, dict[str, Any]], h: Any, T: An
     found = [(eta, second_difference(per_eta[eta]["logw"], per_eta[eta]["h_new"], per_eta[-eta]["logw"],
                                      per_eta[-eta]["h_new"], h, T, eta, normalize=normalize, units=units))
              for eta in etas]
-    biases = [_bias(found[i], found[i + 1]) for i in range(len(found) - 1)] + [None]
+    pairs = [(i, i + 1) for i in range(len(found) - 1)] + ([(len(found) - 2, len(found) - 1)] if found[1:] else [])
+    biases = [_bias(found[i], found[j], at=found[k][0]) for k, (i, j) in enumerate(pairs)] + [None] * (len(found) == 1)
     rows = [{"eta": eta, "d2": est.value, "se": est.se, "bias_bound": bias}
             for (eta, est), bias in zip(found, biases)]
-    candidates = [r for r in rows if r["bias_bound"] is not None] or rows
 
     def total_error(row: dict[str, Any]) -> float:
         error = math.hypot(row["se"], row["bias_bound"] or 0.0)
         return error if math.isfinite(error) else math.inf
 
-    best = min(candidates, key=total_error)
+    best = min(rows, key=total_error)
     return {"d2": best["d2"], "se": best["se"], "eta": best["eta"], "bias_bound": best["bias_bound"],
             "per_eta": rows}
