@@ -1,25 +1,30 @@
-"""Benchmark of the probe's phases 1–3 against one plain Dr-GRPO training step.
+"""Benchmark of the whole probe, phase by phase, against one plain Dr-GRPO training step on the same tokens.
 
-    .venv/bin/python bench/bench_probe.py [--repeats N] [--B-E 32 --B-U 4 --G 4 --max-new-tokens 40]
+    .venv/bin/python bench/bench_probe.py [--checkpoint DIR] [--device cpu|cuda] [--repeats N]
+                                          [--B-E 32 --B-U 4 --G 4 --max-new-tokens 40] [--etas 1e-6 3e-6 1e-5]
                                           [--no-variance] [--passes] [--compare-jvp] [--threads N]
 
-Both sides run on the embedded SmolLM2-135M with the demo checkpoint (made once and cached, as
-`entropy-probe demo` does) on the SAME sampled E and U sequences:
+Both sides run on the SAME sampled E and U sequences of one checkpoint: `--checkpoint DIR` (a checkpoint the
+probe loads: adapter + optimizer state, or a full model), by default the embedded SmolLM2-135M with the demo
+checkpoint (made once and cached, as `entropy-probe demo` does), on `--device`.
 
 - baseline: one Dr-GRPO training step over every E ∪ U sequence — microbatched forward + backward of
   the Dr-GRPO loss (E sequences given advantage 1 so that they carry gradient), gradient clipping and
   `torch.optim.AdamW.step()` (on a copy of the optimizer; parameters restored afterwards);
-- ours: phases 1–3 exactly as `run_mixed_probe` runs them (U gradient, v from the AdamW state, X̂ on E,
-  δH₁ with SE_E, SE_U, SE_total), read from its `phase1_3_total` timing. Importance sampling is off.
+- ours: the probe's phases as `probe.run` times them, sampling and loading apart (the batches and the loaded
+  model are handed in): phases 1–3 (U gradient, v from the AdamW state, X̂ on E, δH₁ with SE_E, SE_U,
+  SE_total), ΔH(η) on E at ±η (`--etas`), the second order by each `second_order.method` (jvp: the nested
+  forward-over-forward pass; finite_difference: the second difference of the ΔH(±η) passes), the predictors
+  and the attribution; each second-order method's d2 ± SE is printed beside the other's.
 
-Target: ours / baseline ≤ 1.2; the profile line shows the E side's share. With error bars (the
-default) each E microbatch runs one forward and TWO backwards — ∇L_α' and ∇L_β; the second gives each
-sequence's r_i = D_v L_β,i, without which the delete-one jackknife of SE_E is not exact (Ĥ moves in every
-replicate) — against training's one forward and one backward; `--passes` times those passes on one E
-microbatch. `--no-variance` times the run without error bars: E scored without grad, then one backward with
-Ĥ known. The sides alternate and the median of the per-repeat ratios is reported, so a burst of load
-elsewhere on the machine spoils one pair, not the verdict. `--compare-jvp` also times the forward-mode (jvp)
-pieces for reference.
+Per repeat the sides alternate (training step, the whole probe with second_order.method jvp, the same with
+finite_difference) and the median of the per-repeat ratios is reported, so a burst of load elsewhere on the
+machine spoils one repeat, not the verdict. Phases 1–3 target: phases 1–3 / training step ≤ 1.2.
+With error bars (the default) each E microbatch runs one forward and TWO backwards — ∇L_α' and ∇L_β; the second
+gives each sequence's r_i = D_v L_β,i, without which the delete-one jackknife of SE_E is not exact (Ĥ moves in
+every replicate) — against training's one forward and one backward; `--passes` times those passes on one E
+microbatch. `--no-variance` times the run without error bars. `--compare-jvp` also times phases 1–3 with the
+forward-mode (jvp) pieces.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -40,35 +45,46 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+if TYPE_CHECKING:
+    from entropy_experiments.data.batch import Batch
+
 TARGET = 1.2
 
 
 @dataclass
 class DemoProbe:
-    """The demo checkpoint loaded for the probe (`probe.load_phase`) and the config it was loaded with."""
+    """The checkpoint loaded for the probe (`probe.load_phase`) and the config it was loaded with."""
 
     config: Any      # ProbeConfig
     policy: Any      # phase_results.Policy: engine, trainable, optimizer
 
 
 def demo_probe(args) -> DemoProbe:
+    """`--checkpoint DIR` (else the embedded model's cached demo checkpoint) loaded on `--device`, with the default
+    config's phases on (importance at ±`--etas`, second order, predictors) and the demo's data and reward."""
     from entropy_experiments.config import config_from_dict, load_config, packaged_config_path
     from entropy_experiments.make_checkpoint.trained import ensure_demo_checkpoint
     from entropy_experiments.probe import recipe as probe
     from entropy_experiments.probe.parallel import SINGLE
 
-    config = load_config(packaged_config_path("demo"))
-    d = config.to_dict()
+    defaults = load_config(packaged_config_path("default")).to_dict()
+    d = load_config(packaged_config_path("demo")).to_dict()
+    for section in ("importance", "second_order", "predictors"):
+        d[section] = defaults[section]
     d["batch_config"].update({"B_E": args.B_E, "B_U": args.B_U, "G": args.G})
     d["generation"]["max_new_tokens"] = args.max_new_tokens
-    d["importance"]["enabled"] = False
-    ckpt = ensure_demo_checkpoint(config_from_dict(d))
-    d["checkpoint"].update({"checkpoint_path": str(ckpt), "adapter_path": None, "optimizer_path": None})
+    d["importance"].update(eta_list=list(args.etas), symmetric=True)
+    d["checkpoint"]["device_map"] = args.device
+    if args.checkpoint:
+        d["checkpoint"].update({"checkpoint_path": str(args.checkpoint), "base_model": None})
+    else:
+        d["checkpoint"]["checkpoint_path"] = str(ensure_demo_checkpoint(config_from_dict(d)))
+    d["checkpoint"].update({"adapter_path": None, "optimizer_path": None})
     config = config_from_dict(d)
     return DemoProbe(config, probe.load_phase(config, SINGLE, probe.WarningLog()))
 
 
-def sample_E_U(demo: DemoProbe) -> tuple[dict, dict]:
+def sample_E_U(demo: DemoProbe) -> tuple[Batch, Batch]:
     """E and U as the probe samples them (`probe.sample_phase`) for the demo's batch_config."""
     from entropy_experiments.probe import recipe as probe
 
@@ -76,7 +92,7 @@ def sample_E_U(demo: DemoProbe) -> tuple[dict, dict]:
     return samples.E, samples.U
 
 
-def training_step_seconds(demo: DemoProbe, E: dict, U: dict) -> dict[str, float]:
+def training_step_seconds(demo: DemoProbe, E: Batch, U: Batch) -> dict[str, float]:
     """Wall time of one Dr-GRPO step on a copy of the optimizer: a microbatched forward + backward over EVERY
     E ∪ U sequence (U with its Dr-GRPO advantages, E with advantage 1 so that it carries gradient; a trainer
     back-propagates all-zero-advantage prompts too), clipping and AdamW.step(). {"U", "E", "total"} seconds."""
@@ -118,17 +134,64 @@ def training_step_seconds(demo: DemoProbe, E: dict, U: dict) -> dict[str, float]
     return parts
 
 
-def phases_1_3_seconds(demo: DemoProbe, E, U, directional: str = "auto",
-                       variance: bool = True) -> tuple[float, dict]:
+def probe_run(demo: DemoProbe, E: Batch, U: Batch, **sections: dict) -> dict:
+    """results.json of `probe.run` on the given batches and loaded model, with `sections` merged into the config."""
     from entropy_experiments.config import config_from_dict
     from entropy_experiments.probe import recipe as probe
 
     d = demo.config.to_dict()
-    d["variance"]["directional"] = directional
-    d["variance"]["enabled"] = variance
-    d["second_order"]["enabled"] = False  # not part of phases 1–3 (and the timed run is phase1_3_total only)
-    results = probe.run(config_from_dict(d), policy=demo.policy, batches=(E, U)).results
+    for section, values in sections.items():
+        d[section].update(values)
+    return probe.run(config_from_dict(d), policy=demo.policy, batches=(E, U)).results
+
+
+def phases_1_3_seconds(demo: DemoProbe, E: Batch, U: Batch, directional: str = "auto",
+                       variance: bool = True) -> tuple[float, dict]:
+    """(phases 1–3 seconds, results) with everything after phase 3 off."""
+    results = probe_run(demo, E, U, variance={"directional": directional, "enabled": variance},
+                        importance={"enabled": False}, second_order={"enabled": False},
+                        predictors={"enabled": False})
     return results["timing"]["phase1_3_total"], results
+
+
+PHASES = (("phases 1–3", "phase1_3_total"), ("ΔH(±η)", "phase4_importance"), ("predictors", "phase6_predictors"),
+          ("attribution", "phase7_attribution"))
+
+
+def whole_probe(demo: DemoProbe, E: Batch, U: Batch, default_method: str, variance: bool = True) -> dict[str, dict]:
+    """{method: results} of the whole probe (sampling and loading apart) with each second_order.method; the run
+    of the method that is not the default has the predictors (and with them the attribution) off: they do not
+    change phases 1–3, ΔH or the second order."""
+    return {method: probe_run(demo, E, U, variance={"enabled": variance}, second_order={"method": method},
+                              predictors={"enabled": method == default_method})
+            for method in ("jvp", "finite_difference")}
+
+
+def phase_seconds(runs: dict[str, dict], default_method: str) -> dict[str, float]:
+    """Seconds per phase: PHASES from the default method's run, `second order (<method>)` from each run, and
+    `whole probe` (the default run's total: no loading or sampling happened in it)."""
+    timing = runs[default_method]["timing"]
+    out = {name: timing.get(key, 0.0) for name, key in PHASES}
+    out.update({f"second order ({m})": r["timing"].get("phase5_second_order", 0.0) for m, r in runs.items()})
+    out["whole probe"] = timing["total"] - timing.get("phase0_sampling", 0.0)
+    return out
+
+
+def second_order_lines(runs: dict[str, dict]) -> list[str]:
+    """d2 ± SE of each method on the same E, the finite difference's per-η values and bias estimate."""
+    lines = []
+    for method, results in runs.items():
+        so = results["second_order"]
+        line = f"d2 ({method}) = {so['d2']:+.5g} ± {so['se']:.3g}"
+        if method == "finite_difference":
+            line += f" at η {so['eta']:g}, bias ≤ {so['bias_bound']}; per η: " + ", ".join(
+                f"{r['eta']:g}: {r['d2']:+.4g} ± {r['se']:.2g} (bias ≤ {r['bias_bound']:.2g})" if r["bias_bound"]
+                is not None else f"{r['eta']:g}: {r['d2']:+.4g} ± {r['se']:.2g}" for r in so["per_eta"])
+        lines.append(line)
+    jvp, fd = runs["jvp"]["second_order"], runs["finite_difference"]["second_order"]
+    gap = abs(jvp["d2"] - fd["d2"])
+    lines.append(f"|d2 jvp − d2 finite_difference| = {gap:.3g} = {gap / jvp['se']:.2f} SE(jvp)")
+    return lines
 
 
 def profile_lines(breakdown: dict, train_parts: dict) -> str:
@@ -144,7 +207,7 @@ def profile_lines(breakdown: dict, train_parts: dict) -> str:
             f"the ratio at {floor:.2f}")
 
 
-def pass_seconds(demo: DemoProbe, E: dict) -> dict[str, float]:
+def pass_seconds(demo: DemoProbe, E: Batch) -> dict[str, float]:
     """The passes over ONE E microbatch (second of two timings each): a no-grad forward, a forward with grad, the
     backward of L_α' and the backward of L_β — what a training step's forward + backward is made of, and why
     the exact pieces cost a second backward (r_i = D_v L_β,i exists only in a backward of L_β or a tangent)."""
@@ -180,48 +243,56 @@ def pass_seconds(demo: DemoProbe, E: dict) -> dict[str, float]:
     return out
 
 
-def main() -> int:
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="checkpoint directory (default: the embedded model's cached demo checkpoint)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--B-E", dest="B_E", type=int, default=32)
     parser.add_argument("--B-U", dest="B_U", type=int, default=4)
     parser.add_argument("--G", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=40)
+    parser.add_argument("--etas", type=float, nargs="+", default=None,
+                        help="importance.eta_list, measured at ±η (default: the default config's)")
     parser.add_argument("--compare-jvp", action="store_true")
     parser.add_argument("--no-variance", action="store_true",
                         help="variance.enabled false: no pieces, E scored without grad then one backward")
     parser.add_argument("--passes", action="store_true", help="also time the passes over one E microbatch")
     parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    from entropy_experiments.config.sections import ImportanceSection, SecondOrderSection
 
-
+    args.etas = args.etas or ImportanceSection().eta_list
+    default_method = SecondOrderSection().method
     demo = demo_probe(args)
     t0 = time.perf_counter()
     E, U = sample_E_U(demo)
     print(f"sampled E ({E.count_tokens()} response tokens, {E.sequences.shape}) and U "
-          f"({U.count_tokens()} response tokens, {U.sequences.shape}) in {time.perf_counter() - t0:.0f} s; "
-          f"threads {torch.get_num_threads()}", flush=True)
+          f"({U.count_tokens()} response tokens, {U.sequences.shape}) in {time.perf_counter() - t0:.0f} s on "
+          f"{args.device}; threads {torch.get_num_threads()}; load average {os.getloadavg()[0]:.1f}", flush=True)
 
-    baseline, ours, jvp = [], [], []
-    breakdown, train_parts = {}, {}
+    baseline, seconds, jvp, runs, train_parts = [], [], [], {}, {}
     for rep in range(args.repeats):
         train_parts = training_step_seconds(demo, E, U)
         baseline.append(train_parts["total"])
-        seconds, results = phases_1_3_seconds(demo, E, U, variance=not args.no_variance)
-        ours.append(seconds)
-        breakdown = {k: round(v, 1) for k, v in results["timing"].items() if k.startswith("phase1_3")}
-        line = f"repeat {rep + 1}: training step {baseline[-1]:.1f} s, phases 1–3 {ours[-1]:.1f} s"
+        runs = whole_probe(demo, E, U, default_method, variance=not args.no_variance)
+        seconds.append(phase_seconds(runs, default_method))
+        line = (f"repeat {rep + 1}: training step {baseline[-1]:.1f} s; "
+                + ", ".join(f"{k} {v:.1f} s" for k, v in seconds[-1].items()))
         if args.compare_jvp:
-            jvp.append(phases_1_3_seconds(demo, E, U, "jvp")[0])
+            jvp.append(phases_1_3_seconds(demo, E, U, "jvp", variance=not args.no_variance)[0])
             line += f", phases 1–3 with jvp pieces {jvp[-1]:.1f} s"
-        print(line, flush=True)
+        print(line + f" (load average {os.getloadavg()[0]:.1f})", flush=True)
 
-    # The median of the per-repeat ratios: each pair ran back to back, so a burst of load elsewhere
-    # on the machine inflates one pair, not the comparison.
-    ratios = [o / b for o, b in zip(ours, baseline)]
-    b, o = statistics.median(baseline), statistics.median(ours)
+    results = runs[default_method]
+    breakdown = {k: round(v, 1) for k, v in results["timing"].items() if k.startswith("phase1_3")}
     print(f"phases 1–3 breakdown (last repeat, s): {breakdown}")
     print(profile_lines(breakdown, train_parts))
     if args.passes:
@@ -229,10 +300,19 @@ def main() -> int:
         print("one E microbatch: " + ", ".join(f"{k} {v:.2f} s" for k, v in passes.items()))
     print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se'].get('total', float('nan')):.2e}, pieces: "
           f"{results['consistency'].get('pieces_method')}")
+    print("\n".join(second_order_lines(runs)))
     if jvp:
         jvp_ratio = statistics.median([j / b for j, b in zip(jvp, baseline)])
         print(f"phases 1–3 with jvp pieces / training step = {jvp_ratio:.2f} (reference)")
-    return print_verdict("phases 1–3 / training step", ratios, TARGET, f"; medians {o:.1f} s / {b:.1f} s")
+    p13 = [s["phases 1–3"] for s in seconds]
+    for method in ("jvp", "finite_difference"):
+        ratio = statistics.median([s[f"second order ({method})"] / s["phases 1–3"] for s in seconds])
+        print(f"second order ({method}) / phases 1–3 = {ratio:.3f}")
+    whole = statistics.median([s["whole probe"] / b for s, b in zip(seconds, baseline)])
+    print(f"whole probe (second_order.method {default_method}, no loading or sampling) / training step = {whole:.2f}")
+    b, o = statistics.median(baseline), statistics.median(p13)
+    return print_verdict("phases 1–3 / training step", [o_ / b_ for o_, b_ in zip(p13, baseline)], TARGET,
+                         f"; medians {o:.1f} s / {b:.1f} s")
 
 
 def print_verdict(what: str, ratios: list[float], limit: float, detail: str = "") -> int:

@@ -44,6 +44,7 @@ HASHED_AS: dict[str, tuple[str, dict[str, str]]] = {
 # reproduces the earlier behaviour, so that those runs still resume: section -> {key: that value}.
 HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
     "objective": {"kl_in_reward_coef": 0.0},
+    "second_order": {"method": "jvp"},
 }
 
 
@@ -93,6 +94,12 @@ class ProbeConfig(_Section):
                                   f"(batch_config.B_U·G), got {options.micro_batches}")
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+        imp = self.importance
+        if self.second_order.enabled and self.second_order.method == "finite_difference" and not (
+                imp.enabled and imp.symmetric):
+            raise ValueError("second_order.method: finite_difference needs the ΔH(±η) passes (importance.enabled "
+                             f"and importance.symmetric true, got {imp.enabled} and {imp.symmetric}); "
+                             "set second_order.method: jvp")
         return self
 
     def objective_options(self):

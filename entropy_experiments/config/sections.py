@@ -289,9 +289,12 @@ class VarianceSection(_Section):
 
 
 class SecondOrderSection(_Section):
-    """The second-order coefficient d2 = D²_v H by forward-over-forward mode on E (README "What it computes")."""
+    """The second-order coefficient d2 = D²_v H on E (docs/scaling.md "Second order: cheap or exact"): `jvp`, exact
+    by forward-over-forward mode (one extra pass over E), or `finite_difference`, the second difference of the
+    ΔH(±η) passes (no extra pass; needs importance.enabled and importance.symmetric)."""
 
     enabled: bool = True
+    method: Literal["finite_difference", "jvp"] = "jvp"
 
 
 class PredictorsSection(_Section):

@@ -1,7 +1,8 @@
 """The probe's phases after δH₁ (probe.py runs them): what first order misses and how it compares.
 
     truth        ΔH(η) by SNIS on the same E, and the paired residuals ΔH(η) − η·X̂·v     (estimators/delta_h.py)
-    second order d2 = D²_v H of the SNIS estimate, η*, the second-order prediction per η  (estimators/second_order.py)
+    second order d2 = D²_v H of the SNIS estimate, η*, the second-order prediction per η  (estimators/second_order.py
+                 by jvp, estimators/second_difference.py from the ΔH(±η) passes)
     predictors   the competing predictors of the same step with their SEs and ratios      (estimators/predictors.py)
 
 Like probe.py this module knows the ranks: no-grad passes score whole tf chunks per rank (`scoring_share`)
@@ -31,6 +32,7 @@ from ..estimators.predictors import (
     unavailable_entry,
     with_ratios,
 )
+from ..estimators.second_difference import finite_difference_report
 from ..estimators.second_order import second_derivative, second_order_report
 from ..estimators.sequence_scores import SECOND_ORDER_KEYS, second_order_sums, units_of
 from ..estimators.snis import linearity_fit
@@ -85,14 +87,21 @@ def second_derivative_along(config: ProbeConfig, policy: Policy, E: Batch, direc
     return d2, cols
 
 
-def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result,
+def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, truth: dict,
                        dist: DistContext = SINGLE) -> dict | None:
-    """d2 = D²_v H of the SNIS estimate on E with its SE, η* and the prediction per η (None: off); sharded like ΔH."""
+    """d2 = D²_v H of the SNIS estimate on E with its SE, η* and the prediction per η (None: off): by the nested
+    jvp (sharded like ΔH), or by the second difference of `truth`'s ΔH(±η) passes (no model pass)."""
     if not config.second_order.enabled:
         return None
-    d2, _ = second_derivative_along(config, policy, E, res.v, dist)
     etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
-    return second_order_report(d2, res.x_hat_dot_v, etas, "forward-over-forward jvp")
+    if config.second_order.method == "jvp":
+        d2, _ = second_derivative_along(config, policy, E, res.v, dist)
+        return second_order_report(d2, res.x_hat_dot_v, etas, "jvp")
+    G, B = E.num_responses_per_prompt, E.num_prompts
+    fd = finite_difference_report(truth["per_sequence"], truth["base"]["h"], truth["base"]["T"],
+                                  normalize=config.estimator.normalize, units=units_of(B, G))
+    report = second_order_report(Estimate(fd["d2"], fd["se"]), res.x_hat_dot_v, etas, "finite_difference")
+    return {**report, **{k: fd[k] for k in ("eta", "bias_bound", "per_eta")}}
 
 
 def displacement_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result,
@@ -171,7 +180,7 @@ def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res:
     if config.importance.enabled:
         timing["phase4_importance"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    second_order = second_order_phase(config, policy, E, res, dist)
+    second_order = second_order_phase(config, policy, E, res, truth, dist)
     if second_order is not None:
         timing["phase5_second_order"] = time.perf_counter() - t0
     t0 = time.perf_counter()

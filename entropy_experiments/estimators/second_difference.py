@@ -1,0 +1,95 @@
+"""d2 = Ĥ''(0) of the SNIS estimate on E by a second difference of the ΔH(±η) passes (docs/maths.md §5).
+
+The ΔH(η) phase scores E at θ ± η·v (no grad) and phase 1 scored it at θ. With the SNIS estimate
+Ĥ(η) = Σ w_i(η) h_i(η) / Σ w_i(η) d_i (w_i = exp log w_i, d_i = T_i per_token or 1 per_sequence), the
+central second difference
+
+    d2(η) = (Ĥ(η) − 2 Ĥ(0) + Ĥ(−η)) / η² = (ΔH(+η) + ΔH(−η)) / η²
+
+costs no model pass. It is one statistic of six per-unit sums (Σ w₊h₊, Σ w₊d, Σ w₋h₋, Σ w₋d, Σ h, Σ d), so
+the delete-one jackknife over E units (jackknife.py) gives its SE with every Ĥ recomputed in each replicate.
+
+Bias. Taylor's theorem on the same E: d2(η) = Ĥ''(0) + (η²/12)·Ĥ''''(0) + O(η⁴) (the odd terms cancel).
+Two symmetric η₁ < η₂ give Ĥ'''' ≈ 12 (d2(η₂) − d2(η₁)) / (η₂² − η₁²), so the bias of d2(η₁) is
+
+    bias(η₁) ≈ η₁² (d2(η₂) − d2(η₁)) / (η₂² − η₁²),
+
+and at η₂ the same with η₂² in the numerator. It is reported in absolute value as `bias_bound` (an estimate
+of the leading term, not a rigorous bound; it also carries the two estimates' rounding noise, which is what
+one wants to see). Rounding of the forwards (fp32/bf16) enters ΔH(±η) as noise of roughly fixed size, which
+d2(η) divides by η²: small η trade bias for rounding noise, so the reported d2 is the η with the smallest
+√(SE² + bias²); every η's d2, SE and bias estimate are reported beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .jackknife import Estimate, Normalize, as_float64, check_normalize, jackknife_estimate, sum_by_unit
+from .snis import weights_from_log
+
+__all__ = ["finite_difference_report", "second_difference", "symmetric_etas"]
+
+
+def second_difference(logw_plus: Any, h_plus: Any, logw_minus: Any, h_minus: Any, h: Any, T: Any, eta: float, *,
+                      normalize: Normalize, units: Any | None = None) -> Estimate:
+    """(Ĥ(η) − 2Ĥ(0) + Ĥ(−η))/η² of the SNIS estimate on E with its jackknife SE over `units`.
+
+    logw_±, h_±: per-sequence log-weights and entropies at θ ± η·v; h, T: entropies and lengths at θ; all [N]
+    (float64). Units: nats per token (per_token) or per sequence, per unit η².
+    """
+    check_normalize(normalize)
+    t = as_float64(T)
+    d = t if normalize == "per_token" else np.ones_like(t)
+    w_plus, w_minus = weights_from_log(logw_plus), weights_from_log(logw_minus)
+    columns = [w_plus * as_float64(h_plus), w_plus * d, w_minus * as_float64(h_minus), w_minus * d,
+               as_float64(h), d]
+
+    def statistic(sums: np.ndarray) -> float:
+        a, b, c, e, f, g = sums
+        return float((a / b + c / e - 2 * f / g) / eta ** 2)
+
+    return jackknife_estimate(sum_by_unit(columns, units), statistic)
+
+
+def symmetric_etas(etas: Any) -> list[float]:
+    """The η > 0 whose −η is also among `etas`, ascending."""
+    values = {float(e) for e in etas}
+    return sorted(e for e in values if e > 0 and -e in values)
+
+
+def _bias(small: tuple[float, Estimate], large: tuple[float, Estimate], at: float) -> float:
+    """|(at²/12)·Ĥ| with Ĥ from the d2 of two η (module docstring)."""
+    (e1, d1), (e2, d2) = small, large
+    return abs(at ** 2 * (d2.value - d1.value) / (e2 ** 2 - e1 ** 2))
+
+
+def finite_difference_report(per_eta: dict[float, dict[str, Any]], h: Any, T: Any, *, normalize: Normalize,
+                             units: Any | None = None) -> dict[str, Any]:
+    """d2 from the ΔH(±η) passes: {"d2", "se", "eta", "bias_bound", "per_eta": [{eta, d2, se, bias_bound}]}.
+
+    per_eta: {η: {"logw": [N], "h_new": [N]}} (the ΔH phase's per-sequence values, η of both signs); h, T: at θ.
+    ValueError without a symmetric pair. Each η's `bias_bound` comes from it and the next larger η (the largest:
+    from the two largest); None with one symmetric η (nothing to compare).
+    """
+    etas = symmetric_etas(per_eta)
+    if not etas:
+        raise ValueError(f"the second difference needs ΔH at +η and −η, got η = {sorted(per_eta)}")
+    found = [(eta, second_difference(per_eta[eta]["logw"], per_eta[eta]["h_new"], per_eta[-eta]["logw"],
+                                     per_eta[-eta]["h_new"], h, T, eta, normalize=normalize, units=units))
+             for eta in etas]
+    pairs = [(i, i + 1) for i in range(len(found) - 1)] + ([(len(found) - 2, len(found) - 1)] if found[1:] else [])
+    biases = [_bias(found[i], found[j], at=found[k][0]) for k, (i, j) in enumerate(pairs)] + [None] * (len(found) == 1)
+    rows = [{"eta": eta, "d2": est.value, "se": est.se, "bias_bound": bias}
+            for (eta, est), bias in zip(found, biases)]
+
+    def total_error(row: dict[str, Any]) -> float:
+        error = math.hypot(row["se"], row["bias_bound"] or 0.0)
+        return error if math.isfinite(error) else math.inf
+
+    best = min(rows, key=total_error)
+    return {"d2": best["d2"], "se": best["se"], "eta": best["eta"], "bias_bound": best["bias_bound"],
+            "per_eta": rows}

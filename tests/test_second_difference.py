@@ -1,0 +1,144 @@
+"""second_order.method: finite_difference — d2 from the ΔH(±η) passes (estimators/second_difference.py).
+
+- its jackknife SE against the delete-one loop written out by hand on four sequences;
+- the bias estimate against a statistic whose fourth-order term is known;
+- on the enumerable toy model: d2 against the exact d²H/dη² (float64 enumeration) within SE + bias bound, and
+  against the nested-jvp d2 on the same E;
+- the config: refused without ±η passes; the new key leaves existing config hashes unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+
+import numpy as np
+import pytest
+
+from entropy_experiments.config import config_from_dict
+from entropy_experiments.errors import ConfigError
+from entropy_experiments.estimators.second_difference import finite_difference_report, second_difference
+from entropy_experiments.estimators.second_order import second_derivative
+from entropy_experiments.estimators.sequence_scores import second_order_sums, units_of
+from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
+from tests.probe_helpers import make_probe, write_prompts
+from tests.test_probe import TOY_PROMPTS, _exact_entropy, _shifted
+
+
+def test_jackknife_se_written_out_by_hand():
+    # four sequences, each its own unit, per_token; the weights exp(log w) written out
+    lw_p, hp = [0.1, -0.2, 0.05, 0.0], [2.0, 1.5, 3.1, 0.9]
+    lw_m, hm = [-0.1, 0.25, -0.04, 0.01], [1.9, 1.7, 2.8, 1.0]
+    h, T, eta = [2.1, 1.6, 3.0, 1.0], [2.0, 2.0, 3.0, 1.0], 0.5
+
+    def stat(keep):
+        wp = [math.exp(x) for x in lw_p]
+        wm = [math.exp(x) for x in lw_m]
+        hat_p = sum(wp[i] * hp[i] for i in keep) / sum(wp[i] * T[i] for i in keep)
+        hat_m = sum(wm[i] * hm[i] for i in keep) / sum(wm[i] * T[i] for i in keep)
+        hat_0 = sum(h[i] for i in keep) / sum(T[i] for i in keep)
+        return (hat_p - 2 * hat_0 + hat_m) / eta ** 2
+
+    reps = [stat([j for j in range(4) if j != i]) for i in range(4)]
+    mean = sum(reps) / 4
+    se = math.sqrt(3 / 4 * sum((r - mean) ** 2 for r in reps))
+    est = second_difference(lw_p, hp, lw_m, hm, h, T, eta, normalize="per_token")
+    assert est.value == pytest.approx(stat(range(4)), rel=1e-12)
+    assert est.se == pytest.approx(se, rel=1e-10)
+    # grouped units: (0, 1) and (2, 3) — two replicates, each leaving one pair out
+    grouped = second_difference(lw_p, hp, lw_m, hm, h, T, eta, normalize="per_token", units=[0, 0, 1, 1])
+    reps = [stat([2, 3]), stat([0, 1])]
+    assert grouped.se == pytest.approx(math.sqrt(1 / 2 * sum((r - sum(reps) / 2) ** 2 for r in reps)), rel=1e-10)
+
+
+def test_bias_bound_estimates_the_fourth_order_term():
+    """Per-sequence log-weights 0 and entropies h_i + c_i η² + q_i η⁴ (per_sequence): Ĥ(η) is exactly
+    mean h + η² mean c + η⁴ mean q, so d2(η) = 2 mean c + 2 η² mean q and the bias of d2(η₁) is 2 η₁² mean q."""
+    rng = np.random.default_rng(0)
+    N = 20
+    h, c, q = rng.uniform(1, 2, N), rng.normal(0, 1, N), rng.normal(1, 0.1, N)
+    per_eta = {s * e: {"logw": np.zeros(N), "h_new": h + c * e ** 2 + q * e ** 4} for e in (0.1, 0.2) for s in (1, -1)}
+    report = finite_difference_report(per_eta, h, np.ones(N), normalize="per_sequence")
+    exact = 2 * c.mean()
+    assert report["eta"] == 0.1 and [r["eta"] for r in report["per_eta"]] == [0.1, 0.2]
+    assert report["d2"] - exact == pytest.approx(2 * q.mean() * 0.1 ** 2, rel=1e-6)
+    assert report["bias_bound"] == pytest.approx(2 * q.mean() * 0.1 ** 2, rel=1e-6)
+    assert report["per_eta"][1]["bias_bound"] == pytest.approx(2 * q.mean() * 0.2 ** 2, rel=1e-6)
+    one = finite_difference_report({e: per_eta[e] for e in (0.1, -0.1)}, h, np.ones(N), normalize="per_sequence")
+    assert one["eta"] == 0.1 and one["bias_bound"] is None
+    with pytest.raises(ValueError, match="needs ΔH at"):
+        finite_difference_report({0.1: per_eta[0.1]}, h, np.ones(N), normalize="per_sequence")
+
+
+@pytest.fixture(scope="module")
+def toy_dir(tmp_path_factory):
+    return build_toy_enumerable_dir(tmp_path_factory.mktemp("toy"))
+
+
+@pytest.mark.parametrize("normalize", ["per_token", "per_sequence"])
+def test_finite_difference_on_enumerable_model(toy_dir, tmp_path, normalize):
+    """d2 from the ΔH(±η) passes against the exact d²H/dη² and against the nested-jvp d2 on the same E."""
+    max_new = 3
+    probe = make_probe(toy_dir, write_prompts(tmp_path / "toy.jsonl", TOY_PROMPTS), {
+        "seed": 5, "batch_config": {"B_E": 3000, "B_U": 8, "G": 4},
+        "generation": {"max_new_tokens": max_new, "gen_batch_size": 1024, "tf_batch_size": 1024},
+        "estimator": {"normalize": normalize, "microbatch_size": 1024}, "predictors": {"enabled": False},
+        "importance": {"eta_list": [1e-2, 2e-2], "symmetric": True},
+        "second_order": {"enabled": True, "method": "finite_difference"}})
+    captured = {}
+    outcome = probe.run(on_batches=lambda E, U: captured.update(E=E))
+    results, E, v = outcome.results, captured["E"], outcome.update_vector
+    model64 = copy.deepcopy(probe.model).double()
+    params = {n: p.detach() for n, p in model64.named_parameters()}
+
+    def H(s):
+        return _exact_entropy(model64, _shifted(params, v, s), probe.tokenizer, TOY_PROMPTS, 1.0,
+                              normalize, max_new)
+
+    eps = 1e-2
+    exact_d2 = (H(eps) - 2 * H(0.0) + H(-eps)) / eps ** 2
+    sums = second_order_sums(probe.engine, E, v)
+    jvp = second_derivative(*(sums[k] for k in ("s", "s2", "dh", "d2h", "h", "T")), normalize=normalize,
+                            units=units_of(E.num_prompts, E.num_responses_per_prompt))
+    so = results["second_order"]
+    print(f"\nfinite difference d2 {so['d2']:.5g} ± {so['se']:.2g} (bias ≤ {so['bias_bound']:.2g}, η {so['eta']:g}), "
+          f"jvp {jvp.value:.5g} ± {jvp.se:.2g}, exact {exact_d2:.5g}; per η {so['per_eta']}")
+    assert so["method"] == "finite_difference" and so["eta"] in (1e-2, 2e-2)
+    assert abs(so["d2"] - exact_d2) < 4 * so["se"] + so["bias_bound"], (so, exact_d2)
+    assert so["se"] < 0.5 * abs(exact_d2), "the test must be sharp enough to mean something"
+    # the same E: the two methods differ by the O(η²) term and rounding only, far inside the SEs
+    assert abs(so["d2"] - jvp.value) < min(so["se"], jvp.se), (so["d2"], jvp)
+    assert so["se"] == pytest.approx(jvp.se, rel=0.2)
+    row = results["true"][0]
+    assert row["second_order_prediction"] == pytest.approx(
+        row["eta"] * results["x_hat_dot_v"] + 0.5 * row["eta"] ** 2 * so["d2"])
+
+
+def _toy_config(**sections) -> dict:
+    return {"checkpoint": {"base_model": "unused"}, **sections}
+
+
+@pytest.mark.parametrize("importance", [{"symmetric": False}, {"enabled": False}])
+def test_finite_difference_refused_without_symmetric_passes(importance):
+    with pytest.raises((ConfigError, ValueError), match="second_order.method: finite_difference needs the ΔH"):
+        config_from_dict(_toy_config(importance=importance, second_order={"method": "finite_difference"}))
+    config_from_dict(_toy_config(importance=importance, second_order={"method": "jvp"}))  # jvp needs no ±η
+    config_from_dict(_toy_config(importance=importance, second_order={"enabled": False,
+                                                                      "method": "finite_difference"}))
+
+
+@pytest.mark.parametrize("extra", [{}, {"importance": {"symmetric": False}}, {"second_order": {"enabled": False}}])
+def test_method_key_keeps_existing_config_hashes(extra):
+    """A config written before second_order.method existed hashes as it did: the canonical JSON without the key."""
+    config = config_from_dict(_toy_config(**extra))
+    old = config.model_dump(mode="json", exclude={"output", "distributed"})
+    del old["second_order"]["method"]
+    del old["objective"]["kl_in_reward_coef"]  # the other key hashed only when changed
+    old["probe_rework"] = {("use_sequence_processor_sampling" if k == "batched" else k): v
+                           for k, v in old.pop("sampler").items()}
+    payload = json.dumps(old, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    assert config.config_hash() == hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+    other = config_from_dict(_toy_config(second_order={"method": "finite_difference"}))
+    assert other.config_hash() != config_from_dict(_toy_config()).config_hash()
