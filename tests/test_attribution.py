@@ -37,10 +37,10 @@ def _outcome(probe):
     return outcome, captured["E"], captured["U"]
 
 
-def _delta_h1_from_scratch(probe, E: dict, U: dict) -> float:
+def _delta_h1_from_scratch(probe, E: Batch, U: Batch) -> float:
     sp = SequenceProcessor(probe.model, probe.tokenizer, config=probe.config.sequence_processor_settings())
     comps = ProbeComponents(probe.model, probe.config, sequence_processor=sp)
-    return comps.compute_delta_h1_from_batches(E, U, probe.optimizer).delta_h1
+    return comps.compute_delta_h1_from_batches(E.to_dict(), U.to_dict(), probe.optimizer).delta_h1
 
 
 @pytest.mark.parametrize("u_groups", [None, 2])
@@ -56,19 +56,19 @@ def test_u_influence_is_delta_h1_minus_delta_h1_without_the_group(tiny_model_dir
         assert att["E_tokens"] is None and outcome.e_tokens is None
     else:  # on (the default), with the predictors off too
         assert att["E_tokens"] is not None
-        assert len(outcome.e_tokens["dH"]) == sum(sum(int(T) for T in row) for row in E["gen_lens"])
+        assert len(outcome.e_tokens["dH"]) == sum(sum(int(T) for T in row) for row in E.gen_lens)
     rows = att["U_groups"]
     assert len(rows) == (u_groups or 4)
     assert [abs(r["influence"]) for r in rows] == sorted((abs(r["influence"]) for r in rows), reverse=True)
     assert abs(_delta_h1_from_scratch(probe, E, U) - dh1) <= 1e-5 * abs(dh1)
     for row in rows:
-        keep = [p for p in range(U["num_prompts"]) if p not in row["prompt_index"]]
-        without = _delta_h1_from_scratch(probe, E, Batch.from_dict(U).subset(keep).to_dict())
+        keep = [p for p in range(U.num_prompts) if p not in row["prompt_index"]]
+        without = _delta_h1_from_scratch(probe, E, U.subset(keep))
         assert abs(row["influence"] - (dh1 - without)) <= 1e-4 * abs(dh1), (row, dh1, without)
-        assert row["rewards"] == [[float(r) for r in U["rewards"][p]] for p in row["prompt_index"]]
+        assert row["rewards"] == [[float(r) for r in U.rewards[p]] for p in row["prompt_index"]]
         for p, adv in zip(row["prompt_index"], row["advantages"]):  # Dr-GRPO: r − mean_g r
-            mean = sum(U["rewards"][p]) / len(U["rewards"][p])
-            assert adv == pytest.approx([r - mean for r in U["rewards"][p]], abs=1e-6)
+            mean = sum(U.rewards[p]) / len(U.rewards[p])
+            assert adv == pytest.approx([r - mean for r in U.rewards[p]], abs=1e-6)
     summary = att["U_summary"]
     assert summary["sum_influence"] == pytest.approx(sum(r["influence"] for r in rows), rel=1e-12)
     print(f"\nK={len(rows)}: Σ influence = {summary['sum_influence']:.4e}, δH₁ = {dh1:.4e}, "
@@ -103,10 +103,10 @@ def _true_float64(model):
 
 def _prefix_entropies(model64, params: dict, E: dict, n: int) -> torch.Tensor:
     """H_t of sequence n at every response position, float64, by one forward of the unpadded prompt + response."""
-    G = E["num_responses_per_prompt"]
+    G = E.num_responses_per_prompt
     b, g = divmod(n, G)
-    row, mask = E["sequences"][b, g], E["attention_masks"][b, g].bool()
-    start, T = int(E["prompt_lens"][b]), int(E["gen_lens"][b][g])
+    row, mask = E.sequences[b, g], E.attention_masks[b, g].bool()
+    start, T = int(E.prompt_lens[b]), int(E.gen_lens[b][g])
     ids = row[:start + T][mask[:start + T]]
     prompt_len = int(mask[:start].sum())
     logits = torch.func.functional_call(model64, params, (ids[None],))["logits"][0]

@@ -86,7 +86,7 @@ def e_side_runs(setup):
     lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
     U = _U(probe, examples, 999)
     v, _ = step_direction(config.step_options(), policy,
-                          recipe.update_gradients(config, policy, U, [list(range(U["num_prompts"]))]).total)
+                          recipe.update_gradients(config, policy, U, [list(range(U.num_prompts))]).total)
     normalize = probe.config.estimator.normalize
     runs = []
     for seed in range(SEEDS):

@@ -204,11 +204,11 @@ def sampled_U(tiny_model_dir, tmp_path_factory):
 def _independent_logps(model, U, temperature):
     """Trainer log-probs and entropies of every U response by an unpadded forward per sequence."""
     logps, ents = [], []
-    for b in range(U["num_prompts"]):
+    for b in range(U.num_prompts):
         row_l, row_h = [], []
-        for g in range(U["num_responses_per_prompt"]):
-            T, end = U["gen_lens"][b][g], U["prompt_lens"][b] + U["gen_lens"][b][g]
-            ids = U["sequences"][b, g][:end][U["attention_masks"][b, g][:end].bool()]  # prompt + response, no padding
+        for g in range(U.num_responses_per_prompt):
+            T, end = U.gen_lens[b][g], U.prompt_lens[b] + U.gen_lens[b][g]
+            ids = U.sequences[b, g][:end][U.attention_masks[b, g][:end].bool()]  # prompt + response, no padding
             logits = model(input_ids=ids[None]).logits[0].double() / temperature
             logp = torch.log_softmax(logits[-T - 1:-1], dim=-1)
             row_l.append(logp.gather(-1, ids[-T:, None]).squeeze(-1))
@@ -232,7 +232,7 @@ def test_u_gradient_matches_autograd_of_written_out_loss(sampled_U, loss_type, s
     if extra.get("kl_coef"):
         with torch.no_grad(), probe.model.disable_adapter():
             ref, _ = _independent_logps(probe.model, U, temperature)
-    expected = ref_loss(logps, U["rewards"], loss_type=loss_type, scale=scale, micro_batches=extra.get("micro_batches", 1),
+    expected = ref_loss(logps, U.rewards, loss_type=loss_type, scale=scale, micro_batches=extra.get("micro_batches", 1),
                         beta=extra.get("kl_coef", 0.0), ref=ref, entropies=ents, c=extra.get("entropy_coef", 0.0),
                         entropy_agg=extra.get("entropy_aggregation", "loss"))
     want = torch.autograd.grad(expected, params)
@@ -240,7 +240,7 @@ def test_u_gradient_matches_autograd_of_written_out_loss(sampled_U, loss_type, s
     for microbatch in (1, 64):  # one prompt per backward, and the whole U in one backward
         cfg = config_from_dict({**probe.config.to_dict(), "estimator": {"microbatch_size": microbatch},
                                 "objective": {"loss_type": loss_type, "scale_rewards": scale, **extra}})
-        got = recipe.update_gradients(cfg, probe.policy, U, [list(range(U["num_prompts"]))]).total
+        got = recipe.update_gradients(cfg, probe.policy, U, [list(range(U.num_prompts))]).total
         for name, w in zip(names, want):
             scale_ = w.abs().max().item()
             assert torch.allclose(got[name].double(), w.double(), rtol=1e-4, atol=1e-5 * scale_), (name, microbatch)
@@ -270,15 +270,15 @@ def test_u_gradient_divides_the_logits_by_the_temperature(sampled_U):
     tau = 0.6
     names = [n for n, p in probe.model.named_parameters() if p.requires_grad]
     params = [p for p in probe.model.parameters() if p.requires_grad]
-    want = torch.autograd.grad(ref_loss(_independent_logps(probe.model, U, tau)[0], U["rewards"], loss_type="dapo",
+    want = torch.autograd.grad(ref_loss(_independent_logps(probe.model, U, tau)[0], U.rewards, loss_type="dapo",
                                         scale="group"), params)
-    at_one = torch.autograd.grad(ref_loss(_independent_logps(probe.model, U, 1.0)[0], U["rewards"], loss_type="dapo",
+    at_one = torch.autograd.grad(ref_loss(_independent_logps(probe.model, U, 1.0)[0], U.rewards, loss_type="dapo",
                                           scale="group"), params)
     cfg = config_from_dict({**probe.config.to_dict(), "generation": {**probe.config.to_dict()["generation"],
                                                                      "temperature": tau},
                             "objective": {"loss_type": "dapo", "scale_rewards": "group"}})
     tempered = probe.with_config(cfg)  # a policy engine that scores at τ
-    got = recipe.update_gradients(cfg, tempered.policy, U, [list(range(U["num_prompts"]))]).total
+    got = recipe.update_gradients(cfg, tempered.policy, U, [list(range(U.num_prompts))]).total
     gap = max((w - a).abs().max().item() / w.abs().max().item() for w, a in zip(want, at_one, strict=True))
     assert gap > 1e-2, "τ must matter on this batch, else the test could not catch a missing /τ"
     for name, w in zip(names, want, strict=True):

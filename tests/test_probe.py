@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from entropy_experiments.data.batch import Batch
 from entropy_experiments.estimators import delta_h as isamp
 from entropy_experiments.estimators.entropy_gradient import coefficients
 from entropy_experiments.estimators.step_directions import step_direction
@@ -52,7 +51,7 @@ def _run(probe):
 
 def _update_direction(probe, U) -> tuple[dict, dict, dict]:
     """(g, v, description): ∇L_U over all of U (one group) and the AdamW step direction from it."""
-    g = recipe.update_gradients(probe.config, probe.policy, U, [list(range(U["num_prompts"]))]).total
+    g = recipe.update_gradients(probe.config, probe.policy, U, [list(range(U.num_prompts))]).total
     v, info = step_direction(probe.config.step_options(), probe.policy, g)
     return g, v, info
 
@@ -312,7 +311,7 @@ def test_delta_h_reuses_the_phase_1_scores_without_a_pass_at_theta(tiny_model_di
     results, E, _, v = _run(probe)
     sp = probe.engine
     rows = 4  # 2 prompts × G = 2 per microbatch
-    again = isamp.measure_delta_h(sp, Batch.from_dict(E), v, [-1e-3, 1e-3], normalize="per_token", tf_batch_size=rows)
+    again = isamp.measure_delta_h(sp, E, v, [-1e-3, 1e-3], normalize="per_token", tf_batch_size=rows)
     assert [r["deltaH_true"] for r in results["true"]] == [r["deltaH_true"] for r in again["true"]]
     phase1_scores = recipe.one_pass_phase(probe.config, probe.policy, E, {}).scores
     at_zero = isamp.measure_delta_h(sp, E, v, [0.0], normalize="per_token", base=phase1_scores, tf_batch_size=rows)

@@ -36,7 +36,7 @@ def test_u_gradient_is_taken_in_eval_mode_even_with_dropout(tiny_model_dir, tmp_
     prompts = write_prompts(tmp_path / "p.jsonl", SHORT_PROMPTS)
     probe = make_probe(tiny_model_dir, prompts, {"batch_config": {"B_U": 4, "G": 3}})
     _, U = probe.sample(B_E=1, B_U=4, G=3)[:2]
-    all_prompts = [list(range(U["num_prompts"]))]
+    all_prompts = [list(range(U.num_prompts))]
 
     assert _set_attention_dropout(probe.model, 0.0) > 0
     reference = recipe.update_gradients(probe.config, probe.policy, U, all_prompts).total  # dropout off: train() and eval() coincide
@@ -73,7 +73,7 @@ def test_probe_batches_pass_each_prompts_gold_answer_to_the_reward(tiny_peft_mod
     batch = sample_batch(engine, examples, indices, 2, seed=0, rewards=RewardSet.resolve([gold_reward]))
     want = [[float(examples[i].answer)] * 2 for i in indices]
     assert want == [[3.0, 3.0], [1.0, 1.0], [3.0, 3.0], [2.0, 2.0]]
-    assert [list(map(float, row)) for row in batch["rewards"]] == want
+    assert [list(map(float, row)) for row in batch.rewards] == want
 
 
 def test_a_bf16_checkpoint_runs_in_fp32(tiny_model_dir, tmp_path):

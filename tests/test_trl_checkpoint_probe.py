@@ -91,7 +91,7 @@ def test_end_of_schedule_checkpoint_is_a_learning_rate_error(grpo_run, tmp_path,
 def test_v_is_the_real_adamw_step_of_the_grpo_checkpoint(grpo_run, tmp_path):
     probe, _ = load_probe(config_from_dict(_config(grpo_run, tmp_path, trainer="trl")))
     _, U, _ = probe.sample(B_E=1, B_U=2, G=2)
-    grads = recipe.update_gradients(probe.config, probe.policy, U, [list(range(U["num_prompts"]))]).total
+    grads = recipe.update_gradients(probe.config, probe.policy, U, [list(range(U.num_prompts))]).total
     v, info = step_direction(probe.config.step_options(), probe.policy, grads)
     assert info["norm"] > 0
 
