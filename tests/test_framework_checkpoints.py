@@ -132,3 +132,28 @@ def test_deepspeed_state_stays_refused_naming_the_universal_converter(tmp_path):
     (step / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"")
     with pytest.raises(CheckpointError, match=r"a DeepSpeed checkpoint .* deepspeed\.checkpoint\.ds_to_universal"):
         resolve_checkpoint(str(tmp_path), None, None)
+
+
+def test_entropy_probe_run_on_a_verl_checkpoint_by_path(reference, verl_base, tmp_path, monkeypatch):
+    """`entropy-probe run` with checkpoint_path at verl's global_step_N/actor: every phase runs on the gathered
+    adapter and AdamW state, results.json records the layout, verl's scheduler lr and where each file came from."""
+    import json
+
+    import yaml
+
+    from entropy_experiments import cli
+    from tests.probe_helpers import SHORT_PROMPTS, write_prompts
+    from tests.run_helpers import base_config, logging_restored
+
+    config = base_config(verl_base, write_prompts(tmp_path / "prompts.jsonl", SHORT_PROMPTS),
+                         checkpoint={"checkpoint_path": str(VERL / "global_step_2" / "actor")},
+                         objective={"trainer": "verl"})
+    (tmp_path / "probe.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    with logging_restored():
+        assert cli.main(["run", "--config", "probe.yaml", "--out", "run"]) == 0
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["checkpoint"]["layout"] == "verl_fsdp", res["checkpoint"]
+    assert res["learning_rate"] == pytest.approx(reference[2]["next_lr"], rel=1e-12)
+    assert res["deltaH1"] == pytest.approx(res["learning_rate"] * res["x_hat_dot_v"], rel=1e-9)
+    assert all(row["deltaH_true"] is not None for row in res["true"])
