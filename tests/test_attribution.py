@@ -2,7 +2,7 @@
 
 - U groups: each influence against δH₁ − δH₁(without the group) recomputed from scratch: the trainer objective's
   gradient on U minus that group's prompts, its AdamW step from the loaded state and X̂ on the same E, all
-  through a fresh `compute_delta_h1_from_batches` (no leave-one-out shortcut);
+  through a fresh `recipe.delta_h1_phase` (no leave-one-out shortcut);
 - E tokens: on the enumerable model, each token's dH/lr against the central difference in float64 of that
   prefix's exact entropy along v; Σ dH / D against the `direct_only` predictor;
 - the share of the top tokens against a sort written in the test.
@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from entropy_experiments.compat.sequence_processor import SequenceProcessor
 from entropy_experiments.data.batch import Batch
 from entropy_experiments.estimators.attribution import top_share
-from entropy_experiments.probe_components import ProbeComponents
+from entropy_experiments.probe import recipe
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 from tests.test_probe import _shifted, toy_dir, toy_prompts_file  # noqa: F401  (fixtures)
 
@@ -38,9 +37,8 @@ def _outcome(probe):
 
 
 def _delta_h1_from_scratch(probe, E: Batch, U: Batch) -> float:
-    sp = SequenceProcessor(probe.model, probe.tokenizer, config=probe.config.sequence_processor_settings())
-    comps = ProbeComponents(probe.model, probe.config, sequence_processor=sp)
-    return comps.compute_delta_h1_from_batches(E.to_dict(), U.to_dict(), probe.optimizer).delta_h1
+    """δH₁ on (E, U) by the recipe's own phase, v rebuilt from U's gradient and the saved AdamW state."""
+    return recipe.delta_h1_phase(probe.config, probe.policy, E, U).delta_h1
 
 
 @pytest.mark.parametrize("u_groups", [None, 2])
