@@ -4,7 +4,9 @@ Fields (the batch contract, docs/development.md "Layout"): sequences [B,G,L] (to
 attention_masks [B,G,L], prompt_lens [B] (the padded prompt length), gen_lens [B][G], advantages [B,G]
 (zeros for E), rewards [B][G], prompt_ids [B]; prompts [B] and responses_text [B][G] for the run
 directory; on a U batch sampled with reward functions also rewards_per_function {name: [B][G]} and
-reward_weights {name: weight}. num_prompts, num_responses_per_prompt and max_lengths [B] (== max_g
+reward_weights {name: weight}; sampler_logqs [B,G,L] (float32, aligned with sequences: at a response
+position, log q_sampler of that token under the sampler that drew it; 0 elsewhere) when the sampler is not
+the scored policy, else None (docs/maths.md §12). num_prompts, num_responses_per_prompt and max_lengths [B] (== max_g
 gen_lens[b]) follow from these. Packing (`Batch.pack`), checks (`validate`), prompt subsets (`subset`,
 with the policy's `take_prompts` / `take_rows`), concatenation across ranks (`Batch.concat`) and counts
 live here; `as_sequences` is the teacher-forcing view (`policy.sequences.BatchedSequences`). The
@@ -30,6 +32,7 @@ __all__ = ["Batch", "BatchContractError"]
 
 _REQUIRED_KEYS = ("sequences", "attention_masks", "prompt_lens", "gen_lens", "advantages", "rewards",
                   "max_lengths", "prompt_ids", "num_prompts", "num_responses_per_prompt")
+_OPTIONAL_KEYS = ("prompts", "responses_text", "rewards_per_function", "reward_weights", "sampler_logqs")
 _PER_PROMPT_LISTS = ("prompt_lens", "gen_lens", "rewards", "prompt_ids", "prompts", "responses_text")
 
 
@@ -52,6 +55,7 @@ class Batch:
     responses_text: list[list[str]] | None = None
     rewards_per_function: dict[str, list[list[float]]] | None = None
     reward_weights: dict[str, float] | None = None
+    sampler_logqs: Tensor | None = None
 
     # ------------------------------------------------------------------ counts
     @property
@@ -75,6 +79,12 @@ class Batch:
     def count_tokens(self) -> int:
         """Total response tokens Σ_b Σ_g T_bg."""
         return int(sum(sum(row) for row in self.gen_lens))
+
+    def sampler_sequence_logq(self) -> Tensor | None:
+        """[B, G] float64: Σ_t log q_sampler(y_t | y_<t) of each response (None: the sampler is the policy)."""
+        if self.sampler_logqs is None:
+            return None
+        return self.sampler_logqs.double().sum(dim=-1)
 
     def zero_advantage_prompts(self) -> int:
         """Prompts whose advantages are all zero (they add nothing to the U gradient)."""
@@ -103,6 +113,7 @@ class Batch:
             prompt_ids=[int(p) for p in (seqs.prompt_ids or range(B))],
             prompts=list(seqs.prompts or [""] * B),
             responses_text=[list(r) for r in (seqs.responses_text or [[""] * G for _ in range(B)])],
+            sampler_logqs=None if seqs.sampler_logqs is None else seqs.sampler_logqs.detach().float().cpu(),
         )
         batch.validate()
         return batch
@@ -116,6 +127,8 @@ class Batch:
         if tuple(self.attention_masks.shape) != (B, G, L):
             raise BatchContractError(f"{name}: attention_masks shape {tuple(self.attention_masks.shape)} != "
                                      f"{(B, G, L)}")
+        if self.sampler_logqs is not None and tuple(self.sampler_logqs.shape) != (B, G, L):
+            raise BatchContractError(f"{name}: sampler_logqs shape {tuple(self.sampler_logqs.shape)} != {(B, G, L)}")
         if tuple(self.advantages.shape) != (B, G):
             raise BatchContractError(f"{name}: advantages shape {tuple(self.advantages.shape)} != {(B, G)}")
         for key in _PER_PROMPT_LISTS:
@@ -144,6 +157,7 @@ class Batch:
             responses_text=self.responses_text or [[""] * G for _ in range(B)],
             prompts=self.prompts,
             prompt_ids=list(self.prompt_ids),
+            sampler_logqs=self.sampler_logqs,
         )
 
     def subset(self, prompt_indices: list[int]) -> Batch:
@@ -157,6 +171,7 @@ class Batch:
             advantages=take_prompts(self.advantages, prompt_indices),
             **{key: take_rows(getattr(self, key), prompt_indices) for key in _PER_PROMPT_LISTS},
             rewards_per_function=per_function, reward_weights=self.reward_weights,
+            sampler_logqs=None if self.sampler_logqs is None else take_prompts(self.sampler_logqs, prompt_indices),
         )
 
     @staticmethod
@@ -175,6 +190,8 @@ class Batch:
             raise ValueError("Batch.concat: parts have different numbers of responses per prompt")
         Lp = max(max(p.prompt_lens) for p in parts)
         L = Lp + max(max(p.max_lengths) for p in parts)
+        if len({p.sampler_logqs is None for p in parts}) > 1:
+            raise ValueError("Batch.concat: some parts carry sampler log-probs and some do not")
         padded = [_repadded(p, Lp, L, pad_id) for p in parts]
         lists = {key: (None if any(getattr(p, key) is None for p in parts)
                        else [x for p in parts for x in getattr(p, key)]) for key in _PER_PROMPT_LISTS[1:]}
@@ -183,10 +200,11 @@ class Batch:
             per_function = {name: [row for p in parts for row in p.rewards_per_function[name]]
                             for name in parts[0].rewards_per_function}
             weights = parts[0].reward_weights
-        out = Batch(sequences=torch.cat([s for s, _ in padded]), attention_masks=torch.cat([m for _, m in padded]),
+        sampler = None if parts[0].sampler_logqs is None else torch.cat([q for _, _, q in padded])
+        out = Batch(sequences=torch.cat([s for s, _, _ in padded]), attention_masks=torch.cat([m for _, m, _ in padded]),
                     prompt_lens=[Lp] * sum(p.num_prompts for p in parts),
                     advantages=torch.cat([p.advantages for p in parts]), **lists,
-                    rewards_per_function=per_function, reward_weights=weights)
+                    rewards_per_function=per_function, reward_weights=weights, sampler_logqs=sampler)
         out.validate("gathered batch")
         return out
 
@@ -200,7 +218,7 @@ class Batch:
             "rewards": self.rewards, "max_lengths": self.max_lengths, "prompt_ids": self.prompt_ids,
             "num_prompts": self.num_prompts, "num_responses_per_prompt": self.num_responses_per_prompt,
         }
-        for key in ("prompts", "responses_text", "rewards_per_function", "reward_weights"):
+        for key in _OPTIONAL_KEYS:
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -214,8 +232,7 @@ class Batch:
                 raise BatchContractError(f"{name}: missing key '{key}'")
         batch = cls(**{key: d[key] for key in ("sequences", "attention_masks", "prompt_lens", "gen_lens",
                                                "advantages", "rewards", "prompt_ids")},
-                    **{key: d.get(key) for key in ("prompts", "responses_text", "rewards_per_function",
-                                                   "reward_weights")})
+                    **{key: d.get(key) for key in _OPTIONAL_KEYS})
         if batch.sequences.dim() == 3 and (d["num_prompts"] != batch.num_prompts
                                            or d["num_responses_per_prompt"] != batch.num_responses_per_prompt):
             raise BatchContractError(f"{name}: num_prompts/num_responses_per_prompt {d['num_prompts']}/"
@@ -231,14 +248,17 @@ class Batch:
         return batch
 
 
-def _repadded(part: Batch, Lp: int, L: int, pad_id: int) -> tuple[Tensor, Tensor]:
-    """`part`'s sequences and masks moved into the [B, G, L] layout whose prompts end at Lp."""
+def _repadded(part: Batch, Lp: int, L: int, pad_id: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    """`part`'s sequences, masks (and sampler log-probs) moved into the [B, G, L] layout whose prompts end at Lp."""
     B, G, Lx = part.sequences.shape
     s = torch.full((B, G, L), pad_id, dtype=part.sequences.dtype)
     m = torch.zeros((B, G, L), dtype=part.attention_masks.dtype)
+    q = None if part.sampler_logqs is None else torch.zeros((B, G, L), dtype=part.sampler_logqs.dtype)
     for b in range(B):
         shift = Lp - part.prompt_lens[b]
         width = min(Lx, L - shift)
         s[b, :, shift:shift + width] = part.sequences[b, :, :width]
         m[b, :, shift:shift + width] = part.attention_masks[b, :, :width]
-    return s, m
+        if q is not None:
+            q[b, :, shift:shift + width] = part.sampler_logqs[b, :, :width]
+    return s, m, q

@@ -43,7 +43,9 @@ class BatchedSequences:
     sequences / attention_masks: [B, G, L] (long); prompt_lens: [B] padded prompt length Lp;
     gen_lens: [B][G] response lengths T; responses_text: [B][G] decoded responses (special tokens
     skipped); prompts: [B]; examples: [B] data-set records (gold answers) or None; prompt_ids: [B]
-    global prompt ids or None.
+    global prompt ids or None; sampler_logqs: [B, G, L] float32 or None — at a response position j,
+    log q_sampler(sequences[..., j] | sequences[..., :j]) under the sampler that drew the token (its own
+    precision, temperature and nucleus), 0 elsewhere; None when the sampler is the scored policy.
     """
 
     sequences: Tensor
@@ -54,6 +56,7 @@ class BatchedSequences:
     prompts: list[str] | None = None
     examples: list | None = None
     prompt_ids: list[int] | None = None
+    sampler_logqs: Tensor | None = None
 
     @property
     def num_prompts(self) -> int:
@@ -74,6 +77,7 @@ class BatchedSequences:
             responses_text=[list(row) for row in take_rows(self.responses_text, idx)],
             prompts=take_rows(self.prompts, idx), examples=take_rows(self.examples, idx),
             prompt_ids=take_rows(self.prompt_ids, idx),
+            sampler_logqs=None if self.sampler_logqs is None else take_prompts(self.sampler_logqs, idx),
         )
 
     def to_dict(self) -> dict[str, Any]:
