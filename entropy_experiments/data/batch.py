@@ -86,6 +86,14 @@ class Batch:
             return None
         return self.sampler_logqs.double().sum(dim=-1)
 
+    def sampler_response_logqs(self) -> list[Tensor] | None:
+        """Per sequence n = b·G + g, the sampler's log q of each response token (float64 [T_bg]); None: the
+        sampler is the policy."""
+        if self.sampler_logqs is None:
+            return None
+        return [self.sampler_logqs[b, g, self.prompt_lens[b]:self.prompt_lens[b] + self.gen_lens[b][g]].double()
+                for b in range(self.num_prompts) for g in range(self.num_responses_per_prompt)]
+
     def zero_advantage_prompts(self) -> int:
         """Prompts whose advantages are all zero (they add nothing to the U gradient)."""
         return int((self.advantages.abs().sum(dim=1) == 0).sum())

@@ -68,6 +68,9 @@ class DeltaH1Result:
     predictor_directions: dict[str, NamedTensors] = field(default_factory=dict)  # competing predictors' v'
     predictor_pieces: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # their (a', r')
     predictors_unavailable: dict[str, str] = field(default_factory=dict)  # name → why it has no direction
+    # the sampler correction (docs/maths.md §12): s_i = q_θ(y_i)/q_sampler(y_i) normalised to mean 1, float64 [N];
+    # None when the sampler is the policy (every E-side estimate then runs unweighted, bit-identical)
+    sampler_weights: Tensor | None = None
     # extra per-sequence columns for per_sequence.jsonl, {name: {column: [N]}} (filled by later phases)
     per_sequence_extra: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
