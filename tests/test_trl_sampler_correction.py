@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -261,3 +262,38 @@ def test_without_sampler_logqs_the_gradient_is_bit_identical(sampled_U):
         assert torch.equal(a.total[name], b.total[name]), name
         for k in range(len(groups)):
             assert torch.equal(a.groups[k][name], b.groups[k][name]), (name, k)
+
+
+# ----------------------------------------------------------------------------- the run's log (trainer_state.json)
+
+def _trainer_state(path, rows):
+    path.write_text(json.dumps({"global_step": len(rows), "log_history": rows}))
+    return path
+
+
+def test_trainer_log_warnings(tmp_path):
+    """TRL logs sampling/importance_sampling_ratio/* whenever the correction acts; the probe warns where the run's
+    log and the config disagree, and says nothing where they agree or nothing is logged."""
+    import inspect
+
+    from trl import GRPOTrainer
+
+    from entropy_experiments.checkpoint.trainer_log import IS_METRIC, sampler_correction_warnings
+
+    assert f'"{IS_METRIC}mean"' in inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    plain = [{"loss": 0.1, "learning_rate": 1e-5, "reward": 1.0, "step": s} for s in (1, 2)]
+    corrected = [{**row, f"{IS_METRIC}mean": 0.98, f"{IS_METRIC}min": 0.4} for row in plain]
+    vllm_run = _trainer_state(tmp_path / "vllm.json", [*corrected, {"train_runtime": 3.0, "step": 2}])
+    hf_run = _trainer_state(tmp_path / "hf.json", plain)
+    (off_warning,) = sampler_correction_warnings(vllm_run, enabled=False)
+    assert "objective.vllm_importance_sampling_correction is false" in off_warning and "2 of 2" in off_warning
+    (on_warning,) = sampler_correction_warnings(hf_run, enabled=True)
+    assert "objective.vllm_importance_sampling_correction is true" in on_warning and "2 training" in on_warning
+    assert sampler_correction_warnings(vllm_run, enabled=True) == []
+    assert sampler_correction_warnings(hf_run, enabled=False) == []
+    assert sampler_correction_warnings(tmp_path / "absent.json", enabled=True) == []
+    assert sampler_correction_warnings(None, enabled=True) == []
+    no_training = _trainer_state(tmp_path / "empty.json", [{"train_runtime": 3.0}])
+    assert sampler_correction_warnings(no_training, enabled=True) == []
+    (tmp_path / "bad.json").write_text("{not json")
+    assert sampler_correction_warnings(tmp_path / "bad.json", enabled=False) == []
