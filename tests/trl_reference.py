@@ -15,7 +15,8 @@ runs unchanged without generation. Lines of grpo_trainer.py exercised (trl 1.16.
   log importance weights; `coef_1 = exp(...)`;
 - L3097–3105  k3 KL `exp(ref − ℓ) − (ref − ℓ) − 1` when β ≠ 0 (`use_bias_correction_kl=False`);
 - L3109–3120  the clipped surrogate `−min(coef_1·A, clamp(coef_1)·A)` (`args.delta=None`);
-- L3140–3150  no entropy mask, no vLLM IS ratio (`use_vllm=False`), `+ β·KL`;
+- L3140–3150  no entropy mask; the vLLM IS ratio `per_token_loss × inputs["importance_sampling_ratio"]` when
+  `vllm_importance_sampling_ratio` is given (`use_vllm` and the correction on), else none; `+ β·KL`;
 - L3152–3184  aggregation: grpo (per-sequence token mean, mean over rows, ÷ GA), bnpo (token mean of
   the micro-batch, ÷ GA), dr_grpo (Σ ÷ (rows · max_completion_length), ÷ GA), dapo (Σ ÷
   (num_items_in_batch / num_processes · GA / steps_per_generation)), luspo (per-sequence token sum,
@@ -36,6 +37,13 @@ How the trainer feeds micro-batches (mirrored by `trl_loss_over_micro_batches`):
 - `GRPOTrainer.loss_is_scaled_for_ga = True` (L285): the HF Trainer does not divide the loss again, so
   the accumulated gradient is the gradient of the plain sum of the micro-batch losses.
 
+The vLLM importance-sampling ratio (`trl_vllm_importance_sampling_ratio`) is formed in
+`_generate_and_score_completions` (L2660–2707) under no_grad and handed to `_compute_loss` as
+`inputs["importance_sampling_ratio"]`. That method cannot be called in isolation either, so the function takes
+the block `if self.use_vllm and self.vllm_importance_sampling_correction:` out of TRL's installed source (its
+first such block, `inspect.getsource`) and executes it unchanged, with the stand-in's settings and the given
+old / sampling log-probs and mask in its namespace.
+
 Advantages (`trl_advantages`): they are computed inside `_generate_and_score_completions` (L2761–2810,
 single reward function, `multi_objective_aggregation="sum_then_normalize"`), which cannot be called in
 isolation (it generates, scores and logs). `trl_advantages` mirrors those lines, with TRL's own
@@ -44,6 +52,9 @@ isolation (it generates, scores and logs). `trl_advantages` mirrors those lines,
 
 from __future__ import annotations
 
+import inspect
+import math
+import textwrap
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -72,7 +83,7 @@ class _AcceleratorStandIn:
 
 def _stand_in_self(per_token_logps, entropies, *, loss_type, beta, epsilon_low, epsilon_high,
                    importance_sampling_level, entropy_coef, max_completion_length,
-                   gradient_accumulation_steps, steps_per_generation):
+                   gradient_accumulation_steps, steps_per_generation, use_vllm=False):
     """The attributes of GRPOTrainer that `_compute_loss` reads, with the training model replaced."""
     n_rows, n_tokens = per_token_logps.shape
 
@@ -86,7 +97,7 @@ def _stand_in_self(per_token_logps, entropies, *, loss_type, beta, epsilon_low, 
         _get_per_token_logps_and_entropies=_get_per_token_logps_and_entropies,
         loss_type=loss_type, beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
         importance_sampling_level=importance_sampling_level, top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None, use_vllm=False, vllm_importance_sampling_correction=False,
+        off_policy_mask_threshold=None, use_vllm=use_vllm, vllm_importance_sampling_correction=use_vllm,
         entropy_coef=entropy_coef, use_adaptive_entropy=False, _entropy_bonus_enabled=entropy_coef != 0.0,
         aux_loss_enabled=False, current_gradient_accumulation_steps=gradient_accumulation_steps,
         max_completion_length=max_completion_length, accelerator=_AcceleratorStandIn(), args=args,
@@ -94,7 +105,8 @@ def _stand_in_self(per_token_logps, entropies, *, loss_type, beta, epsilon_low, 
     )
 
 
-def _inputs(completion_mask, advantages, num_items_in_batch, ref_per_token_logps, old_per_token_logps):
+def _inputs(completion_mask, advantages, num_items_in_batch, ref_per_token_logps, old_per_token_logps,
+            importance_sampling_ratio=None):
     """The micro-batch dict `_compute_loss` receives (dummy one-token prompts; ids are never used)."""
     n_rows, n_tokens = completion_mask.shape
     inputs = {
@@ -109,13 +121,16 @@ def _inputs(completion_mask, advantages, num_items_in_batch, ref_per_token_logps
         inputs["ref_per_token_logps"] = ref_per_token_logps
     if old_per_token_logps is not None:
         inputs["old_per_token_logps"] = old_per_token_logps
+    if importance_sampling_ratio is not None:
+        inputs["importance_sampling_ratio"] = importance_sampling_ratio
     return inputs
 
 
 def trl_loss(per_token_logps, completion_mask, advantages, *, loss_type, beta=0.0, ref_per_token_logps=None,
              entropies=None, entropy_coef=0.0, max_completion_length=None, gradient_accumulation_steps=1,
              steps_per_generation=None, num_items_in_batch=None, old_per_token_logps=None, epsilon=0.2,
-             epsilon_high=None, importance_sampling_level="token", return_metrics=False):
+             epsilon_high=None, importance_sampling_level="token", importance_sampling_ratio=None,
+             return_metrics=False):
     """TRL's loss for ONE micro-batch, from `GRPOTrainer._compute_loss` itself.
 
     Args:
@@ -131,6 +146,8 @@ def trl_loss(per_token_logps, completion_mask, advantages, *, loss_type, beta=0.
         num_items_in_batch: completion tokens of the whole generation batch (dapo/cispo/vespo); default
             this micro-batch's count, allowed only when the micro-batch is the whole generation batch.
         old_per_token_logps: default none, i.e. on-policy (TRL uses per_token_logps.detach()).
+        importance_sampling_ratio: [N, T] or [N, 1] vLLM IS ratio (`trl_vllm_importance_sampling_ratio`); given,
+            the stand-in has `use_vllm` and `vllm_importance_sampling_correction` on; None: both off.
         return_metrics: also return the `_metrics["train"]` dict TRL logged.
     """
     from trl import GRPOTrainer
@@ -154,8 +171,10 @@ def trl_loss(per_token_logps, completion_mask, advantages, *, loss_type, beta=0.
         epsilon_high=epsilon if epsilon_high is None else epsilon_high,
         importance_sampling_level=importance_sampling_level, entropy_coef=entropy_coef,
         max_completion_length=per_token_logps.shape[1] if max_completion_length is None else max_completion_length,
-        gradient_accumulation_steps=gradient_accumulation_steps, steps_per_generation=steps_per_generation)
-    inputs = _inputs(completion_mask, advantages, num_items_in_batch, ref_per_token_logps, old_per_token_logps)
+        gradient_accumulation_steps=gradient_accumulation_steps, steps_per_generation=steps_per_generation,
+        use_vllm=importance_sampling_ratio is not None)
+    inputs = _inputs(completion_mask, advantages, num_items_in_batch, ref_per_token_logps, old_per_token_logps,
+                     importance_sampling_ratio)
     loss = GRPOTrainer._compute_loss(stand_in, None, inputs)
     return (loss, dict(stand_in._metrics["train"])) if return_metrics else loss
 
@@ -177,6 +196,7 @@ def trl_loss_over_micro_batches(per_token_logps, completion_mask, advantages, *,
     rows = torch.arange(n_rows) if order is None else torch.as_tensor(order)
     size = n_rows // num_micro_batches
     num_items = completion_mask.long().sum()
+    ratio = kwargs.pop("importance_sampling_ratio", None)
 
     def take(tensor, k):
         return None if tensor is None else tensor[rows[k * size:(k + 1) * size]]
@@ -187,8 +207,41 @@ def trl_loss_over_micro_batches(per_token_logps, completion_mask, advantages, *,
             take(per_token_logps, k), take(completion_mask, k), take(advantages, k), loss_type=loss_type,
             ref_per_token_logps=take(ref_per_token_logps, k), entropies=take(entropies, k),
             gradient_accumulation_steps=num_micro_batches, steps_per_generation=num_micro_batches,
-            num_items_in_batch=num_items, **kwargs)
+            num_items_in_batch=num_items, importance_sampling_ratio=take(ratio, k), **kwargs)
     return total
+
+
+def _vllm_ratio_block() -> str:
+    """The lines of `_generate_and_score_completions` that form the vLLM IS ratio (see the module docstring)."""
+    from trl import GRPOTrainer
+
+    lines = inspect.getsource(GRPOTrainer._generate_and_score_completions).splitlines()
+    head = "if self.use_vllm and self.vllm_importance_sampling_correction:"
+    start = next(i for i, line in enumerate(lines) if line.strip() == head)
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
+        end += 1
+    block = textwrap.dedent("\n".join(lines[start:end]))
+    if "vllm_importance_sampling_ratio = torch.exp(logps_diff)" not in block:
+        raise AssertionError(f"TRL's ratio block is not where this reference expects it:\n{block}")
+    return block
+
+
+def trl_vllm_importance_sampling_ratio(old_per_token_logps, sampling_per_token_logps, completion_mask, *, mode,
+                                       clip_min=None, clip_max=3.0):
+    """TRL's vLLM importance-sampling ratio, by TRL's own lines (grpo_trainer.py L2660–2707, trl 1.16.0).
+
+    old / sampling log-probs and the 0/1 mask: [N, T]; returns [N, T] (token_* modes) or [N, 1] (sequence_*).
+    """
+    stand_in = SimpleNamespace(use_vllm=True, vllm_importance_sampling_correction=True,
+                               vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=clip_min,
+                               vllm_importance_sampling_clip_max=clip_max)
+    namespace = {"self": stand_in, "torch": torch, "math": math, "tool_mask": None,
+                 "completion_mask": completion_mask.long(), "old_per_token_logps": old_per_token_logps,
+                 "sampling_per_token_logps": sampling_per_token_logps}
+    exec(_vllm_ratio_block(), namespace)  # noqa: S102 - TRL's own source, as installed
+    return namespace["vllm_importance_sampling_ratio"]
 
 
 def trl_advantages(rewards, num_generations, scale_rewards="group"):

@@ -43,7 +43,8 @@ HASHED_AS: dict[str, tuple[str, dict[str, str]]] = {
 # Keys added after run directories already existed, hashed only when set to something other than the value that
 # reproduces the earlier behaviour, so that those runs still resume: section -> {key: that value}.
 HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
-    "objective": {"kl_in_reward_coef": 0.0},
+    "objective": {"kl_in_reward_coef": 0.0, "vllm_importance_sampling_mode": "sequence_mask",
+                  "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0},
     "second_order": {"method": "jvp"},
 }
 

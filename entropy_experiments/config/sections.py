@@ -217,19 +217,18 @@ class ObjectiveSection(_Section):
     # batch serves μ optimizer steps. Only the first of them is on-policy (ratio 1, no clipping), so a checkpoint
     # is probed only when its next step takes fresh rollouts (checkpoint/rollouts.py); the others are refused.
     num_iterations: int = Field(1, ge=1)
-    # What a single first on-policy step cannot represent: accepted only at their neutral values.
+    # TRL's vLLM importance-sampling correction (TRL's names; mode and bounds default to TRL's): with trainer trl,
+    # U's policy loss is weighted by TRL's truncated / masked ratio of the policy's log-probs to the sampler's own
+    # (estimators/vllm_correction.py); it acts only on a U batch drawn by another sampler (sampler_logqs).
     vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate",
+                                           "sequence_mask"] = "sequence_mask"
+    vllm_importance_sampling_clip_min: float | None = None
+    vllm_importance_sampling_clip_max: float | None = 3.0
+    # What a single first on-policy step cannot represent: accepted only at their neutral values.
     kl_in_reward_coef: float = 0.0   # OpenRLHF --algo.kl.init_coef without --algo.kl.use_loss; verl use_kl_in_reward
     off_policy_mask_threshold: float | None = None
     top_entropy_quantile: float = 1.0
-
-    @field_validator("vllm_importance_sampling_correction")
-    @classmethod
-    def _no_vllm_correction(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("the π_old/π_vLLM correction of a vLLM-sampled run is not representable (the probe "
-                             "samples with the policy itself), got true")
-        return value
 
     @field_validator("kl_in_reward_coef")
     @classmethod
@@ -257,9 +256,8 @@ class ObjectiveSection(_Section):
 
     def explicit(self) -> dict[str, Any]:
         """The keys that feed the objective (None = unset), for `objectives.resolve`."""
-        return self.model_dump(exclude={"num_iterations", "vllm_importance_sampling_correction", "kl_in_reward_coef",
-                                        "off_policy_mask_threshold", "top_entropy_quantile",
-                                        "trainer_batch_completions"})
+        return self.model_dump(exclude={"num_iterations", "kl_in_reward_coef", "off_policy_mask_threshold",
+                                        "top_entropy_quantile", "trainer_batch_completions"})
 
 
 class ImportanceSection(_Section):

@@ -137,14 +137,22 @@ def objective_loss(engine: PolicyEngine, model: nn.Module, sub: Batch, terms: li
     seqs = sub.as_sequences()
     lp = engine.teacher_force_logprobs(seqs, with_grad=True, compute_rb=False, phase=U_GRADIENT)
     ref = reference_logps(engine, model, seqs) if options.needs_reference else None
+    correction = options.vllm_correction if sub.sampler_logqs is not None else None
     loss = 0.0
     for j, row in enumerate(terms):
         for g, term in enumerate(row):
+            logps = lp.token_logps_train[j][g]
+            ratios = None if correction is None else correction.ratios(logps, sampler_token_logqs(sub, j, g))
             loss = loss + objectives.sequence_loss(
-                lp.token_logps_train[j][g], term, options,
-                ref_logps=None if ref is None else ref[j][g].to(lp.token_logps_train[j][g].device),
-                entropies=lp.token_entropies_train[j][g])
+                logps, term, options, ref_logps=None if ref is None else ref[j][g].to(logps.device),
+                entropies=lp.token_entropies_train[j][g], sampler_ratios=ratios)
     return loss
+
+
+def sampler_token_logqs(batch: Batch, b: int, g: int) -> Tensor:
+    """log q_sampler [T] of response (b, g)'s tokens: its response positions in the batch's `sampler_logqs`."""
+    start = batch.prompt_lens[b]
+    return batch.sampler_logqs[b, g, start:start + batch.gen_lens[b][g]]
 
 
 def reference_logps(engine: PolicyEngine, model: nn.Module, seqs: BatchedSequences) -> list[list[Tensor]]:

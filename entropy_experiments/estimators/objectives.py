@@ -4,12 +4,13 @@ v must be the step the user's trainer takes next, so U's gradient is the gradien
 loss at its first, on-policy optimizer step after generation (ratio 1: clipping inactive). Every
 objective here has the form
 
-    L_U(θ) = Σ_pg w_pg Σ_t [ −A_pg ℓ_pgt(θ) + β·kl_pgt(θ) ]  −  c · Σ_pg u_pg Σ_t H_pgt(θ)
+    L_U(θ) = Σ_pg w_pg Σ_t [ −ρ_pgt A_pg ℓ_pgt(θ) + β·kl_pgt(θ) ]  −  c · Σ_pg u_pg Σ_t H_pgt(θ)
 
 with ℓ the TRAINER's per-token log-prob (logits / τ, no top-p), A the advantages, kl a per-token KL
 estimate against the reference (the base model: the same network with the adapter disabled), H the
-trainer's per-token entropy, and per-sequence token weights w_pg, u_pg that depend only on the
-batch's lengths (no graph). So the loss of U is a sum of per-sequence terms and can be
+trainer's per-token entropy, ρ TRL's importance-sampling ratio to the sampler when U was drawn by another
+sampler and `vllm_importance_sampling_correction` is on (vllm_correction.py; else 1; no graph), and
+per-sequence token weights w_pg, u_pg that depend only on the batch's lengths (no graph). So the loss of U is a sum of per-sequence terms and can be
 back-propagated one microbatch of prompts at a time.
 
 Loss aggregations (`LOSS_WEIGHTS`, canonical TRL names; verl names in `LOSS_ALIASES`), B prompts × G:
@@ -40,10 +41,13 @@ from torch import Tensor
 
 from ..errors import ConfigError, closest_match
 from ..registry import registrar
+from .vllm_correction import VllmCorrection, vllm_correction
 
 ADVANTAGE_SCALINGS = ("none", "group", "batch")
 KL_ESTIMATORS = ("k3", "low_var_kl", "k1", "k2")
 ENTROPY_AGGREGATIONS = ("loss", "token_mean")
+CORRECTION_KEYS = ("vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                   "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
 LOSS_ALIASES = {
     "token-mean": "dapo",
     "seq-mean-token-mean": "grpo",
@@ -67,6 +71,12 @@ class ObjectiveOptions:
     entropy_aggregation: str = "loss"
     max_grad_norm: float | None = None
     trainer: str | None = None                 # the preset the values came from, for the record
+    # TRL's vLLM importance-sampling correction (vllm_correction.py; TRL's names and, for mode and bounds,
+    # TRL's defaults); off: the probe's U is taken as sampled by the policy it scores.
+    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_min: float | None = None
+    vllm_importance_sampling_clip_max: float | None = 3.0
 
     @property
     def needs_reference(self) -> bool:
@@ -75,6 +85,13 @@ class ObjectiveOptions:
     @property
     def needs_entropy(self) -> bool:
         return self.entropy_coef != 0.0
+
+    @property
+    def vllm_correction(self) -> VllmCorrection | None:
+        """The importance-sampling correction of a U batch drawn by another sampler (None: off)."""
+        return vllm_correction(self.trainer, self.vllm_importance_sampling_correction,
+                                  self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min,
+                                  self.vllm_importance_sampling_clip_max)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -276,12 +293,16 @@ class SequenceTerms:
 
 
 def sequence_loss(logps: Tensor, terms: SequenceTerms, options: ObjectiveOptions, *,
-                  ref_logps: Tensor | None = None, entropies: Tensor | None = None) -> Tensor:
-    """w·Σ_t [−A ℓ_t + β kl_t] − c·u·Σ_t H_t for one sequence (scalar, graph through ℓ and H).
+                  ref_logps: Tensor | None = None, entropies: Tensor | None = None,
+                  sampler_ratios: Tensor | None = None) -> Tensor:
+    """w·Σ_t [−ρ_t A ℓ_t + β kl_t] − c·u·Σ_t H_t for one sequence (scalar, graph through ℓ and H).
 
-    logps / ref_logps / entropies: [T] trainer log-probs, reference log-probs, trainer entropies.
+    logps / ref_logps / entropies: [T] trainer log-probs, reference log-probs, trainer entropies;
+    sampler_ratios: [T] TRL's importance-sampling ratios ρ_t (no graph; vllm_correction.py), None: ρ = 1.
     """
     per_token = -terms.advantage * logps
+    if sampler_ratios is not None:
+        per_token = per_token * sampler_ratios.detach().to(logps.dtype)
     if options.needs_reference:
         if ref_logps is None:
             raise ValueError("objective.kl_coef != 0 needs the reference log-probs")
@@ -323,8 +344,11 @@ def resolve(explicit: dict[str, Any], *, default_completion_length: int) -> Obje
             raise ConfigError(f"objective.trainer: expected one of {', '.join(TRAINER_PRESETS)}, got {trainer!r}")
         values.update(TRAINER_PRESETS[trainer])
     values.update({k: v for k, v in explicit.items() if v is not None and k != "trainer"})
+    # the correction's bounds are copied as given: None is TRL's "no bound", not "unset"
+    values.update({k: explicit[k] for k in CORRECTION_KEYS if k in explicit})
     options = replace(ObjectiveOptions(), **values, trainer=trainer)
     options = replace(options, loss_type=canonical_loss_type(options.loss_type))
+    _ = options.vllm_correction  # a correction the trainer does not have, or bad bounds, fail here (with the key)
     if trainer == "openrlhf" and options.loss_type != "dapo" and options.needs_reference:
         raise ConfigError(f"objective.kl_coef: OpenRLHF aggregates its KL loss as a token mean over the step "
                           f"whatever the policy loss's aggregation; with loss_type {options.loss_type!r} that is "
