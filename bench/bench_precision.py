@@ -27,11 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 MULTIPLES = [1e-3, 1.0, 10.0, 100.0]
 
 
-def probe_config(checkpoint: str, runtime_dtype: str, lr: float, args):
+def probe_config(checkpoint: str, runtime_dtype: str, lr: float, args, allow_tf32: bool = False):
     from entropy_experiments.config import config_from_dict, load_config, packaged_config_path
 
     d = load_config(packaged_config_path("demo")).to_dict()
-    d["checkpoint"].update(checkpoint_path=checkpoint, device_map="cpu", base_model=None)
+    d["checkpoint"].update(checkpoint_path=checkpoint, device_map=args.device, base_model=None)
+    d["precision"]["allow_tf32"] = allow_tf32
     d["batch_config"].update(B_E=args.B_E, B_U=args.B_U, G=args.G)
     d["generation"]["max_new_tokens"] = args.T
     d["precision"]["runtime_dtype"] = runtime_dtype
@@ -57,6 +58,8 @@ def main() -> int:
     parser.add_argument("--T", type=int, default=24)
     parser.add_argument("--symmetric", action="store_true", help="also ΔH at −η")
     parser.add_argument("--out", default=None, help="write the numbers as JSON here")
+    parser.add_argument("--device", default="cpu", help="checkpoint.device_map (cpu, cuda)")
+    parser.add_argument("--tf32", action="store_true", help="also fp32 with precision.allow_tf32 true (GPU)")
     args = parser.parse_args()
     from entropy_experiments.config import load_config, packaged_config_path
     from entropy_experiments.make_checkpoint.trained import ensure_demo_checkpoint
@@ -70,16 +73,29 @@ def main() -> int:
     assert abs(fp32["learning_rate"] - args.lr) <= 1e-12 * args.lr, (fp32["learning_rate"], args.lr)
     bf16 = probe.run(probe_config(checkpoint, "bf16", args.lr, args), batches=(batches["E"], batches["U"])).results
     table = {"fp32": summary(fp32), "bf16": summary(bf16), "lr": args.lr, "checkpoint": checkpoint,
-             "sizes": {"B_E": args.B_E, "B_U": args.B_U, "G": args.G, "T": args.T}}
+             "sizes": {"B_E": args.B_E, "B_U": args.B_U, "G": args.G, "T": args.T},
+             "seconds": {"fp32": phase_seconds(fp32), "bf16": phase_seconds(bf16)}}
     print_table(table)
+    if args.tf32:
+        tf32 = probe.run(probe_config(checkpoint, "fp32", args.lr, args, allow_tf32=True),
+                         batches=(batches["E"], batches["U"])).results
+        table["fp32_tf32"], table["seconds"]["fp32_tf32"] = summary(tf32), phase_seconds(tf32)
+        print_table({**table, "bf16": table["fp32_tf32"]}, "fp32 + TF32")
+    print("seconds (phases after sampling):", {k: round(v, 2) for k, v in table["seconds"].items()})
     if args.out:
         Path(args.out).write_text(json.dumps(table, indent=1))
     return 0
 
 
-def print_table(table: dict) -> None:
+def phase_seconds(results: dict) -> float:
+    """Seconds of the run's phases after sampling (loading and sampling apart)."""
+    timing = results["timing"]
+    return timing["total"] - timing.get("load", 0.0) - timing.get("phase0_sampling", 0.0)
+
+
+def print_table(table: dict, other: str = "bf16 base") -> None:
     a, b = table["fp32"], table["bf16"]
-    print(f"\n| quantity | fp32 | bf16 base | bf16 − fp32 | relative | (bf16 − fp32) / SE |  (lr = {table['lr']:g})")
+    print(f"\n| quantity | fp32 | {other} | {other} − fp32 | relative | ({other} − fp32) / SE |  (lr = {table['lr']:g})")
     print("|---|---|---|---|---|---|")
     se_total = (a["SE_E"] ** 2 + a["SE_U"] ** 2) ** 0.5
     for key in ("deltaH1", "SE_E", "SE_U"):

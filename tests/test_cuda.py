@@ -3,7 +3,12 @@ as they are on a GPU host: `pytest -q tests/test_cuda.py`.
 
 * every tensor the probe creates lives on the model's device: the whole tiny probe on CUDA, on the CPU run's
   own E and U batches, gives the CPU run's δH₁, SE and ΔH (both E paths: backward hooks and the surrogate
-  backward after scoring);
+  backward after scoring), and every later phase: the second order by both methods, every predictor, the
+  displacement predictor. Tolerances follow from fp32 rounding (tests/device_comparison.py: ΔH within
+  z·√2·F of the rounding floor F of E, measured as fp32 − fp64 on the CPU, docs/maths.md §8); the same
+  comparison runs between two CPU reduction orders in tests/test_device_comparison.py;
+* a sweep step: E scored at the next checkpoint's adapter (the realised change's cross-scores) gives the CPU's
+  log-weights within the rounding of the two scorings;
 * the bf16 base (precision.runtime_dtype bf16) on CUDA: base weights bf16, adapter fp32, finite results;
 * a real CUDA out-of-memory error is recognised and its memory given back.
 """
@@ -16,17 +21,27 @@ import pytest
 import torch
 
 from entropy_experiments.config import config_from_dict
+from entropy_experiments.estimators.sequence_scores import log_weights, score_sequences
+from entropy_experiments.make_checkpoint.trained import make_checkpoint
 from entropy_experiments.policy.oom import oom_reason, release_memory, unless_out_of_memory
 from entropy_experiments.probe import recipe as probe
+from entropy_experiments.probe.results import WarningLog
+from tests.device_comparison import differences, rounding_floor, token_rounding
 from tests.run_helpers import make_run_setup
 
+SWEEP_DEVICES = ("cpu", "cuda")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory, tiny_model_dir):
-    _, config = make_run_setup(tmp_path_factory.mktemp("cuda"), tiny_model_dir, estimator={"microbatch_size": 4},
+    """The tiny probe with every phase on: second order, the predictors and the displacement to a checkpoint
+    trained two steps from the same seed (predictors.next_checkpoint)."""
+    folder = tmp_path_factory.mktemp("cuda")
+    _, config = make_run_setup(folder, tiny_model_dir, estimator={"microbatch_size": 4},
                                second_order={"enabled": True}, predictors={"enabled": True})
+    make_checkpoint(folder / "next", config_from_dict(config), steps=2)
+    config["predictors"]["next_checkpoint"] = str(folder / "next")
     return config
 
 
@@ -37,22 +52,40 @@ def _config(base: dict, **sections):
     return config_from_dict(d)
 
 
-def _close(a: float, b: float, rel: float = 1e-4) -> bool:
-    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
-
-
+@pytest.mark.parametrize("method", ["jvp", "finite_difference"])
 @pytest.mark.parametrize("variance", [True, False], ids=["backward_hooks", "surrogate_backward"])
-def test_probe_on_cuda_matches_cpu_on_the_same_batches(tiny_config, variance):
+def test_probe_on_cuda_matches_cpu_on_the_same_batches(tiny_config, variance, method):
+    sections = {"variance": {"enabled": variance}, "second_order": {"method": method}}
     batches = {}
-    cpu = probe.run(_config(tiny_config, variance={"enabled": variance}),
-                    on_batches=lambda E, U: batches.update(E=E, U=U)).results
-    cuda = probe.run(_config(tiny_config, variance={"enabled": variance}, checkpoint={"device_map": "cuda"}),
+    cpu = probe.run(_config(tiny_config, **sections), on_batches=lambda E, U: batches.update(E=E, U=U))
+    cuda = probe.run(_config(tiny_config, checkpoint={"device_map": "cuda"}, **sections),
                      batches=(batches["E"], batches["U"])).results
-    assert cuda["environment"] and _close(cuda["deltaH1"], cpu["deltaH1"])
-    for key in ("E", "U", "total"):
-        assert _close(cuda["se"][key], cpu["se"][key], 1e-3) or not math.isfinite(cpu["se"][key])
-    for a, b in zip(cpu["true"], cuda["true"]):
-        assert a["eta"] == b["eta"] and _close(a["deltaH_true"], b["deltaH_true"], 1e-3)
+    floor = rounding_floor(cpu.policy, batches["E"], _config(tiny_config))
+    assert cuda["environment"] and cuda["second_order"]["method"] == method
+    assert "displacement" in cuda["predictors"] and "direct_only" in cuda["predictors"]
+    assert differences(cpu.results, cuda, floor) == []
+
+
+def test_sweep_step_cross_scores_on_cuda_match_cpu(tiny_config):
+    """The sweep's realised change scores E_N at θ_{N+1} (the adapter of the next checkpoint): log w_i and h'_i
+    on CUDA equal the CPU's within the rounding of two scorings per device: SDs 2·σ_ℓ·√T_i and √2·σ_H·√T_i
+    (σ: the per-token fp32 − fp64 rounding on the CPU), z = 4."""
+    nxt = tiny_config["predictors"]["next_checkpoint"]
+    batches, scored, policies = {}, {}, {}
+    probe.run(_config(tiny_config, second_order={"enabled": False}, predictors={"enabled": False,
+                                                                                 "next_checkpoint": None}),
+              on_batches=lambda E, U: batches.update(E=E, U=U))
+    for device in SWEEP_DEVICES:
+        own_config = _config(tiny_config, checkpoint={"device_map": device})
+        next_config = _config(tiny_config, checkpoint={"device_map": device, "checkpoint_path": nxt})
+        own, other = (probe.load_phase(c, probe.process_context(c), WarningLog()) for c in (own_config, next_config))
+        s_own, s_other = (score_sequences(p.engine, batches["E"]) for p in (own, other))
+        scored[device], policies[device] = (log_weights(s_other, s_own), s_other.seq_entropies, s_own.lengths), own
+    var_h, var_l, _ = token_rounding(policies[SWEEP_DEVICES[0]], batches["E"], _config(tiny_config))
+    (lw_a, h_a, T), (lw_b, h_b, _) = (scored[d] for d in SWEEP_DEVICES)
+    root_T = T.sqrt().numpy()
+    assert (abs(lw_b - lw_a) <= 4 * 2 * math.sqrt(var_l) * root_T + 1e-12).all()
+    assert (abs(h_b - h_a).numpy() <= 4 * math.sqrt(2 * var_h) * root_T + 1e-12).all()
 
 
 def test_bf16_base_on_cuda(tiny_config):

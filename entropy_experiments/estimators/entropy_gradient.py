@@ -107,17 +107,36 @@ def pieces_method(trainable: Trainable, options: EntropyOptions, want_pieces: bo
 def surrogate_gradient_sum(engine: PolicyEngine, trainable: Trainable, E_batch: Batch, microbatches: list[list[int]],
                            coefs: SurrogateCoefficients, progress=iter) -> NamedTensors:
     """Σ over the given microbatches of ∇L_X (float64), with the coefficients of the whole E."""
+    return surrogate_gradient_rows(engine, trainable, E_batch, microbatches, coefs, {}, progress)[0]
+
+
+def surrogate_gradient_rows(engine: PolicyEngine, trainable: Trainable, E_batch: Batch, microbatches: list[list[int]],
+                            coefs: SurrogateCoefficients, directions: dict[str, NamedTensors],
+                            progress=iter) -> tuple[NamedTensors, dict[str, Tensor]]:
+    """(Σ over the given microbatches of ∇L_X (float64), {name: D_v L_X,i [N]} per direction of `directions` from
+    the same backward by the row hooks (zero outside the microbatches run)). With r_i known otherwise (e.g. by
+    the central difference of the ±η passes, `central_difference.central_difference_r`), a_i = D·D_v L_X,i + Ĥ·r_i.
+    """
     trainable.model.eval()
     G = E_batch.num_responses_per_prompt
+    N = E_batch.num_prompts * G
     X = trainable.zeros(torch.float64)
-    for idx in progress(microbatches):
-        sub = E_batch.subset(idx)
-        lp = engine.teacher_force_logprobs(sub.as_sequences(), with_grad=True, compute_rb=True, phase=E_BACKWARD)
-        seq_ids = [b * G + g for b in idx for g in range(G)]
-        loss = surrogate_loss(_flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch),
-                              [coefs.coefficient(n) for n in seq_ids], coefs.D)
-        trainable.add_grad(X, loss, f"E backward, prompts {idx}")
-    return X
+    per_row = {k: torch.zeros(N, dtype=torch.float64) for k in directions}
+    with many_row_directionals(hook_directions(trainable, directions)) as rows:
+        for idx in progress(microbatches):
+            sub = E_batch.subset(idx)
+            seq_ids = [b * G + g for b in idx for g in range(G)]
+            lp = engine.teacher_force_logprobs(sub.as_sequences(), with_grad=True, compute_rb=True,  # one forward
+                                               tf_batch_size=len(seq_ids) if rows else None,  # per microbatch
+                                               phase=E_BACKWARD)                             # for the hooks
+            loss = surrogate_loss(_flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch),
+                                  [coefs.coefficient(n) for n in seq_ids], coefs.D)
+            for rows_k in rows.values():
+                rows_k.reset(len(seq_ids))
+            trainable.add_grad(X, loss, f"E backward, prompts {idx}")
+            for k, rows_k in rows.items():
+                per_row[k][seq_ids] = rows_k.values
+    return X, per_row
 
 
 def one_pass_sums(engine: PolicyEngine, trainable: Trainable, E_batch: Batch, microbatches: list[list[int]], options: EntropyOptions,
