@@ -10,7 +10,9 @@ entropies change along the step. Pure maths on what the probe's phases already c
   sum to 0; Adam's division by √s' makes the sum differ from 0 by a small nonlinear remainder.
 - E side (docs/maths.md §3, the explicit part Σ_k D_v H_k of D_v E[h]): per realised token, H_t (the entropy of
   q at that prefix) and dH_t = lr·D_v H_t (its first-order change along the step of lr, at the fixed prefix),
-  from the forward-mode jvp scores. Σ_t dH_t / D is the `direct_only` predictor (D = Σ T or N).
+  from the forward-mode jvp scores. Σ_t dH_t / D is the `direct_only` predictor (D = Σ T or N). E drawn by a
+  sampler other than the policy (docs/maths.md §12): each token's dH_t carries its sequence's weight s_i (mean
+  1) and D = Σ s_i d_i, so the parts still add up to the weighted estimate.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ class TokenAttribution:
 
     @classmethod
     def from_scores(cls, token_entropies: list[Tensor], d_entropy: list[Tensor],
-                    learning_rate: float) -> TokenAttribution:
-        """From the per-sequence H_ik and D_v H_ik (per unit lr) of the jvp scores (sequence_scores.py)."""
+                    learning_rate: float, weights: Tensor | None = None) -> TokenAttribution:
+        """From the per-sequence H_ik and D_v H_ik (per unit lr) of the jvp scores (sequence_scores.py); with the
+        sampler's weights s [N], dH_t = lr·s_i·D_v H_t."""
         lengths = [len(h) for h in token_entropies]
         if [len(d) for d in d_entropy] != lengths:
             raise ValueError("entropies and their directional derivatives have different lengths")
@@ -72,6 +75,8 @@ class TokenAttribution:
         position = np.concatenate([np.arange(t) for t in lengths]) if lengths else np.zeros(0, dtype=int)
         H = _flat64(token_entropies)
         dH = learning_rate * _flat64(d_entropy)
+        if weights is not None:
+            dH = dH * np.repeat(weights.detach().cpu().double().numpy(), lengths)
         return cls(sequence.astype(np.int64), position.astype(np.int64), H, dH)
 
     def __len__(self) -> int:

@@ -12,6 +12,13 @@ given (a caller may split the microbatches over workers and add the sums, parall
   the error bars come out of the same backward passes — for several directions at once (the competing
   predictors' directions ride along with v). The probe runs it only when the pieces are wanted: without
   them E is scored first and `surrogate_gradient_sum` needs one backward (`pieces_method`).
+  E drawn by a sampler other than the policy (docs/maths.md §12): each sequence's log s_i is known in its own
+  microbatch (its forward's ℓ, the batch's sampler log-probs), so its terms are multiplied by the
+  UNNORMALISED s̃_i = exp(log s_i − c): the scale cancels in X̂ = (X_α' − (Ĥ − s)·X_β)/D when D is summed
+  with the same s̃ (`finish_one_pass`). c is the first microbatch's largest log s, raised (and the float64
+  sums rescaled) whenever a later weight would pass e^LOG_WEIGHT_HEADROOM; split runs agree on one c at the
+  end (`OnePassSums.rescale`). The hook pieces come out as s̃_i·a_i and are divided back: a, r stay per
+  sequence and unweighted (0 for a sequence of weight 0).
 - `entropy_only_gradient_sum`: ∇Σ_ik H_ik alone (the `direct_only` predictor), with d_i = D_v h_i per
   sequence from the same backward.
 The model stays in eval() (no dropout).
@@ -30,10 +37,12 @@ from ..errors import ConfigError
 from ..policy.engine import PolicyEngine
 from .objective_gradient import NamedTensors, Trainable, chunked, prompts_per_microbatch
 from .row_directional import RowDirectionalDerivatives, linear_directions, many_row_directionals
+from .sampler_correction import normalised_weights, sampler_log_weights
 from .sequence_scores import SequenceScores
 from .surrogate import (
     SurrogateCoefficients,
     entropy_estimate,
+    normalizer,
     sequence_coefficients,
     surrogate_coefficients,
     surrogate_loss,
@@ -41,6 +50,8 @@ from .surrogate import (
 )
 
 E_BACKWARD = "teacher forcing with grad (E backward)"
+#: Unnormalised sampler weights s̃ stay below e^30 in the one-pass backward: fp32 gradients keep ~1e25 of room.
+LOG_WEIGHT_HEADROOM = 30.0
 
 
 @dataclass(frozen=True)
@@ -57,7 +68,9 @@ class EntropyOptions:
 @dataclass
 class OnePassSums:
     """What `one_pass_sums` adds up: X_α, X_β (float64), the pieces a, r [N] per direction name (zero outside
-    the microbatches run), {sequence: (ℓ, H)} of the sequences run, and the shift s it used."""
+    the microbatches run), {sequence: (ℓ, H)} of the sequences run, the shift s it used and, under the
+    sampler's weights, the log-scale c of the s̃ = exp(log s − c) in X_α, X_β (None: unweighted or no
+    microbatch run)."""
 
     X_alpha: NamedTensors
     X_beta: NamedTensors
@@ -65,6 +78,18 @@ class OnePassSums:
     r: dict[str, Tensor]
     rows: dict[int, tuple[Tensor, Tensor]]
     shift: float | None
+    log_weight_shift: float | None = None
+
+    def rescale(self, log_scale: float | None) -> None:
+        """Put X_α, X_β on the weight scale exp(log s − log_scale) (a, r are unweighted: unchanged)."""
+        if log_scale is None:
+            return
+        if self.log_weight_shift is not None:
+            factor = float(torch.exp(torch.tensor(self.log_weight_shift - log_scale, dtype=torch.float64)))
+            for sums in (self.X_alpha, self.X_beta):
+                for t in sums.values():
+                    t.mul_(factor)
+        self.log_weight_shift = log_scale
 
 
 def e_microbatches(num_prompts: int, G: int, microbatch_size: int) -> list[list[int]]:
@@ -72,9 +97,19 @@ def e_microbatches(num_prompts: int, G: int, microbatch_size: int) -> list[list[
     return chunked(list(range(num_prompts)), prompts_per_microbatch(microbatch_size, G))
 
 
-def coefficients(scores: SequenceScores, options: EntropyOptions) -> SurrogateCoefficients:
+def coefficients(scores: SequenceScores, options: EntropyOptions,
+                 weights: Tensor | None = None) -> SurrogateCoefficients:
+    """The L_X coefficients of the scored E (with the sampler's weights s [N], docs/maths.md §12)."""
     return surrogate_coefficients(scores.token_entropies, normalize=options.normalize, x_mode=options.x_mode,
-                                  baseline=options.baseline)
+                                  baseline=options.baseline, weights=weights)
+
+
+def sampler_weights(scores: SequenceScores, sampler_rows: list[Tensor] | None) -> Tensor | None:
+    """The sampler's weights s_i = q_θ(y_i)/q_s(y_i) normalised to mean 1 (float64 [N], docs/maths.md §12) from
+    the scored ℓ and the batch's sampler log-probs (`Batch.sampler_response_logqs`); None when those are."""
+    if sampler_rows is None:
+        return None
+    return torch.from_numpy(normalised_weights(sampler_log_weights(scores.token_logqs, sampler_rows)))
 
 
 def entropy_of(token_entropies: list[Tensor], normalize: str) -> float:
@@ -130,7 +165,7 @@ def surrogate_gradient_rows(engine: PolicyEngine, trainable: Trainable, E_batch:
                                                tf_batch_size=len(seq_ids) if rows else None,  # per microbatch
                                                phase=E_BACKWARD)                             # for the hooks
             loss = surrogate_loss(_flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch),
-                                  [coefs.coefficient(n) for n in seq_ids], coefs.D)
+                                  [coefs.coefficient(n) for n in seq_ids], coefs.D, coefs.weights_of(seq_ids))
             for rows_k in rows.values():
                 rows_k.reset(len(seq_ids))
             trainable.add_grad(X, loss, f"E backward, prompts {idx}")
@@ -141,7 +176,7 @@ def surrogate_gradient_rows(engine: PolicyEngine, trainable: Trainable, E_batch:
 
 def one_pass_sums(engine: PolicyEngine, trainable: Trainable, E_batch: Batch, microbatches: list[list[int]], options: EntropyOptions,
                   directions: dict[str, NamedTensors], agree_on_shift: Callable[[float | None], float | None] = lambda s: s,
-                  progress=iter) -> OnePassSums:
+                  progress=iter, agree_on_scale: Callable[[float | None], float | None] = lambda c: c) -> OnePassSums:
     """Σ over the given microbatches of ∇L_α' and ∇L_β (float64), with the pieces along each of `directions`
     ({name: v}; empty: no pieces).
 
@@ -150,6 +185,8 @@ def one_pass_sums(engine: PolicyEngine, trainable: Trainable, E_batch: Batch, mi
     Ĥ keeps the buffers small; X̂ = (X_α' − (Ĥ − s)·X_β)/D is the same algebra (`finish_one_pass`).
     `agree_on_shift(s)` is called once with this caller's candidate s (None when it runs no microbatch)
     and returns the s to use — the identity in one process; a split run makes every worker use the same.
+    Under the sampler's weights, `agree_on_scale(c)` (called once, c None without a microbatch) returns the
+    weight scale every worker's sums are put on at the end (the largest c; the identity in one process).
     """
     if options.baseline != "none":
         raise ValueError("accumulate_X_one_pass needs estimator.baseline none")
@@ -160,14 +197,18 @@ def one_pass_sums(engine: PolicyEngine, trainable: Trainable, E_batch: Batch, mi
                        {k: torch.zeros(N, dtype=torch.float64) for k in directions},
                        {k: torch.zeros(N, dtype=torch.float64) for k in directions}, {}, None)
     shift_agreed = False
+    sampler_rows = E_batch.sampler_response_logqs()
     with many_row_directionals(row_maps) as rows:
         for idx in progress(microbatches):
             forward = _microbatch_forward(engine, E_batch, idx, options)
+            weights = _microbatch_weights(sums, forward[0], forward[1], sampler_rows)
             if not shift_agreed:
                 sums.shift, shift_agreed = agree_on_shift(entropy_of(forward[2], options.normalize)), True
-            _microbatch_backward(trainable, rows, sums, idx, *forward)
+            _microbatch_backward(trainable, rows, sums, idx, *forward, weights)
     if not shift_agreed:  # no microbatch here: still take part in agreeing on s
         sums.shift = agree_on_shift(None)
+    if sampler_rows is not None:
+        sums.rescale(agree_on_scale(sums.log_weight_shift))
     return sums
 
 
@@ -212,36 +253,72 @@ def _microbatch_forward(engine: PolicyEngine, E_batch: Batch, idx: list[int], op
     return seq_ids, l_mb, h_mb, coefs
 
 
+def _microbatch_weights(sums: OnePassSums, seq_ids: list[int], l_mb: list[Tensor],
+                        sampler_rows: list[Tensor] | None) -> Tensor | None:
+    """s̃_i = exp(log s_i − c) of the microbatch's sequences (float64 [n]; None: the sampler is the policy), with
+    c = sums.log_weight_shift set by the first microbatch and raised (the sums rescaled) when a weight would
+    pass e^LOG_WEIGHT_HEADROOM."""
+    if sampler_rows is None:
+        return None
+    log_s = torch.from_numpy(sampler_log_weights([t.detach().double().cpu() for t in l_mb],
+                                                 [sampler_rows[n] for n in seq_ids]))
+    finite = log_s[torch.isfinite(log_s)]
+    top = float(finite.max()) if finite.numel() else None
+    if sums.log_weight_shift is None:
+        sums.log_weight_shift = top if top is not None else 0.0
+    elif top is not None and top - sums.log_weight_shift > LOG_WEIGHT_HEADROOM:
+        sums.rescale(top)
+    return torch.exp(log_s - sums.log_weight_shift)
+
+
+def _read_rows(rows_k: RowDirectionalDerivatives, weights: Tensor | None) -> Tensor:
+    """The per-row derivatives of the last backward, divided by the rows' weights s̃ (0 where s̃ = 0)."""
+    if weights is None:
+        return rows_k.values
+    values = rows_k.values.double()
+    return torch.where(weights > 0, values / torch.where(weights > 0, weights, 1.0), torch.zeros_like(values))
+
+
 def _microbatch_backward(trainable: Trainable, rows: dict[str, RowDirectionalDerivatives], sums: OnePassSums,
                          idx: list[int], seq_ids: list[int], l_mb: list[Tensor], h_mb: list[Tensor],
-                         coefs: list) -> None:
-    """Backward of L_α' (and of L_β unless β ≡ 0: causal + per_sequence) into `sums`, with the pieces."""
-    loss_alpha = surrogate_loss(l_mb, h_mb, [al - sums.shift * be for al, be in coefs], 1.0)
+                         coefs: list, weights: Tensor | None = None) -> None:
+    """Backward of L_α' (and of L_β unless β ≡ 0: causal + per_sequence) into `sums`, with the pieces; each
+    sequence's terms times its s̃_i when `weights` are given."""
+    loss_alpha = surrogate_loss(l_mb, h_mb, [al - sums.shift * be for al, be in coefs], 1.0, weights)
     has_beta = any(bool(be.any()) for _, be in coefs)
     for rows_k in rows.values():
         rows_k.reset(len(seq_ids))
     trainable.add_grad(sums.X_alpha, loss_alpha, f"E backward, prompts {idx}", retain_graph=has_beta)
     for k, rows_k in rows.items():
-        sums.a[k][seq_ids] = rows_k.values
+        sums.a[k][seq_ids] = _read_rows(rows_k, weights)
     if has_beta:
-        loss_beta = weighted_logq_sum(l_mb, [be for _, be in coefs])
+        betas = [be for _, be in coefs] if weights is None else [w * be for w, (_, be) in zip(weights, coefs)]
+        loss_beta = weighted_logq_sum(l_mb, betas)
         for rows_k in rows.values():
             rows_k.reset(len(seq_ids))
         trainable.add_grad(sums.X_beta, loss_beta, f"E backward (β), prompts {idx}")
         for k, rows_k in rows.items():
-            sums.r[k][seq_ids] = rows_k.values
+            sums.r[k][seq_ids] = _read_rows(rows_k, weights)
     for j, n in enumerate(seq_ids):
         sums.rows[n] = (l_mb[j].detach().double().cpu(), h_mb[j].detach().double().cpu())
 
 
-def finish_one_pass(sums: OnePassSums, scores: SequenceScores, options: EntropyOptions
+def finish_one_pass(sums: OnePassSums, scores: SequenceScores, options: EntropyOptions,
+                    sampler_rows: list[Tensor] | None = None
                     ) -> tuple[NamedTensors, SurrogateCoefficients, dict[str, tuple[Tensor, Tensor]]]:
     """(X̂ fp32, the coefficients, the pieces {direction name: (a, r)}) from the summed `sums` and the
-    scores of all E."""
-    coefs = coefficients(scores, options)
+    scores of all E; `sampler_rows` (the batch's sampler log-probs per sequence) when the sums are weighted:
+    the coefficients then carry the mean-1 weights, X̂ divides by D summed with the sums' own s̃."""
+    if sampler_rows is None:
+        coefs = coefficients(scores, options)
+        D = coefs.D
+    else:
+        log_s = torch.from_numpy(sampler_log_weights(scores.token_logqs, sampler_rows))
+        coefs = coefficients(scores, options, torch.from_numpy(normalised_weights(log_s)))
+        D = normalizer(scores.lengths, options.normalize, torch.exp(log_s - (sums.log_weight_shift or 0.0)))
     shift = sums.shift or 0.0
     residual = coefs.H_hat - shift
-    X = {n: ((sums.X_alpha[n].double() - residual * sums.X_beta[n].double()) / coefs.D).float() for n in sums.X_alpha}
+    X = {n: ((sums.X_alpha[n].double() - residual * sums.X_beta[n].double()) / D).float() for n in sums.X_alpha}
     return X, coefs, {k: (sums.a[k] + shift * sums.r[k], sums.r[k]) for k in sums.a}
 
 

@@ -43,7 +43,8 @@ def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: 
     a, r = res.pieces
     s = res.scores
     from_pieces, se_E = jackknife.se_E(a, r, s.seq_entropies, s.lengths, s.unit_of_sequence,
-                                       normalize=normalize, learning_rate=res.learning_rate)
+                                       normalize=normalize, learning_rate=res.learning_rate,
+                                       weights=res.sampler_weights)
     rel = abs(from_pieces - res.delta_h1) / max(abs(res.delta_h1), 1e-300)
     if rel > 1e-3:
         warn(f"per-sequence pieces disagree with the backward X̂·v by {rel:.2e} "

@@ -183,13 +183,19 @@ def delta_h1_slope(
 
 
 def se_E(a: torch.Tensor, r: torch.Tensor, seq_entropies: torch.Tensor, lengths: torch.Tensor, units: list[int],
-         *, normalize: str, learning_rate: float) -> tuple[float, float]:
+         *, normalize: str, learning_rate: float, weights: torch.Tensor | None = None) -> tuple[float, float]:
     """(δH₁ from the pieces, its E-side SE).  Statistic lr·(A − Ĥ·B)/D, Ĥ = Σh/D, D = ΣT or N.
 
     a, r: per-sequence directional pieces (per unit lr); seq_entropies h_i; lengths T_i; units: the
     independent unit of each sequence. (per_sequence uses d_i = 1 so D = N.)
+    weights: the sampler's per-sequence s_i (docs/maths.md §12; None: unweighted): the same statistic of the
+    weighted sums A = Σ s a, B = Σ s r, Σ s h, D = Σ s d. It is homogeneous of degree 0 in s (a common factor
+    of the four sums cancels), so a delete-one replicate needs no renormalisation of the remaining weights.
     """
     d = lengths.double() if normalize == "per_token" else torch.ones_like(lengths, dtype=torch.float64)
+    if weights is not None:
+        s = weights.double()
+        a, r, seq_entropies, d = s * a.double(), s * r.double(), s * seq_entropies.double(), s * d
     est = delta_h1_per_token(a, r, seq_entropies, d, units=units)
     return learning_rate * est.value, learning_rate * est.se
 

@@ -5,7 +5,8 @@ entropy along the step, from what the earlier phases computed (estimators/attrib
   (`variance.enabled`) and at least two groups.
 - E tokens: H_t and lr·D_v H_t per realised token from the forward-mode jvp scores of E along v — the same
   scores the `jvp` pieces method already made (reused), else one jvp scoring pass of E (`score_along_v`), unless
-  `output.token_attribution` is off. Their sum is the `direct_only` predictor.
+  `output.token_attribution` is off. Their sum is the `direct_only` predictor. Under the sampler's weights
+  (docs/maths.md §12) each token's dH carries its sequence's s_i, and D is the weighted one.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def e_token_attribution(policy: Policy, E: Batch, res: DeltaH1Result,
                         score_along_v: Callable[[], SequenceScores]) -> tuple[dict, dict]:
     """(results.json `attribution.E_tokens`, the E_tokens table's columns) of every realised E token."""
     scores = res.scores if res.scores.d_entropy is not None else score_along_v()
-    tokens = TokenAttribution.from_scores(scores.token_entropies, scores.d_entropy, res.learning_rate)
+    tokens = TokenAttribution.from_scores(scores.token_entropies, scores.d_entropy, res.learning_rate,
+                                          res.sampler_weights)
     ids = response_token_ids(E, [len(h) for h in scores.token_entropies])
     tokenizer = policy.tokenizer if policy.tokenizer is not None else policy.engine.tokenizer
     texts = tokenizer.batch_decode([[t] for t in ids])  # each token decoded on its own

@@ -182,6 +182,11 @@ class DistContext:
         """rank 0's float (or None) on every rank."""
         return self.broadcast_object(value, what)
 
+    def max_float(self, value: float | None, what: str) -> float | None:
+        """The largest of the ranks' floats (None where a rank has none; None when no rank has one)."""
+        values = [v for v in self.all_gather_object(value, what) if v is not None]
+        return max(values, default=None)
+
     def gather_rows(self, local: dict[int, Any], n_rows: int, what: str) -> list:
         """Merge {global index: value} from every rank into one list [n_rows] in global order.
 

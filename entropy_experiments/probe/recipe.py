@@ -41,6 +41,7 @@ from ..estimators.entropy_gradient import (
     finish_one_pass,
     one_pass_sums,
     pieces_method,
+    sampler_weights,
     surrogate_gradient_sum,
 )
 from ..estimators.error_bars import ErrorBars, error_bars
@@ -54,6 +55,7 @@ from ..estimators.objective_gradient import (
     u_terms,
     u_work_items,
 )
+from ..estimators.sampler_correction import correction_diagnostics, correction_warnings
 from ..estimators.sequence_scores import SequenceScores, score_sequences, units_of
 from ..estimators.step_directions import predictor_directions, probe_step, step_direction
 from ..estimators.surrogate import SurrogateCoefficients, directional_pieces
@@ -171,6 +173,7 @@ def one_pass_phase(config: ProbeConfig, policy: Policy, E: Batch, directions: di
     sums = one_pass_sums(policy.engine, policy.trainable, E,
                          dist.chunk_slice(e_microbatches(E.num_prompts, G, options.microbatch_size)), options,
                          directions, agree_on_shift=lambda s: dist.broadcast_float(s, "E shift broadcast"),
+                         agree_on_scale=lambda c: dist.max_float(c, "E sampler-weight scale"),
                          progress=progress("E backward (entropy surrogate)"))
     if dist.enabled:  # one flat all-reduce: X_α, X_β and the per-sequence a, r (zero off this rank)
         summed = dist.all_reduce_tree({"alpha": sums.X_alpha, "beta": sums.X_beta, "a": sums.a, "r": sums.r},
@@ -179,7 +182,7 @@ def one_pass_phase(config: ProbeConfig, policy: Policy, E: Batch, directions: di
     gathered = dist.gather_rows(sums.rows, N, "E scores gather")
     scores = SequenceScores(token_logqs=[row[0] for row in gathered], token_entropies=[row[1] for row in gathered],
                             unit_of_sequence=units_of(E.num_prompts, G))
-    X, coefs, pieces = finish_one_pass(sums, scores, options)
+    X, coefs, pieces = finish_one_pass(sums, scores, options, E.sampler_response_logqs())
     return SurrogatePass(X, scores, coefs, pieces)
 
 
@@ -189,7 +192,7 @@ def scored_pieces_phase(config: ProbeConfig, policy: Policy, E: Batch, direction
     pieces along every other direction by one more jvp scoring pass each. Returns the timings too."""
     timings, t0 = {}, time.perf_counter()
     scores = score_E(config, policy, E, directions[MAIN] if with_pieces else None, dist)
-    coefs = coefficients(scores, config.entropy_options())
+    coefs = coefficients(scores, config.entropy_options(), sampler_weights(scores, E.sampler_response_logqs()))
     pieces = {}
     if with_pieces:
         pieces[MAIN] = directional_pieces(scores.d_logq, scores.d_entropy, coefs)
@@ -245,6 +248,7 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, *, u
                          timings=timings, pieces=main_pieces,
                          pieces_method=method if method in ("backward_hooks", "jvp") else None,
                          predictor_directions=extra, predictor_pieces=pieces, predictors_unavailable=unavailable,
+                         sampler_weights=e_pass.coefficients.weights,
                          scores_tf_batch=one_pass_rows if method == "backward_hooks" else None)
 
 
@@ -329,6 +333,9 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, note
     res = delta_h1_phase(config, policy, E, U, u_groups=u_groups, per_sequence_pieces=config.variance.enabled,
                          dist=dist)
     timing = {f"phase1_3_{k}": v for k, v in res.timings.items()}
+    if E.sampler_logqs is not None:  # docs/maths.md §12: the sampler is far from the policy
+        for line in correction_warnings(correction_diagnostics(res.scores.token_logqs, E.sampler_response_logqs())):
+            notes.warn(line)
     t1 = time.perf_counter()
     bars = error_bars_phase(config, policy, res, u_groups or [], notes)
     if config.variance.enabled:

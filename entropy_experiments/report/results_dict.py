@@ -14,6 +14,7 @@ from torch import nn
 
 from ..data.batch import Batch
 from ..data.rewards import reward_warnings
+from ..estimators.sampler_correction import correction_diagnostics, sampler_log_weights
 from ..estimators.surrogate import entropy_estimates
 
 
@@ -58,7 +59,7 @@ def assemble_results(E: Batch, U: Batch, res, bars, truth: dict, residuals: list
         "bars_dot": res.x_hat_dot_v,  # legacy alias (results_schema.LEGACY_RESULT_KEYS)
         "learning_rate": res.learning_rate,
         "normalize": facts.normalize, "se": bars.se,
-        "H_orig": entropy_estimates(scores.seq_entropies, scores.lengths),
+        "H_orig": entropy_estimates(scores.seq_entropies, scores.lengths, res.sampler_weights),
         "true": [{**row, "residual": resid,
                   "second_order_prediction": None if second_order is None else second_order["predictions"][f"{row['eta']:g}"]}
                  for row, resid in zip(truth["true"], residuals)],
@@ -75,10 +76,21 @@ def assemble_results(E: Batch, U: Batch, res, bars, truth: dict, residuals: list
                         "distributed": {"world_size": facts.world_size, "backend": facts.backend}},
         "config_hash": facts.config_hash,
         "checkpoint": facts.checkpoint_info,  # layout, files and their sources, base model, lr source
+        "sampler": sampler_results(E, scores),
         "warnings": facts.warnings + list(dict.fromkeys(facts.sampling_warnings + list(reward_warnings()))),
     }
     rows = per_sequence_rows(E, scores, bars.a, bars.r, truth["per_sequence"], res.per_sequence_extra)
+    if E.sampler_logqs is not None:  # log s_i of docs/maths.md §12, before normalisation
+        for row, log_w in zip(rows, sampler_log_weights(scores.token_logqs, E.sampler_response_logqs()), strict=True):
+            row["sampler_log_weight"] = float(log_w)
     return ProbeOutcome(results, rows, res.v, facts.plan)
+
+
+def sampler_results(E: Batch, scores) -> dict:
+    """results.json `sampler`: `correction`, how far the sampler that drew E is from the policy
+    (estimators/sampler_correction.py; None when the sampler is the policy)."""
+    rows = E.sampler_response_logqs()
+    return {"correction": None if rows is None else correction_diagnostics(scores.token_logqs, rows)}
 
 
 def per_sequence_rows(E: Batch, scores, a, r, per_eta: dict, extra: dict | None = None) -> list[dict]:
