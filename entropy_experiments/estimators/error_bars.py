@@ -61,7 +61,8 @@ def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: 
 
 def paired_residuals(truth: dict, res, bars: ErrorBars, *, normalize: str) -> list[dict]:
     """Per η of `truth` (delta_h.measure_delta_h): {value, se, z} of ρ(η) = ΔH(η) − η·D_v H over the same E
-    units. D_v H comes from the pieces a, r; without them (variance off) from X̂·v, with SE NaN."""
+    units. D_v H comes from the pieces a, r; without them (variance off) from X̂·v, with SE NaN. With the
+    sampler correction (`res.sampler_weights`, docs/maths.md §12) every sum carries s."""
     out = []
     for row in truth["true"]:
         eta = row["eta"]
@@ -71,5 +72,5 @@ def paired_residuals(truth: dict, res, bars: ErrorBars, *, normalize: str) -> li
         per = truth["per_sequence"][eta]
         out.append(residual_entry(paired_residual(
             per["logw"], per["h_new"], truth["base"]["h"], truth["base"]["T"], bars.a.numpy(), bars.r.numpy(), eta,
-            normalize=normalize, units=res.scores.unit_of_sequence)))
+            normalize=normalize, units=res.scores.unit_of_sequence, sampler_weights=res.sampler_weights)))
     return out

@@ -16,7 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from .jackknife import Estimate, Normalize, as_float64, check_normalize, jackknife_estimate, sum_by_unit
+from .jackknife import (
+    Estimate,
+    Normalize,
+    as_float64,
+    check_normalize,
+    jackknife_estimate,
+    sampler_weighted,
+    sum_by_unit,
+)
 
 __all__ = [
     "PSIS_PRIOR_DRAWS",
@@ -27,6 +35,7 @@ __all__ = [
     "logw_summary",
     "psis_khat",
     "psis_tail_size",
+    "sampler_weighted_entropy",
     "snis_delta_h",
     "snis_entropy",
     "zero_weight_count",
@@ -65,6 +74,15 @@ def snis_entropy(logw: Any, h_new: Any, T: Any, *, normalize: Normalize) -> floa
     w, hn, t = weights_from_log(logw), as_float64(h_new), as_float64(T)
     denom = np.dot(w, t) if normalize == "per_token" else w.sum()
     return float(np.dot(w, hn) / denom) if denom > 0 else float("nan")
+
+
+def sampler_weighted_entropy(h: Any, T: Any, *, normalize: Normalize, sampler_weights: Any) -> float:
+    """Ĥ = Σ s h / Σ s d of E drawn by another sampler (d = T per_token, 1 per_sequence; docs/maths.md §12)."""
+    check_normalize(normalize)
+    t = as_float64(T)
+    d = t if normalize == "per_token" else np.ones_like(t)
+    sh, sd = sampler_weighted([as_float64(h), d], sampler_weights)
+    return float(sh.sum() / sd.sum())
 
 
 def ess(logw: Any) -> float:
@@ -161,18 +179,23 @@ def _snis_delta_stat(sums: np.ndarray) -> float:
 
 
 def snis_delta_h(
-    logw: Any, h_new: Any, h: Any, T: Any, *, normalize: Normalize, units: Any | None = None
+    logw: Any, h_new: Any, h: Any, T: Any, *, normalize: Normalize, units: Any | None = None,
+    sampler_weights: Any | None = None,
 ) -> Estimate:
     """ΔH(η) = Ĥ' − Ĥ by SNIS on the E sequences, with a delete-one jackknife SE over units.
 
     logw, h_new, h, T: [N]. Per-unit statistics (w h', w T, h, T) for per_token and
     (w h', w, h, 1) for per_sequence, with unnormalised w = exp(log w − max log w). Both Ĥ' and Ĥ
     are recomputed in each replicate. Value NaN when every weight is zero.
+
+    `sampler_weights` s [N] (E drawn by a sampler other than the policy, docs/maths.md §12): every column
+    carries s too, Ĥ = Σ s h / Σ s d and Ĥ' = Σ s w h' / Σ s w d (total weights s·w against the sampler).
     """
     check_normalize(normalize)
     w, hn, hh, t = weights_from_log(logw), as_float64(h_new), as_float64(h), as_float64(T)
     d = t if normalize == "per_token" else np.ones_like(t)
-    return jackknife_estimate(sum_by_unit([w * hn, w * d, hh, d], units), _snis_delta_stat)
+    columns = sampler_weighted([w * hn, w * d, hh, d], sampler_weights)
+    return jackknife_estimate(sum_by_unit(columns, units), _snis_delta_stat)
 
 
 
