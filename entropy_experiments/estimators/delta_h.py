@@ -21,6 +21,7 @@ from torch import Tensor
 from ..data.batch import Batch
 from ..policy.engine import PolicyEngine
 from . import snis
+from .jackknife import as_float64
 from .sequence_scores import SequenceScores, log_weights, score_sequences, units_of
 from .surrogate import entropy_estimate
 
@@ -88,7 +89,8 @@ def measure_delta_h(engine: PolicyEngine, E_batch: Batch | None, v_named: NamedT
                     units: list[int] | None = None, mode: str = "param_override", optimizer=None, named_params=None,
                     grads=None, max_grad_norm: float | None = None, base: SequenceScores | None = None,
                     tf_batch_size: int | None = None,
-                    gather: Callable[[list[float], str], np.ndarray] = gather_locally) -> dict:
+                    gather: Callable[[list[float], str], np.ndarray] = gather_locally,
+                    sampler_weights: np.ndarray | None = None) -> dict:
     """ΔH(η) with diagnostics for every η; returns {"H_orig", "true": [...], "per_sequence", "base", "linearity"}
     ("base": the per-sequence h and T at θ of all E, float64 [N], for the paired residuals).
 
@@ -101,6 +103,10 @@ def measure_delta_h(engine: PolicyEngine, E_batch: Batch | None, v_named: NamedT
     `E_batch` may be a share of E (None: no sequence here) when `gather` turns the share's per-sequence
     values into arrays over all of E in order (parallel.py) and `units` gives every sequence's prompt;
     the SNIS estimate then runs on the whole E. By default E is whole and `gather` is the identity.
+
+    `sampler_weights` s [N] over all of E (E drawn by a sampler other than the policy, docs/maths.md §12):
+    Ĥ = Σ s h / Σ s d and Ĥ' = Σ s w h' / Σ s w d. The weight diagnostics of each row stay those of the
+    step's own w = q_θ'/q_θ (the sampler's are reported once, by the sampler correction).
     """
     if units is None:
         units = units_of(E_batch.num_prompts, E_batch.num_responses_per_prompt)
@@ -108,7 +114,7 @@ def measure_delta_h(engine: PolicyEngine, E_batch: Batch | None, v_named: NamedT
     base = base or (score_sequences(engine, E_batch, tf_batch_size=tf_batch_size) if local else None)
     T = gather([len(x) for x in base.token_logqs] if local else [], "E lengths gather")
     h = gather(base.seq_entropies.tolist() if local else [], "E entropies gather")
-    H_orig = entropy_estimate(h, T, normalize)
+    H_orig = entropy_estimate(h, T, normalize, None if sampler_weights is None else as_float64(sampler_weights))
     rows, per_seq = [], {}
     for eta in etas:
         new = (score_at_eta(engine, E_batch, v_named, eta, mode=mode, optimizer=optimizer, named_params=named_params,
@@ -116,7 +122,8 @@ def measure_delta_h(engine: PolicyEngine, E_batch: Batch | None, v_named: NamedT
                if local else None)
         logw = gather(log_weights(new, base) if local else [], f"log-weights gather (η={eta:g})")
         h_new = gather(new.seq_entropies.tolist() if local else [], f"new entropies gather (η={eta:g})")
-        est = snis.snis_delta_h(logw, h_new, h, T, normalize=normalize, units=units)
+        est = snis.snis_delta_h(logw, h_new, h, T, normalize=normalize, units=units,
+                                sampler_weights=sampler_weights)
         diag = snis.importance_diagnostics(logw)
         rows.append({"eta": eta, "deltaH_true": est.value, "H_upd": H_orig + est.value, "se": est.se, **diag})
         per_seq[eta] = {"logw": logw.tolist(), "h_new": h_new.tolist()}

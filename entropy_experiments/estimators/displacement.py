@@ -68,14 +68,15 @@ def step_comparison(v: NamedTensors, learning_rate: float, delta: NamedTensors) 
 
 
 def displacement_entry(X: NamedTensors, delta: NamedTensors, pieces: tuple[Tensor, Tensor] | None, scores, *,
-                       normalize: str, second: Estimate | None) -> dict:
+                       normalize: str, second: Estimate | None, sampler_weights: Tensor | None = None) -> dict:
     """results.json `predictors.displacement`: δH_Δθ = X̂·Δθ (as `delta_h1`, the predictors' common name), its
-    SE_E from the pieces along Δθ (None: NaN), no SE_U (Δθ does not depend on the probe's U), and ½·D²_Δθ H."""
+    SE_E from the pieces along Δθ (None: NaN; `sampler_weights` s [N]: the sums weighted by the sampler
+    correction, docs/maths.md §12), no SE_U (Δθ does not depend on the probe's U), and ½·D²_Δθ H."""
     value = named_dot(X, delta)
     se, from_pieces = NAN, NAN
     if pieces is not None:
         from_pieces, se = se_E(pieces[0], pieces[1], scores.seq_entropies, scores.lengths, scores.unit_of_sequence,
-                               normalize=normalize, learning_rate=1.0)
+                               normalize=normalize, learning_rate=1.0, sampler_weights=sampler_weights)
     norm = named_norm(delta)
     half = None if second is None else {"value": 0.5 * second.value, "se": 0.5 * second.se}
     return {"delta_h1": value, "se": se, "se_E": se, "se_U": NAN, "from_pieces": from_pieces,

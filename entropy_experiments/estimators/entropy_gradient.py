@@ -222,10 +222,13 @@ def hook_directions(trainable: Trainable, directions: dict[str, NamedTensors]) -
 
 def entropy_only_gradient_sum(engine: PolicyEngine, trainable: Trainable, E_batch: Batch, microbatches: list[list[int]],
                               options: EntropyOptions, v_named: NamedTensors | None,
-                              progress=iter) -> tuple[NamedTensors, Tensor]:
+                              progress=iter, sampler_weights: Tensor | None = None) -> tuple[NamedTensors, Tensor]:
     """(Σ over the given microbatches of ∇Σ_ik H_ik (float64), d [N] with d_i = D_v h_i (zero outside the
     microbatches run, and everywhere without `v_named`)): the `direct_only` predictor's pieces, one forward
-    and one backward per microbatch; divide by D for the gradient of Ĥ's explicit part."""
+    and one backward per microbatch; divide by D for the gradient of Ĥ's explicit part.
+
+    `sampler_weights` s [N] (E drawn by another sampler, docs/maths.md §12): the gradient is of Σ_i s_i h_i;
+    d stays the unweighted D_v h_i (the row hooks see s_i·D_v h_i, divided back; 0 where s_i = 0)."""
     trainable.model.eval()
     N = E_batch.num_prompts * E_batch.num_responses_per_prompt
     X_H, d = trainable.zeros(torch.float64), torch.zeros(N, dtype=torch.float64)
@@ -235,9 +238,16 @@ def entropy_only_gradient_sum(engine: PolicyEngine, trainable: Trainable, E_batc
             seq_ids, _, h_mb, _ = _microbatch_forward(engine, E_batch, idx, options)
             for r in rows.values():
                 r.reset(len(seq_ids))
-            trainable.add_grad(X_H, sum(h.sum() for h in h_mb), f"E backward (Σ H), prompts {idx}")
+            if sampler_weights is None:
+                loss = sum(h.sum() for h in h_mb)
+            else:
+                loss = sum(float(sampler_weights[n]) * h.sum() for n, h in zip(seq_ids, h_mb))
+            trainable.add_grad(X_H, loss, f"E backward (Σ H), prompts {idx}")
             if rows:
                 d[seq_ids] = rows["v"].values
+    if sampler_weights is not None:
+        s = sampler_weights.double()
+        d = torch.where(s > 0, d / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(d))
     return X_H, d
 
 

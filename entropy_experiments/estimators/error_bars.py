@@ -44,7 +44,7 @@ def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: 
     s = res.scores
     from_pieces, se_E = jackknife.se_E(a, r, s.seq_entropies, s.lengths, s.unit_of_sequence,
                                        normalize=normalize, learning_rate=res.learning_rate,
-                                       weights=res.sampler_weights)
+                                       sampler_weights=res.sampler_weights)
     rel = abs(from_pieces - res.delta_h1) / max(abs(res.delta_h1), 1e-300)
     if rel > 1e-3:
         warn(f"per-sequence pieces disagree with the backward X̂·v by {rel:.2e} "
@@ -62,7 +62,8 @@ def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: 
 
 def paired_residuals(truth: dict, res, bars: ErrorBars, *, normalize: str) -> list[dict]:
     """Per η of `truth` (delta_h.measure_delta_h): {value, se, z} of ρ(η) = ΔH(η) − η·D_v H over the same E
-    units. D_v H comes from the pieces a, r; without them (variance off) from X̂·v, with SE NaN."""
+    units. D_v H comes from the pieces a, r; without them (variance off) from X̂·v, with SE NaN. With the
+    sampler correction (`res.sampler_weights`, docs/maths.md §12) every sum carries s."""
     out = []
     for row in truth["true"]:
         eta = row["eta"]
@@ -72,5 +73,5 @@ def paired_residuals(truth: dict, res, bars: ErrorBars, *, normalize: str) -> li
         per = truth["per_sequence"][eta]
         out.append(residual_entry(paired_residual(
             per["logw"], per["h_new"], truth["base"]["h"], truth["base"]["T"], bars.a.numpy(), bars.r.numpy(), eta,
-            normalize=normalize, units=res.scores.unit_of_sequence)))
+            normalize=normalize, units=res.scores.unit_of_sequence, sampler_weights=res.sampler_weights)))
     return out

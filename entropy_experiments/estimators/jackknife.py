@@ -40,6 +40,7 @@ __all__ = [
     "jackknife_replicates",
     "jackknife_se",
     "leave_one_group_out_directions",
+    "sampler_weighted",
     "se_E",
     "se_U",
     "se_total",
@@ -91,6 +92,22 @@ def sum_by_unit(columns: Sequence[Any], units: Any | None = None) -> np.ndarray:
     out = np.zeros((int(inverse.max()) + 1, stats.shape[1]))
     np.add.at(out, inverse, stats)
     return out
+
+
+def sampler_weighted(columns: list[np.ndarray], sampler_weights: Any | None) -> list[np.ndarray]:
+    """Each per-sequence column times the sampler weight s_i (docs/maths.md §12); None: the columns as they are.
+
+    Every E-side statistic beyond first order is a ratio of sums over sequences, so weighting each sum by s_i
+    turns it into the self-normalised estimate under the policy when E was drawn by another sampler (the
+    scale of s cancels). s ≡ 1 multiplies by 1.0 exactly: the unweighted numbers, bit for bit."""
+    if sampler_weights is None:
+        return columns
+    s = as_float64(sampler_weights)
+    if s.size != columns[0].size:
+        raise ValueError(f"{s.size} sampler weights for {columns[0].size} sequences")
+    if not (np.isfinite(s).all() and (s >= 0).all()):
+        raise ValueError("sampler weights must be finite and non-negative")
+    return [s * c for c in columns]
 
 
 def jackknife_se(values_minus_one: Any) -> float:
@@ -183,20 +200,20 @@ def delta_h1_slope(
 
 
 def se_E(a: torch.Tensor, r: torch.Tensor, seq_entropies: torch.Tensor, lengths: torch.Tensor, units: list[int],
-         *, normalize: str, learning_rate: float, weights: torch.Tensor | None = None) -> tuple[float, float]:
+         *, normalize: str, learning_rate: float, sampler_weights: Any | None = None) -> tuple[float, float]:
     """(δH₁ from the pieces, its E-side SE).  Statistic lr·(A − Ĥ·B)/D, Ĥ = Σh/D, D = ΣT or N.
 
     a, r: per-sequence directional pieces (per unit lr); seq_entropies h_i; lengths T_i; units: the
-    independent unit of each sequence. (per_sequence uses d_i = 1 so D = N.)
-    weights: the sampler's per-sequence s_i (docs/maths.md §12; None: unweighted): the same statistic of the
-    weighted sums A = Σ s a, B = Σ s r, Σ s h, D = Σ s d. It is homogeneous of degree 0 in s (a common factor
-    of the four sums cancels), so a delete-one replicate needs no renormalisation of the remaining weights.
+    independent unit of each sequence. (per_sequence uses d_i = 1 so D = N.) `sampler_weights` s [N] (E drawn
+    by another sampler, docs/maths.md §12): A, B, Σh and D are sums of s·a, s·r, s·h, s·d (None: unweighted). The statistic
+    is homogeneous of degree 0 in s (a common factor of the four sums cancels), so a delete-one replicate needs no
+    renormalisation of the remaining weights.
     """
     d = lengths.double() if normalize == "per_token" else torch.ones_like(lengths, dtype=torch.float64)
-    if weights is not None:
-        s = weights.double()
-        a, r, seq_entropies, d = s * a.double(), s * r.double(), s * seq_entropies.double(), s * d
-    est = delta_h1_per_token(a, r, seq_entropies, d, units=units)
+    columns = [a, r, seq_entropies, d]
+    if sampler_weights is not None:
+        columns = sampler_weighted([as_float64(c) for c in columns], sampler_weights)
+    est = delta_h1_per_token(*columns, units=units)
     return learning_rate * est.value, learning_rate * est.se
 
 

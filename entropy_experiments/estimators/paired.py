@@ -19,7 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from .jackknife import Estimate, Normalize, as_float64, check_normalize, jackknife_estimate, sum_by_unit
+from .jackknife import (
+    Estimate,
+    Normalize,
+    as_float64,
+    check_normalize,
+    jackknife_estimate,
+    sampler_weighted,
+    sum_by_unit,
+)
 from .snis import weights_from_log
 
 __all__ = ["paired_residual", "residual_entry"]
@@ -33,16 +41,18 @@ def _residual_stat(eta: float):
 
 
 def paired_residual(logw: Any, h_new: Any, h: Any, T: Any, a: Any, r: Any, eta: float, *, normalize: Normalize,
-                    units: Any | None = None) -> Estimate:
+                    units: Any | None = None, sampler_weights: Any | None = None) -> Estimate:
     """ρ(η) = ΔH(η) − η·D_v H with its jackknife SE over `units` (nats per token, or per sequence).
 
     logw, h_new: log-weights and new sequence entropies at θ + η·v; h, T: entropies and lengths at θ;
     a, r: per-sequence directional pieces along v per unit lr; all [N] in the same sequence order.
+    `sampler_weights` s [N] (docs/maths.md §12): every sum carries s — ΔH(η) with total weights s·w and
+    D_v H = (Σ s a − Ĥ Σ s r)/Σ s d with Ĥ = Σ s h / Σ s d, the pieces a, r themselves unweighted.
     """
     check_normalize(normalize)
     w, hn, hh, t = weights_from_log(logw), as_float64(h_new), as_float64(h), as_float64(T)
     d = t if normalize == "per_token" else np.ones_like(t)
-    columns = [w * hn, w * d, hh, d, as_float64(a), as_float64(r)]
+    columns = sampler_weighted([w * hn, w * d, hh, d, as_float64(a), as_float64(r)], sampler_weights)
     return jackknife_estimate(sum_by_unit(columns, units), _residual_stat(float(eta)))
 
 

@@ -102,22 +102,28 @@ def unavailable_entry(reason: str) -> dict:
 
 
 def direction_estimate(X: NamedTensors, direction: NamedTensors, pieces: tuple[Tensor, Tensor] | None, scores,
-                       learning_rate: float, loo_directions: list[NamedTensors], *, normalize: str) -> dict:
-    """lr·X̂·v' with SE_E from the pieces (a', r') along v' (None: NaN) and SE_U over the rebuilt v'₍₋k₎."""
+                       learning_rate: float, loo_directions: list[NamedTensors], *, normalize: str,
+                       sampler_weights: Tensor | None = None) -> dict:
+    """lr·X̂·v' with SE_E from the pieces (a', r') along v' (None: NaN) and SE_U over the rebuilt v'₍₋k₎;
+    `sampler_weights` s [N]: the sampler correction's weights of the E sums (docs/maths.md §12; None: none)."""
     value = learning_rate * named_dot(X, direction)
     se_E = from_pieces = NAN
     if pieces is not None:
         from_pieces, se_E = jackknife.se_E(pieces[0], pieces[1], scores.seq_entropies, scores.lengths,
-                                           scores.unit_of_sequence, normalize=normalize, learning_rate=learning_rate)
+                                           scores.unit_of_sequence, normalize=normalize, learning_rate=learning_rate,
+                                           sampler_weights=sampler_weights)
     se_U = jackknife.se_U(X, loo_directions, learning_rate=learning_rate)[0] if len(loo_directions) >= 2 else NAN
     return estimate_entry(value, se_E, se_U, from_pieces)
 
 
 def direct_only_estimate(X_H: NamedTensors, d: Tensor | None, scores, learning_rate: float, v: NamedTensors,
-                         loo_directions: list[NamedTensors], *, normalize: str) -> dict:
-    """lr·X_H·v (X_H = ∇Σ H / D) with SE_E from d_i = D_v h_i (None: NaN) and SE_U over X_H·v₍₋k₎."""
+                         loo_directions: list[NamedTensors], *, normalize: str,
+                         sampler_weights: Tensor | None = None) -> dict:
+    """lr·X_H·v (X_H = ∇Σ H / D, with the sampler weights: ∇Σ s H / Σ s d) with SE_E from d_i = D_v h_i
+    (None: NaN) and SE_U over X_H·v₍₋k₎."""
     pieces = None if d is None else (d, torch.zeros_like(d))   # r ≡ 0: the −Ĥ·R term is left out
-    return direction_estimate(X_H, v, pieces, scores, learning_rate, loo_directions, normalize=normalize)
+    return direction_estimate(X_H, v, pieces, scores, learning_rate, loo_directions, normalize=normalize,
+                              sampler_weights=sampler_weights)
 
 
 def measured_reference(true_rows: list[dict], learning_rate: float) -> dict | None:

@@ -10,6 +10,10 @@ log w_i = Σ_k (ℓ_{N',ik} − ℓ_{N,ik}) (float64, from per-token differences
     reverse   Δ_r = Σ h / Σ d − Σ w̃ h̃ / Σ w̃ d                 on E_{N'} (w̃ = q_N/q_{N'}, h̃ scored at θ_N)
     averaged  Δ   = (Δ_f + Δ_r) / 2
 
+When a batch was drawn by a sampler other than its checkpoint's policy (docs/maths.md §12), each of its sums
+carries that batch's sampler weight s_i = q_own(y_i)/q_sampler(y_i) too: Σ s w h' / Σ s w d − Σ s h / Σ s d —
+the weights are relative to the sampler, so s·w is the total weight of the other checkpoint against it.
+
 (d = T per_token, 1 per_sequence). The averaged statistic is ONE function of per-unit sums of both batches,
 side by side (zeros where a unit is absent): the delete-one jackknife over the units of both removes a unit
 from both at once, so the correlation the common draws put between Δ_f and Δ_r is measured. Each direction
@@ -36,6 +40,7 @@ from .jackknife import (
     check_normalize,
     jackknife_replicates,
     jackknife_se,
+    sampler_weighted,
     sum_by_unit,
 )
 from .snis import importance_diagnostics, snis_delta_h, weights_from_log
@@ -48,13 +53,15 @@ __all__ = ["CrossScored", "UnitReplicates", "importance_realised_change", "impor
 class CrossScored:
     """One E batch scored at the policy that sampled it (`h_own`, `T`) and at the other checkpoint's policy
     (`h_other`, `logw` = Σ_k ℓ_other − ℓ_own per sequence, nats); `units`: the jackknife unit of each sequence
-    (a key that names the same draw in both batches). All [N], float64 after `as_float64`."""
+    (a key that names the same draw in both batches). All [N], float64 after `as_float64`. `sampler_weights`:
+    s [N] when the batch was drawn by a sampler other than its own policy (docs/maths.md §12), else None."""
 
     logw: Any
     h_own: Any
     h_other: Any
     T: Any
     units: list
+    sampler_weights: Any | None = None
 
 
 @dataclass
@@ -91,7 +98,7 @@ def _columns(side: CrossScored, normalize: Normalize) -> list[np.ndarray]:
     """[w h_other, w d, h_own, d] of one batch (w unnormalised, exp(log w − max))."""
     w, t = weights_from_log(side.logw), as_float64(side.T)
     d = t if normalize == "per_token" else np.ones_like(t)
-    return [w * as_float64(side.h_other), w * d, as_float64(side.h_own), d]
+    return sampler_weighted([w * as_float64(side.h_other), w * d, as_float64(side.h_own), d], side.sampler_weights)
 
 
 def _averaged(sums: np.ndarray) -> float:
@@ -133,7 +140,7 @@ def paired_change_replicates(h_from: Any, d_from: Any, units_from: list, h_to: A
 
 def _side_entry(side: CrossScored, normalize: Normalize, sign: float) -> dict:
     est = snis_delta_h(side.logw, side.h_other, side.h_own, side.T, normalize=normalize,
-                       units=[str(u) for u in side.units])
+                       units=[str(u) for u in side.units], sampler_weights=side.sampler_weights)
     diag = importance_diagnostics(side.logw)
     return {"value": sign * est.value, "se": est.se, "ess_frac": diag["ess_frac"], "psis_khat": diag["psis_khat"],
             "khat_threshold": diag["khat_threshold"], "zero_weight_count": diag["zero_weight_count"],

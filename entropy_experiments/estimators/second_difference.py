@@ -28,25 +28,34 @@ from typing import Any
 
 import numpy as np
 
-from .jackknife import Estimate, Normalize, as_float64, check_normalize, jackknife_estimate, sum_by_unit
+from .jackknife import (
+    Estimate,
+    Normalize,
+    as_float64,
+    check_normalize,
+    jackknife_estimate,
+    sampler_weighted,
+    sum_by_unit,
+)
 from .snis import weights_from_log
 
 __all__ = ["finite_difference_report", "second_difference", "symmetric_etas"]
 
 
 def second_difference(logw_plus: Any, h_plus: Any, logw_minus: Any, h_minus: Any, h: Any, T: Any, eta: float, *,
-                      normalize: Normalize, units: Any | None = None) -> Estimate:
+                      normalize: Normalize, units: Any | None = None, sampler_weights: Any | None = None) -> Estimate:
     """(Ĥ(η) − 2Ĥ(0) + Ĥ(−η))/η² of the SNIS estimate on E with its jackknife SE over `units`.
 
     logw_±, h_±: per-sequence log-weights and entropies at θ ± η·v; h, T: entropies and lengths at θ; all [N]
-    (float64). Units: nats per token (per_token) or per sequence, per unit η².
+    (float64). Units: nats per token (per_token) or per sequence, per unit η². `sampler_weights` s [N]: every
+    column times s (E drawn by another sampler, docs/maths.md §12).
     """
     check_normalize(normalize)
     t = as_float64(T)
     d = t if normalize == "per_token" else np.ones_like(t)
     w_plus, w_minus = weights_from_log(logw_plus), weights_from_log(logw_minus)
-    columns = [w_plus * as_float64(h_plus), w_plus * d, w_minus * as_float64(h_minus), w_minus * d,
-               as_float64(h), d]
+    columns = sampler_weighted([w_plus * as_float64(h_plus), w_plus * d, w_minus * as_float64(h_minus),
+                                w_minus * d, as_float64(h), d], sampler_weights)
 
     def statistic(sums: np.ndarray) -> float:
         a, b, c, e, f, g = sums
@@ -68,10 +77,11 @@ def _bias(small: tuple[float, Estimate], large: tuple[float, Estimate], at: floa
 
 
 def finite_difference_report(per_eta: dict[float, dict[str, Any]], h: Any, T: Any, *, normalize: Normalize,
-                             units: Any | None = None) -> dict[str, Any]:
+                             units: Any | None = None, sampler_weights: Any | None = None) -> dict[str, Any]:
     """d2 from the ΔH(±η) passes: {"d2", "se", "eta", "bias_bound", "per_eta": [{eta, d2, se, bias_bound}]}.
 
-    per_eta: {η: {"logw": [N], "h_new": [N]}} (the ΔH phase's per-sequence values, η of both signs); h, T: at θ.
+    per_eta: {η: {"logw": [N], "h_new": [N]}} (the ΔH phase's per-sequence values, η of both signs); h, T: at θ;
+    sampler_weights: the sampler correction's s [N] (None: E was drawn by the policy).
     ValueError without a symmetric pair. Each η's `bias_bound` comes from it and the next larger η (the largest:
     from the two largest); None with one symmetric η (nothing to compare).
     """
@@ -79,7 +89,8 @@ def finite_difference_report(per_eta: dict[float, dict[str, Any]], h: Any, T: An
     if not etas:
         raise ValueError(f"the second difference needs ΔH at +η and −η, got η = {sorted(per_eta)}")
     found = [(eta, second_difference(per_eta[eta]["logw"], per_eta[eta]["h_new"], per_eta[-eta]["logw"],
-                                     per_eta[-eta]["h_new"], h, T, eta, normalize=normalize, units=units))
+                                     per_eta[-eta]["h_new"], h, T, eta, normalize=normalize, units=units,
+                                     sampler_weights=sampler_weights))
              for eta in etas]
     pairs = [(i, i + 1) for i in range(len(found) - 1)] + ([(len(found) - 2, len(found) - 1)] if found[1:] else [])
     biases = [_bias(found[i], found[j], at=found[k][0]) for k, (i, j) in enumerate(pairs)] + [None] * (len(found) == 1)

@@ -28,7 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from .jackknife import Estimate, Normalize, as_float64, check_normalize, jackknife_estimate, sum_by_unit
+from .jackknife import (
+    Estimate,
+    Normalize,
+    as_float64,
+    check_normalize,
+    jackknife_estimate,
+    sampler_weighted,
+    sum_by_unit,
+)
 
 __all__ = ["second_derivative", "second_order_report", "snis_columns", "snis_derivatives"]
 
@@ -43,23 +51,27 @@ def snis_derivatives(sums: np.ndarray) -> tuple[float, float]:
     return float(first), float(second)
 
 
-def snis_columns(s: Any, s2: Any, dh: Any, d2h: Any, h: Any, T: Any, normalize: Normalize) -> list[np.ndarray]:
-    """The six per-sequence columns whose sums are (N, D, N', D', N'', D'') of the module docstring."""
+def snis_columns(s: Any, s2: Any, dh: Any, d2h: Any, h: Any, T: Any, normalize: Normalize,
+                 sampler_weights: Any | None = None) -> list[np.ndarray]:
+    """The six per-sequence columns whose sums are (N, D, N', D', N'', D'') of the module docstring; with
+    `sampler_weights` s [N] (E drawn by another sampler, docs/maths.md §12) each column times s_i: the sums of
+    Ĥ(η) = Σ s w h(η) / Σ s w d, whose s does not move with η."""
     s, s2, dh, d2h, h, t = (as_float64(x) for x in (s, s2, dh, d2h, h, T))
     d = t if normalize == "per_token" else np.ones_like(t)
     curv = s2 + s ** 2
-    return [h, d, s * h + dh, s * d, curv * h + 2 * s * dh + d2h, curv * d]
+    return sampler_weighted([h, d, s * h + dh, s * d, curv * h + 2 * s * dh + d2h, curv * d], sampler_weights)
 
 
 def second_derivative(s: Any, s2: Any, dh: Any, d2h: Any, h: Any, T: Any, *, normalize: Normalize,
-                      units: Any | None = None) -> Estimate:
+                      units: Any | None = None, sampler_weights: Any | None = None) -> Estimate:
     """d2 = Ĥ''(0) of the SNIS estimate on E with its jackknife SE over `units` (nats per token per unit η²).
 
-    s, s2, dh, d2h: per-sequence sums of D_v ℓ, D²_v ℓ, D_v H, D²_v H; h, T: entropies and lengths; all [N].
+    s, s2, dh, d2h: per-sequence sums of D_v ℓ, D²_v ℓ, D_v H, D²_v H; h, T: entropies and lengths; all [N];
+    `sampler_weights`: the sampler correction's s [N] (None: E was drawn by the policy).
     """
     check_normalize(normalize)
-    return jackknife_estimate(sum_by_unit(snis_columns(s, s2, dh, d2h, h, T, normalize), units),
-                              lambda sums: snis_derivatives(sums)[1])
+    columns = snis_columns(s, s2, dh, d2h, h, T, normalize, sampler_weights)
+    return jackknife_estimate(sum_by_unit(columns, units), lambda sums: snis_derivatives(sums)[1])
 
 
 def second_order_report(d2: Estimate, x_hat_dot_v: float, etas: list[float], method: str) -> dict[str, Any]:

@@ -16,7 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from .jackknife import Estimate, Normalize, as_float64, check_normalize, jackknife_estimate, sum_by_unit
+from .jackknife import (
+    Estimate,
+    Normalize,
+    as_float64,
+    check_normalize,
+    jackknife_estimate,
+    sampler_weighted,
+    sum_by_unit,
+)
 
 __all__ = [
     "PSIS_PRIOR_DRAWS",
@@ -161,18 +169,23 @@ def _snis_delta_stat(sums: np.ndarray) -> float:
 
 
 def snis_delta_h(
-    logw: Any, h_new: Any, h: Any, T: Any, *, normalize: Normalize, units: Any | None = None
+    logw: Any, h_new: Any, h: Any, T: Any, *, normalize: Normalize, units: Any | None = None,
+    sampler_weights: Any | None = None,
 ) -> Estimate:
     """ΔH(η) = Ĥ' − Ĥ by SNIS on the E sequences, with a delete-one jackknife SE over units.
 
     logw, h_new, h, T: [N]. Per-unit statistics (w h', w T, h, T) for per_token and
     (w h', w, h, 1) for per_sequence, with unnormalised w = exp(log w − max log w). Both Ĥ' and Ĥ
     are recomputed in each replicate. Value NaN when every weight is zero.
+
+    `sampler_weights` s [N] (E drawn by a sampler other than the policy, docs/maths.md §12): every column
+    carries s too, Ĥ = Σ s h / Σ s d and Ĥ' = Σ s w h' / Σ s w d (total weights s·w against the sampler).
     """
     check_normalize(normalize)
     w, hn, hh, t = weights_from_log(logw), as_float64(h_new), as_float64(h), as_float64(T)
     d = t if normalize == "per_token" else np.ones_like(t)
-    return jackknife_estimate(sum_by_unit([w * hn, w * d, hh, d], units), _snis_delta_stat)
+    columns = sampler_weighted([w * hn, w * d, hh, d], sampler_weights)
+    return jackknife_estimate(sum_by_unit(columns, units), _snis_delta_stat)
 
 
 

@@ -5,6 +5,9 @@
                  by jvp, estimators/second_difference.py from the ΔH(±η) passes)
     predictors   the competing predictors of the same step with their SEs and ratios      (estimators/predictors.py)
 
+When E was drawn by a sampler other than the policy, every E sum here carries the sampler correction's weight
+s_i (`res.sampler_weights`, docs/maths.md §12; None: unweighted, the code path unchanged).
+
 Like probe.py this module knows the ranks: no-grad passes score whole tf chunks per rank (`scoring_share`)
 and gather per-sequence values in order; backward passes split the microbatches and all-reduce the sums.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
 from ..config import ProbeConfig
@@ -44,6 +48,11 @@ from .results import BeyondFirstOrder, DeltaH1Result, NamedTensors, Policy
 log = logging.getLogger(__name__)
 
 
+def sampler_weights_of(res: DeltaH1Result) -> np.ndarray | None:
+    """The sampler correction's s [N] over all of E as float64 numpy (None: E was drawn by the policy)."""
+    return None if res.sampler_weights is None else res.sampler_weights.detach().cpu().double().numpy()
+
+
 def scoring_share(config: ProbeConfig, E: Batch, dist: DistContext,
                   tf_batch_size: int | None = None) -> tuple[dict | None, list[int]]:
     """This rank's share of E for a no-grad pass (whole tf chunks of `tf_batch_size` rows, default the config's):
@@ -70,20 +79,22 @@ def truth_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Resul
                            optimizer=policy.optimizer, named_params=list(zip(t.names, t.params)),
                            grads=res.u_gradients.total, max_grad_norm=config.objective_options().max_grad_norm,
                            base=res.scores.subset(rows_mine) if local_E is not None else None,
-                           tf_batch_size=res.scores_tf_batch, gather=dist.row_gatherer(rows_mine, B * G))
+                           tf_batch_size=res.scores_tf_batch, gather=dist.row_gatherer(rows_mine, B * G),
+                           sampler_weights=sampler_weights_of(res))
 
 
 def second_derivative_along(config: ProbeConfig, policy: Policy, E: Batch, direction: NamedTensors,
-                            dist: DistContext = SINGLE) -> tuple[Estimate, dict[str, list[float]]]:
+                            dist: DistContext = SINGLE, sampler_weights: np.ndarray | None = None
+                            ) -> tuple[Estimate, dict[str, list[float]]]:
     """(D² Ĥ along `direction` of the SNIS estimate on E with its SE, the per-sequence sums it came from),
-    by the nested jvp; sharded like ΔH."""
+    by the nested jvp; sharded like ΔH; `sampler_weights`: s [N] of all E (None: unweighted)."""
     G, B = E.num_responses_per_prompt, E.num_prompts
     local_E, rows_mine = scoring_share(config, E, dist)
     sums = second_order_sums(policy.engine, local_E, direction) if local_E is not None else None
     gather = dist.row_gatherer(rows_mine, B * G)
     cols = {k: gather(sums[k] if sums else [], f"second-order sums gather ({k})") for k in SECOND_ORDER_KEYS}
     d2 = second_derivative(cols["s"], cols["s2"], cols["dh"], cols["d2h"], cols["h"], cols["T"],
-                           normalize=config.estimator.normalize, units=units_of(B, G))
+                           normalize=config.estimator.normalize, units=units_of(B, G), sampler_weights=sampler_weights)
     return d2, cols
 
 
@@ -95,11 +106,12 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: Delta
         return None
     etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
     if config.second_order.method == "jvp":
-        d2, _ = second_derivative_along(config, policy, E, res.v, dist)
+        d2, _ = second_derivative_along(config, policy, E, res.v, dist, sampler_weights_of(res))
         return second_order_report(d2, res.x_hat_dot_v, etas, "jvp")
     G, B = E.num_responses_per_prompt, E.num_prompts
     fd = finite_difference_report(truth["per_sequence"], truth["base"]["h"], truth["base"]["T"],
-                                  normalize=config.estimator.normalize, units=units_of(B, G))
+                                  normalize=config.estimator.normalize, units=units_of(B, G),
+                                  sampler_weights=sampler_weights_of(res))
     report = second_order_report(Estimate(fd["d2"], fd["se"]), res.x_hat_dot_v, etas, "finite_difference")
     return {**report, **{k: fd[k] for k in ("eta", "bias_bound", "per_eta")}}
 
@@ -112,9 +124,11 @@ def displacement_phase(config: ProbeConfig, policy: Policy, E: Batch, res: Delta
     sums go to per_sequence.jsonl (`res.per_sequence_extra`) for the sweep's joint jackknife."""
     delta = policy.displacement
     pieces = res.predictor_pieces.get("displacement")
-    d2, cols = second_derivative_along(config, policy, E, delta, dist) if config.second_order.enabled else (None, {})
+    s = sampler_weights_of(res)
+    d2, cols = (second_derivative_along(config, policy, E, delta, dist, s) if config.second_order.enabled
+                else (None, {}))
     entry = displacement_entry(res.X_hat, delta, pieces, res.scores, normalize=config.estimator.normalize,
-                               second=d2)
+                               second=d2, sampler_weights=s)
     entry.update(step_comparison(res.v, res.learning_rate, delta))
     entry["next_checkpoint"] = config.predictors.next_checkpoint
     extra = {k: [float(x) for x in cols[k]] for k in ("s", "s2", "dh", "d2h") if k in cols}
@@ -122,6 +136,14 @@ def displacement_phase(config: ProbeConfig, policy: Policy, E: Batch, res: Delta
         extra.update(a=[float(x) for x in pieces[0]], r=[float(x) for x in pieces[1]])
     res.per_sequence_extra["displacement"] = extra
     return entry
+
+
+def weighted_normalizer(res: DeltaH1Result, normalize: str) -> float:
+    """D of X_H = ∇Σ H / D: the coefficients' D, or with the sampler weights Σ s d (docs/maths.md §12)."""
+    if res.sampler_weights is None:
+        return res.coefficients.D
+    s = res.sampler_weights.double()
+    return float((s * res.scores.lengths.double()).sum() if normalize == "per_token" else s.sum())
 
 
 def direct_only_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
@@ -133,15 +155,17 @@ def direct_only_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH
     microbatches = e_microbatches(E.num_prompts, E.num_responses_per_prompt, options.microbatch_size)
     X_H, d = entropy_only_gradient_sum(policy.engine, policy.trainable, E, dist.chunk_slice(microbatches), options,
                                        res.v if hooks else None,
-                                       progress=lambda items: progress(items, "E backward (Σ H, direct_only)"))
+                                       progress=lambda items: progress(items, "E backward (Σ H, direct_only)"),
+                                       sampler_weights=res.sampler_weights)
     if dist.enabled:
         summed = dist.all_reduce_tree({"X_H": X_H, "d": d}, "direct_only all-reduce")
         X_H, d = summed["X_H"], summed["d"]
     if res.pieces_method == "jvp":  # the E scores already carry D_v H_ik
         d = torch.stack([t.double().sum() for t in res.scores.d_entropy])
-    X_H = {n: (t / res.coefficients.D).float() for n, t in X_H.items()}
+    X_H = {n: (t / weighted_normalizer(res, config.estimator.normalize)).float() for n, t in X_H.items()}
     return direct_only_estimate(X_H, d if res.pieces_method else None, res.scores, res.learning_rate, res.v,
-                                bars.loo_directions, normalize=config.estimator.normalize)
+                                bars.loo_directions, normalize=config.estimator.normalize,
+                                sampler_weights=res.sampler_weights)
 
 
 def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
@@ -156,7 +180,7 @@ def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1
     for name, v_pred in res.predictor_directions.items():
         loo = jackknife.leave_one_group_out_directions(fns[name], res.u_gradients) if bars.loo_directions else []
         out[name] = direction_estimate(res.X_hat, v_pred, res.predictor_pieces.get(name), res.scores, lr, loo,
-                                       normalize=normalize)
+                                       normalize=normalize, sampler_weights=res.sampler_weights)
     out["direct_only"] = direct_only_phase(config, policy, E, res, bars, dist)
     if policy.displacement is not None:
         out = {"displacement": displacement_phase(config, policy, E, res, dist), **out}

@@ -5,7 +5,10 @@ For consecutive swept checkpoints N → N' whose run directories both saved E_ba
 teacher-forced at θ_N and at θ_{N'} (the adapter swapped onto the sweep's one model; no gradients), and
 `intervals/<from>__<to>.json` keeps, per batch and sequence, log w = Σ_k (ℓ_other − ℓ_own) (float64, from
 per-token differences: `sequence_scores.log_weights`), h_own, h_other, T and the unit key "draw:prompt id", and
-`n_changed`: the draws present in both batches whose responses differ (token ids compared). Both batches are
+`n_changed`: the draws present in both batches whose responses differ (token ids compared). A batch drawn by a
+sampler other than its checkpoint's policy (its saved `sampler_logqs`, docs/maths.md §12) also keeps
+`sampler_weights`: s = q_own/q_sampler per sequence (mean 1), from its scores at its own checkpoint; the weights
+are relative to the sampler, so the other checkpoint's w rides on top of them (null: no sampler correction). Both batches are
 re-scored at their own policy with the same layout, so equal parameters give log w = 0 exactly. A finished
 file is kept on --resume. Nothing is written for an interval whose E batches were not saved.
 """
@@ -22,6 +25,7 @@ from ..config import ProbeConfig
 from ..data.batch import Batch
 from ..errors import OutputError, output_error_on_os_error
 from ..estimators.realised_change import CrossScored
+from ..estimators.sampler_correction import normalised_weights, sampler_log_weights
 from ..estimators.sequence_scores import log_weights, score_sequences
 from ..policy.sequences import completion_ids
 from ..report.results_schema import dumps_strict
@@ -29,7 +33,8 @@ from ..report.run_dir import BATCH_FILES, RunDirectory
 from .discovery import SweepCheckpoint
 from .policies import SweepPolicies, scoring_engine
 
-__all__ = ["INTERVALS_DIR", "changed_draws", "interval_path", "read_cross_scores", "score_intervals"]
+__all__ = ["INTERVALS_DIR", "changed_draws", "interval_path", "read_cross_scores", "sampler_weights_at_own",
+           "score_intervals"]
 
 INTERVALS_DIR = "intervals"
 SIDES = ("forward", "reverse")
@@ -53,9 +58,19 @@ def changed_draws(E_from: Batch, E_to: Batch) -> tuple[int, int]:
     return int(changed), int(both)
 
 
+def sampler_weights_at_own(own, E: Batch) -> list[float] | None:
+    """s = q_own/q_sampler per sequence of E (mean 1) from E's scores at its own checkpoint and the sampler's
+    saved log-probs; None when E was drawn by its own policy."""
+    sampler = E.sampler_response_logqs()
+    if sampler is None:
+        return None
+    return normalised_weights(sampler_log_weights(own.token_logqs, sampler)).tolist()
+
+
 def _side(own, other, E: Batch) -> dict:
     return {"logw": log_weights(other, own).tolist(), "h_own": own.seq_entropies.tolist(),
-            "h_other": other.seq_entropies.tolist(), "T": own.lengths.tolist(), "units": _keys(E)}
+            "h_other": other.seq_entropies.tolist(), "T": own.lengths.tolist(), "units": _keys(E),
+            "sampler_weights": sampler_weights_at_own(own, E)}
 
 
 def _score_interval(config: ProbeConfig, a: SweepCheckpoint, b: SweepCheckpoint, batches: tuple[Batch, Batch],
@@ -97,7 +112,8 @@ def read_cross_scores(path: Path) -> tuple[CrossScored, CrossScored, dict] | Non
         return None
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-        sides = [CrossScored(**{k: doc[s][k] for k in ("logw", "h_own", "h_other", "T", "units")}) for s in SIDES]
+        sides = [CrossScored(**{k: doc[s][k] for k in ("logw", "h_own", "h_other", "T", "units")},
+                             sampler_weights=doc[s].get("sampler_weights")) for s in SIDES]
         return sides[0], sides[1], {"n_changed": int(doc["n_changed"]), "n_common_draws": int(doc["n_common_draws"])}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise OutputError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
