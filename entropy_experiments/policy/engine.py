@@ -31,13 +31,18 @@ from entropy_experiments.policy import generate, score
 from entropy_experiments.policy.generation_config import GenerationConfig, PolicySettings
 from entropy_experiments.policy.param_overrides import build_params_override
 from entropy_experiments.policy.policy_model import PolicyModel
-from entropy_experiments.policy.row_generation import generate_row_keyed, sampler_logq_tensor
-from entropy_experiments.policy.sampler_setup import SamplerPlan, auto_rows_per_call, plan_sampler, sampler_module
 from entropy_experiments.policy.precision_utils import (
     ForwardProfile,
     PrecisionConfig,
     apply_global_precision,
     str_to_dtype,
+)
+from entropy_experiments.policy.row_generation import generate_row_keyed, sampler_logq_tensor
+from entropy_experiments.policy.sampler_setup import (
+    SamplerPlan,
+    auto_rows_per_call,
+    plan_sampler,
+    sampler_module,
 )
 from entropy_experiments.policy.sequences import BatchedSequences, DiagnosticsResults, LogprobResults
 from entropy_experiments.policy.stop_rule import response_length

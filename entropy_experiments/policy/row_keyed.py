@@ -20,7 +20,11 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor
 
-from entropy_experiments.policy.sampling_policy import check_generation_logits, sampling_logits, validate_policy
+from entropy_experiments.policy.sampling_policy import (
+    check_generation_logits,
+    sampling_logits,
+    validate_policy,
+)
 
 __all__ = ["RowKeyedDraw", "hash32", "inverse_cdf", "row_keys", "step_uniform_bits", "uniform_from_bits"]
 
