@@ -11,9 +11,9 @@ import pytest
 import torch
 from scipy import stats
 
-import entropy_experiments.policy.sampler_setup as sampler_setup
 from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError
+from entropy_experiments.policy import sampler_setup
 from entropy_experiments.policy.engine import PolicyEngine
 from entropy_experiments.policy.generation_config import parse_settings
 from entropy_experiments.policy.row_keyed import (
