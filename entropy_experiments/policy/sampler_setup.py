@@ -25,8 +25,8 @@ from entropy_experiments.policy.memory_budget import ModelShape
 
 __all__ = ["CPU_ROWS_PER_CALL", "SamplerPlan", "auto_rows_per_call", "bf16_copy", "plan_sampler", "sampler_module"]
 
-#: Rows per generate call on CPU with gen_batch_size auto: the measured sweet spot of the embedded model on 2 cores
-#: (bench/bench_sampling.py, docs/sampling.md): throughput grows up to ≈ 16 rows and is flat beyond.
+#: Rows per generate call on CPU with gen_batch_size auto. Provisional: bench/bench_sampling.py measures it, but on
+#: the loaded shared 2-core host its numbers were not reliable (docs/sampling.md "Measuring").
 CPU_ROWS_PER_CALL = 16
 #: Most rows per call on CUDA however much memory is free (beyond this decode is compute-bound anyway).
 MAX_ROWS_PER_CALL = 256
@@ -118,7 +118,7 @@ def auto_rows_per_call(module: nn.Module, device: torch.device, total_rows: int,
     safety net. CPU: CPU_ROWS_PER_CALL. Never more than the rows to generate."""
     if device.type != "cuda":
         rows = CPU_ROWS_PER_CALL
-        how = f"CPU: {CPU_ROWS_PER_CALL} (measured sweet spot)"
+        how = f"CPU: {CPU_ROWS_PER_CALL}"
     else:
         dtype_bytes = next(module.parameters()).element_size()
         shape = ModelShape.of(module)
