@@ -23,10 +23,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from entropy_experiments.data.datasets import load_examples  # noqa: E402
-from entropy_experiments.data.prompt_rendering import render_prompts  # noqa: E402
-from entropy_experiments.policy.engine import PolicyEngine  # noqa: E402
-from entropy_experiments.policy.generation_config import parse_settings  # noqa: E402
+from entropy_experiments.data.datasets import load_examples
+from entropy_experiments.data.prompt_rendering import render_prompts
+from entropy_experiments.policy.engine import PolicyEngine
+from entropy_experiments.policy.generation_config import parse_settings
 
 
 def load(checkpoint: str | None, device: str):
