@@ -228,10 +228,13 @@ def test_probe_rework_section_is_a_legacy_alias_of_sampler():
 def test_config_hash_is_taken_over_the_sections_pre_rename_spelling(batched):
     """A run directory started before `probe_rework` became `sampler` still resumes: the hash is the one the
     code before the rename computed (sha256 of the sorted compact JSON, `output` / `distributed` left out)."""
-    cfg = config_from_dict({"sampler": {"batched": batched}, "seed": 7})
+    # gen_batch_size stated as every run directory's config.yaml states it (the default before "auto": 8)
+    cfg = config_from_dict({"sampler": {"batched": batched}, "seed": 7, "generation": {"gen_batch_size": 8}})
     d = cfg.to_dict()
     for key in ("output", "distributed", "sampler"):
         del d[key]
+    for key in ("sampler_dtype", "sampler_engine"):  # later keys, hashed only when changed
+        del d["generation"][key]
     del d["objective"]["kl_in_reward_coef"]  # a later key, hashed only when changed (HASHED_WHEN_CHANGED)
     for key in ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
                 "vllm_importance_sampling_clip_max"):  # later keys, hashed only when changed (HASHED_WHEN_CHANGED)
@@ -240,7 +243,10 @@ def test_config_hash_is_taken_over_the_sections_pre_rename_spelling(batched):
     del d["second_order"]["method"]  # a later key, hashed only when changed (HASHED_WHEN_CHANGED)
     old = hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert cfg.config_hash() == old
-    assert ProbeConfig().config_hash() == "15bd06d456c52722"  # what the code before the rename wrote (294fa60)
+    old_default = config_from_dict({"generation": {"gen_batch_size": 8}})
+    assert old_default.config_hash() == "15bd06d456c52722"  # what the code before the rename wrote (294fa60)
+    # the default gen_batch_size "auto" changes the draws (row-keyed), so it changes a default config's hash
+    assert ProbeConfig().config_hash() != old_default.config_hash()
 
 
 def test_a_key_added_later_is_hashed_only_when_changed():

@@ -46,6 +46,9 @@ HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
     "objective": {"kl_in_reward_coef": 0.0, "vllm_importance_sampling_mode": "sequence_mask",
                   "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0},
     "second_order": {"method": "jvp"},
+    # gen_batch_size is hashed as before (an explicit integer keeps its hash; the default "auto" is a new value,
+    # so a default config's hash changes with its draws). The sampler's dtype and engine enter only when set.
+    "generation": {"sampler_dtype": "auto", "sampler_engine": "generate"},
 }
 
 

@@ -109,12 +109,27 @@ class GenerationSection(_Section):
     temperature: float = Field(GENERATION_DEFAULTS.temperature, gt=0)
     top_p: float = GENERATION_DEFAULTS.top_p
     max_new_tokens: int = Field(GENERATION_DEFAULTS.max_new_tokens, ge=1)
-    gen_batch_size: int = Field(GENERATION_DEFAULTS.gen_batch_size, ge=1)  # sequences per generate() call
+    # sequences per generate() call; "auto": from the free device memory (CUDA), a measured size (CPU)
+    gen_batch_size: int | Literal["auto"] = GENERATION_DEFAULTS.gen_batch_size  # type: ignore[assignment]
     tf_batch_size: int = Field(GENERATION_DEFAULTS.tf_batch_size, ge=1)  # sequences per teacher-forcing forward
     rb_requires_grad: bool = GENERATION_DEFAULTS.rb_requires_grad
     stop_strings: list[str] = Field(default_factory=lambda: list(GENERATION_DEFAULTS.stop_strings))
     max_prompt_tokens: int | None = Field(GENERATION_DEFAULTS.max_prompt_tokens, ge=1)  # None: the context limit
     prompt_overflow: Literal["error", "truncate"] = GENERATION_DEFAULTS.prompt_overflow  # type: ignore[assignment]
+    sampler_dtype: Literal["auto", "fp32", "bf16"] = GENERATION_DEFAULTS.sampler_dtype  # type: ignore[assignment]
+    sampler_engine: Literal["generate", "static_cache"] = GENERATION_DEFAULTS.sampler_engine  # type: ignore[assignment]
+
+    @field_validator("gen_batch_size")
+    @classmethod
+    def _check_gen_batch_size(cls, value: int | str) -> int | str:
+        if value != "auto" and value < 1:
+            raise ValueError(f"must be an integer >= 1 or 'auto', got {value!r}")
+        return value
+
+    @field_validator("sampler_dtype", mode="before")
+    @classmethod
+    def _short_sampler_dtype(cls, value: Any) -> Any:
+        return _normalise_dtype(value, _SHORT_DTYPE)
 
     @field_validator("top_p")
     @classmethod

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -35,6 +36,13 @@ from entropy_experiments.policy.precision_utils import (
     PrecisionConfig,
     apply_global_precision,
     str_to_dtype,
+)
+from entropy_experiments.policy.row_generation import generate_row_keyed, sampler_logq_tensor
+from entropy_experiments.policy.sampler_setup import (
+    SamplerPlan,
+    auto_rows_per_call,
+    plan_sampler,
+    sampler_module,
 )
 from entropy_experiments.policy.sequences import BatchedSequences, DiagnosticsResults, LogprobResults
 from entropy_experiments.policy.stop_rule import response_length
@@ -72,6 +80,8 @@ class PolicyEngine:
         # Optional store of completed generation chunks: seed_per_chunk calls save each chunk there and reuse
         # the ones a killed run saved.
         self.chunk_store: ChunkStore | None = None
+        # What the last generate_batched call did (sampler dtype, draws, engine, rows per call, tokens, seconds).
+        self.last_generation: dict | None = None
 
     # ------------------------------------------------------------------ settings
     @property
@@ -135,10 +145,13 @@ class PolicyEngine:
         """Seed torch for the block without touching the caller's RNG state; no-op when seed is None."""
         return generate.seeded(self.device, seed)
 
-    def _generate_chunk(self, ids: Tensor, mask: Tensor, prompt_index: Tensor, *, output_scores: bool = False
+    def _generate_chunk(self, ids: Tensor, mask: Tensor, prompt_index: Tensor, *, output_scores: bool = False,
+                        draw: Any = None, module: nn.Module | None = None
                         ) -> tuple[list[list[int]], list[Tensor] | None]:
-        """Seam: the rows `prompt_index` of the padded prompts, in one generate call."""
-        return generate.generate_chunk(self.policy, ids, mask, prompt_index, output_scores=output_scores)
+        """Seam: the rows `prompt_index` of the padded prompts, in one generate call (`draw`: a row-keyed
+        LogitsProcessor, `module`: the sampler model; defaults: torch's multinomial, the policy)."""
+        return generate.generate_chunk(self.policy, ids, mask, prompt_index, output_scores=output_scores,
+                                       draw=draw, module=module)
 
     def _generate_span(self, ids: Tensor, mask: Tensor, start: int, stop: int, G: int, index: int,
                        state: dict, reseed: int | None) -> list[list[int]]:
@@ -151,7 +164,8 @@ class PolicyEngine:
                          seed: int | None = None, seed_per_chunk: bool = False,
                          done_chunks: Mapping[int, Sequence[Sequence[int]]] | None = None,
                          on_chunk: Callable[[int, list[list[int]]], None] | None = None,
-                         on_first_group: Callable[[list[list[int]]], None] | None = None) -> BatchedSequences:
+                         on_first_group: Callable[[list[list[int]]], None] | None = None,
+                         memory_budget_gb: float | None = None) -> BatchedSequences:
         """G responses per prompt: all prompts left-padded to one length, rows generated in chunks.
 
         Rows are ordered prompt-major (row = b·G + g) and generated `gen_batch_size` at a time; the
@@ -163,6 +177,11 @@ class PolicyEngine:
         gets the first prompt's G responses as soon as they exist (a caller's early check). A prompt is a
         string (tokenised here) or its token ids (rendered by the caller, e.g. with the trainer's chat template).
         Running out of memory halves the rows per forward (logged) down to 1, then DeviceError.
+
+        The sampler (policy/sampler_setup.py): an integer gen_batch_size with an fp32 sampler draws as above
+        ("chunk_seeded"); gen_batch_size auto or a bf16 sampler draw "row_keyed" (every row's tokens depend on
+        (seed, row, step) only, so chunks are any size), a bf16 sampler also records `sampler_logqs`. auto rows
+        per call come from the free memory (or `memory_budget_gb`). `last_generation` records what was done.
         """
         if G < 1:
             raise ConfigError(f"G: must be >= 1, got {G}")
@@ -171,11 +190,24 @@ class PolicyEngine:
         prompt_tokens = self.tokenize_prompts(prompts)
         ids, mask = self.left_pad(prompt_tokens)
         B, R = len(prompt_tokens), len(prompt_tokens) * G
-        chunk = int(gen_batch_size or self.config.gen_batch_size)
+        requested = gen_batch_size or self.config.gen_batch_size
+        plan = plan_sampler(requested, self.config.sampler_dtype, self.config.sampler_engine, self.device,
+                            self.policy.module)
+        started = time.perf_counter()
+        if plan.draws == "row_keyed":
+            seqs, rows = self._generate_row_keyed(prompt_tokens, prompts, ids, mask, G, requested, plan,
+                                                  seed=seed, store=seed_per_chunk, on_first_group=on_first_group,
+                                                  memory_budget_gb=memory_budget_gb)
+            self._record_generation(plan, rows, seqs, started)
+            return seqs
+        chunk = int(requested)
         if seed_per_chunk and self.chunk_store is not None and done_chunks is None and on_chunk is None:
+            # the key of the chunk-seeded draws as it was before the sampler keys existed (old runs resume)
+            generation = {k: v for k, v in dataclasses.asdict(self.config).items()
+                          if k not in ("sampler_dtype", "sampler_engine")}
             done_chunks, on_chunk = self.chunk_store.open({
                 "seed": int(seed), "G": int(G), "chunk": chunk, "prompt_tokens": prompt_tokens,
-                "generation": dataclasses.asdict(self.config)})
+                "generation": generation})
             if done_chunks:
                 self.logger.info("generation: reusing %d saved chunk(s) of %d", len(done_chunks), -(-R // chunk))
         responses = generate.generate_in_chunks(self.policy, ids, mask, G, chunk, seed=seed,
@@ -183,7 +215,46 @@ class PolicyEngine:
                                                 on_chunk=on_chunk, span=self._generate_span,
                                                 on_first_group=on_first_group)
         grouped = [responses[b * G:(b + 1) * G] for b in range(B)]
-        return self.pack(prompt_tokens, grouped, prompts)
+        seqs = self.pack(prompt_tokens, grouped, prompts)
+        self._record_generation(plan, {"rows_per_call": chunk}, seqs, started)
+        return seqs
+
+    def _generate_row_keyed(self, prompt_tokens, prompts, ids, mask, G, requested, plan: SamplerPlan, *, seed,
+                            store: bool, on_first_group, memory_budget_gb) -> tuple[BatchedSequences, dict]:
+        """generate_batched's row-keyed draws (policy/row_generation.py) with the sampler model of `plan`."""
+        B, R = len(prompt_tokens), len(prompt_tokens) * G
+        if seed is None:  # from torch's generator, as the chunk-seeded draws would use it
+            seed = int(torch.randint(0, 2**62, ()).item())
+        done, on_span = None, None
+        if store and self.chunk_store is not None:
+            generation = {k: v for k, v in dataclasses.asdict(self.config).items() if k != "gen_batch_size"}
+            done, on_span = self.chunk_store.open({"seed": int(seed), "G": int(G), "draws": plan.draws,
+                                                   "dtype": plan.dtype, "prompt_tokens": prompt_tokens,
+                                                   "generation": generation})
+        with sampler_module(self.policy.module, plan.dtype) as module:
+            if requested == "auto":
+                rows, how = auto_rows_per_call(module, self.device, R, int(ids.shape[1]),
+                                               int(self.config.max_new_tokens), budget_gb=memory_budget_gb)
+                self.logger.info("generation: %d rows per generate call (gen_batch_size auto: %s)", rows, how)
+            else:
+                rows = int(requested)
+            run = generate_row_keyed(self.policy, ids, mask, G, rows, seed=int(seed), record=plan.dtype != "fp32",
+                                     module=module, chunk_generator=self._generate_chunk, done_spans=done,
+                                     on_span=on_span, on_first_group=on_first_group)
+        if run.reused_spans:
+            self.logger.info("generation: reusing %d saved chunk(s) of %d", run.reused_spans, -(-R // rows))
+        seqs = self.pack(prompt_tokens, [run.responses[b * G:(b + 1) * G] for b in range(B)], prompts)
+        if run.logqs is not None:
+            Lp, L = seqs.prompt_lens[0], int(seqs.sequences.shape[-1])
+            seqs.sampler_logqs = sampler_logq_tensor(run.logqs, B, G, Lp, L)
+        return seqs, {"rows_per_call": run.rows_per_call, "rows_per_call_after_oom": run.rows_per_call_final}
+
+    def _record_generation(self, plan: SamplerPlan, rows: dict, seqs: BatchedSequences, started: float) -> None:
+        seconds = time.perf_counter() - started
+        tokens = int(sum(sum(row) for row in seqs.gen_lens))
+        self.last_generation = {"dtype": plan.dtype, "engine": plan.engine, "draws": plan.draws, **rows,
+                                "new_tokens": tokens, "seconds": seconds,
+                                "tokens_per_s": tokens / seconds if seconds > 0 else None}
 
     # ------------------------------------------------------------------ teacher forcing
     def build_params_override(self, v_named: Mapping[str, Tensor], eta: float) -> dict[str, Tensor]:

@@ -146,11 +146,12 @@ def neutral_generation_config(model: nn.Module) -> Iterator[None]:
             holder.generation_config = cfg
 
 
-def hf_generation_config(policy: PolicyModel, *, output_scores: bool):
+def hf_generation_config(policy: PolicyModel, *, output_scores: bool, static_cache: bool = False):
     """Generation settings with every HF warper neutral: our LogitsProcessor is the only rule."""
     from transformers import GenerationConfig as HFGenerationConfig
 
-    return HFGenerationConfig(
+    extra = {"cache_implementation": "static"} if static_cache else {}
+    return HFGenerationConfig(**extra,
         do_sample=True, temperature=1.0, top_p=1.0, top_k=0, typical_p=1.0, min_p=None,
         repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1, num_return_sequences=1,
         max_new_tokens=int(policy.config.max_new_tokens), min_new_tokens=None, min_length=0,
@@ -160,13 +161,16 @@ def hf_generation_config(policy: PolicyModel, *, output_scores: bool):
 
 
 def generate_rows(policy: PolicyModel, input_ids: Tensor, attention_mask: Tensor, *, past_key_values: Any = None,
-                  output_scores: bool = False) -> tuple[list[list[int]], list[Tensor] | None]:
+                  output_scores: bool = False, draw: Any = None, module: nn.Module | None = None
+                  ) -> tuple[list[list[int]], list[Tensor] | None]:
     """Sample one response per row of the left-padded prompts [R, Lp] with HF generate (KV cache).
 
     `past_key_values`: optionally a cache already holding the first Lp − 1 prompt positions of
     every row (see `shared_prompt_cache`); generate then only runs the last prompt token.
     Returns the responses cut at T (token id lists) and, with `output_scores`, HF's processed
-    scores per step ([R, V] each: the logits it sampled from, after every processor).
+    scores per step ([R, V] each: the logits it sampled from, after every processor). `draw`: the
+    LogitsProcessor choosing the tokens (default: `SamplingPolicyLogitsProcessor` and HF's multinomial);
+    `module`: the model to sample with (default: the policy's; e.g. a bf16 sampler copy).
     """
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
@@ -175,17 +179,20 @@ def generate_rows(policy: PolicyModel, input_ids: Tensor, attention_mask: Tensor
                                      "the probe expects eval()")
     Lp = int(input_ids.shape[1])
     config = policy.config
-    processors = LogitsProcessorList([SamplingPolicyLogitsProcessor(config.temperature, config.top_p)])
+    module = module if module is not None else policy.module
+    processors = LogitsProcessorList([draw if draw is not None else
+                                      SamplingPolicyLogitsProcessor(config.temperature, config.top_p)])
     criteria = StoppingCriteriaList()
     if config.stop_strings:
         criteria.append(StopStringCriterion(policy.tokenizer, config.stop_strings, Lp))
     extra = {} if past_key_values is None else {"past_key_values": past_key_values}
     # Autocast off, as in scoring: tokens are drawn from the same fp32 logits they are scored by.
-    with torch.no_grad(), neutral_generation_config(policy.module), \
+    static = config.sampler_engine == "static_cache" and draw is not None
+    with torch.no_grad(), neutral_generation_config(module), \
             forward_precision_ctx(False, "float32", policy.device.type):
-        out = policy.module.generate(
+        out = module.generate(
             input_ids=input_ids, attention_mask=attention_mask,
-            generation_config=hf_generation_config(policy, output_scores=output_scores),
+            generation_config=hf_generation_config(policy, output_scores=output_scores, static_cache=static),
             logits_processor=processors, stopping_criteria=criteria, **extra,
         )
     sequences = out.sequences if output_scores else out
@@ -194,7 +201,8 @@ def generate_rows(policy: PolicyModel, input_ids: Tensor, attention_mask: Tensor
     return responses, (list(out.scores) if output_scores else None)
 
 
-def shared_prompt_cache(policy: PolicyModel, input_ids: Tensor, attention_mask: Tensor, prompt_index: Tensor) -> Any:
+def shared_prompt_cache(policy: PolicyModel, input_ids: Tensor, attention_mask: Tensor, prompt_index: Tensor,
+                        module: nn.Module | None = None) -> Any:
     """KV cache of the first Lp − 1 positions of each distinct prompt, expanded to the rows.
 
     With G > 1 responses per prompt, running each prompt once instead of G times divides the
@@ -205,8 +213,9 @@ def shared_prompt_cache(policy: PolicyModel, input_ids: Tensor, attention_mask: 
     prefix_ids, prefix_mask = input_ids[:, :-1], attention_mask[:, :-1]
     position_ids = (prefix_mask.long().cumsum(-1) - 1).masked_fill(prefix_mask == 0, 0)
     kwargs: dict[str, Any] = {"logits_to_keep": 1} if policy.supports_logits_to_keep else {}
+    module = module if module is not None else policy.module
     with torch.no_grad(), forward_precision_ctx(False, "float32", policy.device.type):
-        out = policy.module(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=position_ids,
+        out = module(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=position_ids,
                             use_cache=True, **kwargs)
     cache = out.past_key_values
     cache.batch_select_indices(prompt_index.to(prefix_ids.device))
@@ -214,17 +223,21 @@ def shared_prompt_cache(policy: PolicyModel, input_ids: Tensor, attention_mask: 
 
 
 def generate_chunk(policy: PolicyModel, ids: Tensor, mask: Tensor, prompt_index: Tensor, *,
-                   output_scores: bool = False) -> tuple[list[list[int]], list[Tensor] | None]:
-    """Generate the rows `prompt_index` (indices into the padded prompts ids/mask [B, Lp]).
+                   output_scores: bool = False, draw: Any = None, module: nn.Module | None = None
+                   ) -> tuple[list[list[int]], list[Tensor] | None]:
+    """Generate the rows `prompt_index` (indices into the padded prompts ids/mask [B, Lp]); `draw`, `module`
+    as in `generate_rows`.
 
-    Rows that share a prompt share its prefill through `shared_prompt_cache`.
+    Rows that share a prompt share its prefill through `shared_prompt_cache` (not with a static cache, which
+    generate allocates itself).
     """
     unique, inverse = torch.unique(prompt_index, return_inverse=True)
     cache = None
-    if len(unique) < len(prompt_index) and ids.shape[1] > 1:
-        cache = shared_prompt_cache(policy, ids[unique], mask[unique], inverse)
+    static = policy.config.sampler_engine == "static_cache" and draw is not None
+    if len(unique) < len(prompt_index) and ids.shape[1] > 1 and not static:
+        cache = shared_prompt_cache(policy, ids[unique], mask[unique], inverse, module)
     return generate_rows(policy, ids[prompt_index], mask[prompt_index], past_key_values=cache,
-                         output_scores=output_scores)
+                         output_scores=output_scores, draw=draw, module=module)
 
 
 def pack(policy: PolicyModel, prompt_tokens: Sequence[Sequence[int]], responses: Sequence[Sequence[Sequence[int]]],

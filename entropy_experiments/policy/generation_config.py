@@ -16,7 +16,10 @@ from entropy_experiments.errors import ConfigError, closest_match
 from entropy_experiments.policy.precision_utils import PrecisionConfig
 from entropy_experiments.policy.sampling_policy import validate_policy
 
-__all__ = ["GenerationConfig", "PolicySettings", "as_plain_dict", "parse_config", "parse_settings"]
+SAMPLER_DTYPES = ("auto", "fp32", "bf16")
+SAMPLER_ENGINES = ("generate", "static_cache")
+
+__all__ = ["SAMPLER_DTYPES", "SAMPLER_ENGINES", "GenerationConfig", "PolicySettings", "as_plain_dict", "parse_config", "parse_settings"]
 
 
 @dataclass
@@ -31,7 +34,7 @@ class GenerationConfig:
     max_new_tokens: int = 128
     do_sample: bool = True
     num_return_sequences: int = 8
-    gen_batch_size: int = 8
+    gen_batch_size: int | str = "auto"      # rows per generate call; "auto": from memory (CUDA) / measured (CPU)
     tf_batch_size: int = 8
     rb_requires_grad: bool = True
     pad_token_id: int | None = None          # None ⇒ the tokenizer's pad (else its EOS)
@@ -40,13 +43,25 @@ class GenerationConfig:
     token_chunk_size: int = 256
     max_prompt_tokens: int | None = None     # None ⇒ max_position_embeddings − max_new_tokens
     prompt_overflow: str = "error"           # "error" | "truncate" (keep the last max_prompt_tokens)
+    sampler_dtype: str = "auto"              # "auto" (bf16 on CUDA, fp32 on CPU) | "fp32" | "bf16"
+    sampler_engine: str = "generate"         # "generate" (dynamic KV cache) | "static_cache"
 
     def validate(self) -> None:
         validate_policy(self.temperature, self.top_p)
         if not self.do_sample:
             raise ConfigError("generation.do_sample: must be true (the probe measures the sampling policy)")
+        if self.gen_batch_size != "auto" and (isinstance(self.gen_batch_size, bool)
+                                               or not isinstance(self.gen_batch_size, int)):
+            raise ConfigError(f"generation.gen_batch_size: must be an integer >= 1 or 'auto', "
+                              f"got {self.gen_batch_size!r}")
+        if self.sampler_dtype not in SAMPLER_DTYPES:
+            raise ConfigError(f"generation.sampler_dtype: must be one of {', '.join(SAMPLER_DTYPES)}, "
+                              f"got {self.sampler_dtype!r}")
+        if self.sampler_engine not in SAMPLER_ENGINES:
+            raise ConfigError(f"generation.sampler_engine: must be one of {', '.join(SAMPLER_ENGINES)}, "
+                              f"got {self.sampler_engine!r}")
         for key in ("max_new_tokens", "gen_batch_size", "tf_batch_size", "token_chunk_size"):
-            if int(getattr(self, key)) < 1:
+            if getattr(self, key) != "auto" and int(getattr(self, key)) < 1:
                 raise ConfigError(f"generation.{key}: must be >= 1, got {getattr(self, key)!r}")
         if self.prompt_overflow not in ("error", "truncate"):
             raise ConfigError(f"generation.prompt_overflow: must be 'error' or 'truncate', got {self.prompt_overflow!r}")

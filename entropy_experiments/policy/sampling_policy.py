@@ -373,11 +373,8 @@ def _logits_processor_base():
 
 
 class SamplingPolicyLogitsProcessor(_logits_processor_base()):
-    """HF LogitsProcessor applying `sampling_logits`; generate then samples from softmax of its output.
-
-    Used with HF's own warpers off (temperature 1, top_p 1, top_k 0), so this is the only rule.
-    scores: [batch, V] (HF passes an fp32 copy of the last-position logits).
-    """
+    """HF LogitsProcessor applying `sampling_logits`; generate then samples from softmax of its output. Used with
+    HF's own warpers off (τ 1, top_p 1, top_k 0): the only rule. scores: [batch, V] (HF's fp32 copy of the logits)."""
 
     def __init__(self, temperature: float, top_p: float):
         validate_policy(temperature, top_p)
@@ -385,13 +382,18 @@ class SamplingPolicyLogitsProcessor(_logits_processor_base()):
         self.top_p = float(top_p)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        # NaN / +inf logits would reach torch.multinomial as an opaque RuntimeError: name the row instead.
-        bad = torch.isnan(scores).any(dim=-1) | torch.isposinf(scores).any(dim=-1)
-        if bool(bad.any()):
-            row = int(bad.nonzero()[0, 0])
-            error = NonFiniteLogitsError(f"non-finite logits in generation at row {row}, position "
-                                         f"{int(input_ids.shape[1])}", row=row)
-            error.position = int(input_ids.shape[1])  # the absolute position of the token being drawn
-            raise error
+        check_generation_logits(input_ids, scores)
         return sampling_logits(scores, self.temperature, self.top_p)
+
+
+def check_generation_logits(input_ids: Tensor, scores: Tensor) -> None:
+    """NonFiniteLogitsError naming the first row of scores [n, V] with a NaN or +inf (they would reach the
+    draw as an opaque RuntimeError); `position` is the absolute position of the token being drawn."""
+    bad = torch.isnan(scores).any(dim=-1) | torch.isposinf(scores).any(dim=-1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        error = NonFiniteLogitsError(f"non-finite logits in generation at row {row}, position "
+                                     f"{int(input_ids.shape[1])}", row=row)
+        error.position = int(input_ids.shape[1])
+        raise error
 

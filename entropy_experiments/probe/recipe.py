@@ -62,7 +62,7 @@ from ..estimators.surrogate import SurrogateCoefficients, directional_pieces
 from ..estimators.update_direction import named_dot, named_norm
 from ..policy.engine import PolicyEngine
 from ..policy.progress import progress as progress_bar
-from ..report.results_dict import ProbeOutcome, RunFacts, assemble_results
+from ..report.results_dict import ProbeOutcome, RunFacts, assemble_results, sampler_block
 from .attribution import attribution_phase
 from .beyond import beyond_first_order_phase, scoring_share
 from .memory_plan import budgeted_config
@@ -283,10 +283,11 @@ def draw_plan(config: ProbeConfig, n_examples: int, dist: DistContext) -> IndexP
 
 def sample_sharded(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
                    rewards: RewardSet | None, reference: bool, dist: DistContext, what: str,
-                   chat_template_kwargs: dict | None = None) -> dict:
+                   chat_template_kwargs: dict | None = None, memory_budget_gb: float | None = None) -> dict:
     """`sample_batch` over the ranks: each rank generates its contiguous slice of the prompts with its own
     generator (`rank_seed`; rank 0 keeps `seed`); the slices are all-gathered in plan order."""
-    options = {"rewards": rewards, "reference": reference, "chat_template_kwargs": chat_template_kwargs}
+    options = {"rewards": rewards, "reference": reference, "chat_template_kwargs": chat_template_kwargs,
+               "memory_budget_gb": memory_budget_gb}
     if not dist.enabled:
         return sample_batch(engine, examples, prompt_indices, G, seed=seed, **options)
     mine = dist.prompt_slice(len(prompt_indices))
@@ -314,12 +315,15 @@ def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = 
     # U first (its own seed, so the batches are those of E first): a reward that raises stops the run at the
     # first U prompt's responses, before the rest is sampled.
     rewards = rewards or RewardSet.resolve(config.reward.specs(), config.reward.weights, examples[0])
+    budget, engine.last_generation = config.estimator.memory_budget_gb, None
     U = sample_sharded(engine, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, rewards=rewards,
-                       reference=reference, dist=dist, what="U", chat_template_kwargs=bc.chat_template_kwargs)
+                       reference=reference, dist=dist, what="U", chat_template_kwargs=bc.chat_template_kwargs,
+                       memory_budget_gb=budget)
+    u_generation, engine.last_generation = engine.last_generation, None
     E = sample_sharded(engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
                        rewards=None, reference=reference, dist=dist, what="E",
-                       chat_template_kwargs=bc.chat_template_kwargs)
-    return Samples(E, U, plan)
+                       chat_template_kwargs=bc.chat_template_kwargs, memory_budget_gb=budget)
+    return Samples(E, U, plan, sampler_block(engine.last_generation, u_generation))
 
 
 # ---------------------------------------------------------------------- the whole probe
@@ -397,5 +401,6 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     outcome = assemble_results(E, U, res, bars, later.truth, later.residuals, later.second_order, later.predictors,
                                timing, facts)
     outcome.results["attribution"], outcome.e_tokens = attribution, e_tokens
+    outcome.results["sampler"] = samples.sampler or sampler_block(None, None)
     outcome.policy = policy
     return outcome

@@ -82,6 +82,7 @@ class Samples:
     E: Batch
     U: Batch
     plan: IndexPlan | None = None
+    sampler: dict | None = None  # results.json "sampler" (report/results_dict.sampler_block)
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,15 @@ __all__ = ["IndexPlan", "draw_index_plan", "prompt_examples", "sample_batch", "s
 
 def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
                  rewards: RewardSet | None, reference: bool = False,
-                 chat_template_kwargs: dict | None = None) -> Batch:
+                 chat_template_kwargs: dict | None = None, memory_budget_gb: float | None = None) -> Batch:
     """Generate G responses for each listed prompt and pack them; with `rewards` (a U batch) also each reward
     function's values, their weighted sum and the advantages, without (an E batch) zeros.
 
     Prompts are rendered and tokenised as the trainer does (`data/prompt_rendering.py`) and the policy
     generates from those token ids. With rewards, the first prompt's responses are scored as soon as they
     exist, so a reward function that raises stops the run before the rest is sampled. `reference=True`
-    uses the plain one-prompt-at-a-time sampler (`sampler.batched: false`).
+    uses the plain one-prompt-at-a-time sampler (`sampler.batched: false`). `memory_budget_gb` caps the memory
+    gen_batch_size auto plans for (estimator.memory_budget_gb).
     """
     chosen = [examples[i] for i in prompt_indices]
     rendered = render_prompts(engine.tokenizer, chosen, chat_template_kwargs)
@@ -55,7 +56,8 @@ def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int]
             seqs = sample_with_engine(engine, token_ids, G, seed=seed)
         else:
             # Each chunk seeded from (seed, chunk index): chunks saved by a killed run can be reused.
-            seqs = engine.generate_batched(token_ids, G, seed=seed, seed_per_chunk=True, on_first_group=first_check)
+            seqs = engine.generate_batched(token_ids, G, seed=seed, seed_per_chunk=True, on_first_group=first_check,
+                                           memory_budget_gb=memory_budget_gb)
     seqs.examples = chosen
     seqs.prompts = [r.text for r in rendered]
     seqs.prompt_ids = [int(ex.meta["global_prompt_id"]) for ex in chosen]

@@ -37,6 +37,21 @@ class RunFacts:
     plan: Any = None                      # the IndexPlan of a fresh sampling (None when batches were reused)
 
 
+def sampler_block(E: dict | None, U: dict | None) -> dict[str, Any]:
+    """results.json "sampler": what drew E and U — dtype, engine, draws ("row_keyed" | "chunk_seeded"), and per batch
+    the rows per generate call (chosen and after any OOM halving), new tokens, seconds, tokens/s. E, U: the policy
+    engine's `last_generation` of each (None: not sampled by this run, e.g. saved batches reused). The estimators
+    add their importance-correction diagnostics under "correction"."""
+    if E is None and U is None:
+        return {"sampled": False}
+    first = E or U
+    block: dict[str, Any] = {"sampled": True, **{k: first[k] for k in ("dtype", "engine", "draws")}}
+    for name, gen in (("E", E), ("U", U)):
+        if gen is not None:
+            block[name] = {k: v for k, v in gen.items() if k not in ("dtype", "engine", "draws")}
+    return block
+
+
 @dataclass
 class ProbeOutcome:
     """One run: the results dict (results.json), one row per E sequence (per_sequence.jsonl), v by name."""

@@ -359,10 +359,9 @@ class GenerationChunkStore:
     """Saves each completed generation chunk as partial/gen_<key>_<i>.pt and hands saved ones back.
 
     Plugged into a policy engine (`engine.chunk_store`): a `generate_batched(..., seed_per_chunk=True)`
-    call asks `open(key)` for the chunks an earlier (killed) run of the same call saved — `key`
-    describes the call (seed, G, chunk size, prompt tokens), so chunks of a different call are never
-    reused — and a callback that saves each new chunk atomically. A kill loses at most the chunk in flight.
-    """
+    call asks `open(key)` for the chunks an earlier (killed) run of the same call saved — `key` describes the call
+    (seed, G, chunk size, prompt tokens), so chunks of a different call are never reused — and a callback that saves
+    each new chunk atomically. A kill loses at most the chunk in flight."""
 
     def __init__(self, run_dir: RunDirectory):
         self.run_dir = run_dir
@@ -380,11 +379,12 @@ class GenerationChunkStore:
             for path in sorted(folder.glob(f"{GEN_CHUNK_PREFIX}{digest}_*.pt")):
                 obj = self.run_dir.load_partial(path.stem)
                 if isinstance(obj, dict) and obj.get("key") == digest and isinstance(obj.get("index"), int):
-                    done[obj["index"]] = [list(map(int, r)) for r in obj["responses"]]
+                    responses = [list(map(int, r)) for r in obj["responses"]]  # row-keyed spans: with their log q
+                    done[obj["index"]] = {"responses": responses, "logqs": obj["logqs"]} if "logqs" in obj else responses
 
-        def save(index: int, responses: list[list[int]]) -> None:
-            self.run_dir.save_partial(f"{GEN_CHUNK_PREFIX}{digest}_{index:05d}",
-                                      {"key": digest, "index": int(index), "responses": responses})
+        def save(index: int, responses: list[list[int]], *logqs: list[list[float]] | None) -> None:
+            self.run_dir.save_partial(f"{GEN_CHUNK_PREFIX}{digest}_{index:05d}", {
+                "key": digest, "index": int(index), "responses": responses, **({"logqs": logqs[0]} if logqs else {})})
 
         return done, save
 
