@@ -140,15 +140,3 @@ def test_u_gradient_through_the_model_equals_trl(sampled_U, switch):
     assert gap > 1e-3, f"the switch must change this U's gradient ({gap:.2e}), else the test could not catch it"
     for name, w in zip(names, want, strict=True):
         assert torch.allclose(got[name].double(), w.double(), rtol=1e-4, atol=1e-5 * w.abs().max().item()), name
-
-
-def test_the_summary_names_the_kl_weight():
-    from entropy_experiments.report.summary import objective_lines
-
-    def terms(**objective):
-        return objective_lines(_config(**objective).objective_options().to_dict())[1]
-
-    assert "β 0.04 (k3) × ratio (use_bias_correction_kl)," in terms(trainer="trl", kl_coef=0.04)
-    assert "β 0.04 (k3)," in terms(trainer="trl", kl_coef=0.04, use_bias_correction_kl=False)
-    assert "ratio" not in terms(trainer="trl", kl_coef=0.04, use_bias_correction_kl=False)
-    assert "ratio" not in terms(trainer="trl")

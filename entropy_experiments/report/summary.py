@@ -165,8 +165,6 @@ def objective_lines(objective: dict[str, Any] | None) -> tuple[str, str] | None:
     o, scaling = objective, objective.get("scale_rewards")
     eps = f" (ε {format_number(o.get('advantage_eps'), 'g')})" if scaling not in (None, "none") else ""
     kl = f" ({o.get('kl_estimator')})" if is_finite_number(o.get("kl_coef")) and o["kl_coef"] != 0 else ""
-    if kl and o.get("use_bias_correction_kl"):
-        kl += " × ratio (use_bias_correction_kl)"
     trainer = f" (trainer {o['trainer']})" if o.get("trainer") else ""
     terms = (f"β {format_number(o.get('kl_coef'), 'g')}{kl}, entropy_coef {format_number(o.get('entropy_coef'), 'g')}, "
              f"max_grad_norm {format_number(o.get('max_grad_norm'), 'g')}, max_completion_length "
