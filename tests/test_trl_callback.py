@@ -120,3 +120,11 @@ def test_unsupported_trainers_are_refused(tmp_path, tiny_model_dir):
     trainer = tiny_grpo_trainer(tmp_path, steps=1, model_dir=tiny_model_dir, importance_sampling_level="sequence")
     with pytest.raises(ConfigError, match="GRPOConfig.importance_sampling_level='sequence' is not supported"):
         EntropyProbeCallback(trainer, every=1)
+
+
+@pytest.mark.parametrize("switch", [True, False])
+def test_the_callback_takes_the_trainers_kl_bias_correction(switch, tmp_path, tiny_model_dir):
+    """The live GRPOConfig's use_bias_correction_kl (and β) become the probe's objective."""
+    trainer = tiny_grpo_trainer(tmp_path, steps=1, model_dir=tiny_model_dir, beta=0.04, use_bias_correction_kl=switch)
+    options = EntropyProbeCallback(trainer, every=1).config.objective_options()
+    assert options.kl_coef == 0.04 and options.use_bias_correction_kl is switch and options.weights_kl is switch

@@ -74,19 +74,67 @@ def test_gradient_equals_trl_loss_code(loss_type, scale):
     _assert_same_gradient(ours, theirs, [logps])
 
 
+@pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("loss_type,M", [("dapo", 1), ("grpo", 2), ("bnpo", 2), ("dr_grpo", 1)])
-def test_kl_and_entropy_bonus_equal_trl(loss_type, M):
-    """β > 0 (k3 to the reference) and an entropy bonus (TRL: token mean per micro-batch)."""
+def test_kl_and_entropy_bonus_equal_trl(loss_type, M, bias):
+    """β > 0 (k3 to the reference, with and without TRL's use_bias_correction_kl) and an entropy bonus (TRL:
+    token mean per micro-batch)."""
     logps, mask, rewards, lengths, ref, entropies = _batch(seed=7)
     options = objectives.ObjectiveOptions(loss_type=loss_type, scale_rewards="group", micro_batches=M,
                                           kl_coef=0.04, entropy_coef=0.01, entropy_aggregation="token_mean",
-                                          max_completion_length=12)
+                                          max_completion_length=12, use_bias_correction_kl=bias)
     adv = trl_advantages(rewards.reshape(-1), G, "group")
     theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=M, loss_type=loss_type, beta=0.04,
                                          ref_per_token_logps=ref, entropies=entropies, entropy_coef=0.01,
-                                         max_completion_length=12)
+                                         max_completion_length=12, use_bias_correction_kl=bias)
     ours = _our_loss(logps, rewards, lengths, options, ref=ref, entropies=entropies)
     _assert_same_gradient(ours, theirs, [logps, entropies])
+
+
+def _trl_options(loss_type, M, **keys):
+    """The objective `objective.trainer: trl` resolves to, with `keys` set as a user would."""
+    from entropy_experiments.config import config_from_dict
+
+    objective = {"trainer": "trl", "loss_type": loss_type, "micro_batches": M, "max_completion_length": 12, **keys}
+    return config_from_dict({"batch_config": {"B_U": B, "G": G}, "objective": objective}).objective_options()
+
+
+@pytest.mark.parametrize("bias", [None, True, False])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
+def test_use_bias_correction_kl_equals_trl(loss_type, bias):
+    """trainer trl with β > 0: use_bias_correction_kl unset (TRL's default, true), true or false gives the gradient
+    of TRL's `_compute_loss` with that GRPOConfig switch, for every loss type the probe mirrors."""
+    logps, mask, rewards, lengths, ref, _ = _batch(seed=hash((loss_type, "bias")) % 1000)
+    M = 2 if loss_type == "bnpo" else 1
+    options = _trl_options(loss_type, M, kl_coef=0.04, use_bias_correction_kl=bias)
+    trls = True if bias is None else bias
+    assert options.use_bias_correction_kl is trls and options.weights_kl is trls
+    adv = trl_advantages(rewards.reshape(-1), G, "group")
+    theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=M, loss_type=loss_type, beta=0.04,
+                                         ref_per_token_logps=ref, max_completion_length=12,
+                                         use_bias_correction_kl=trls)
+    ours = _our_loss(logps, rewards, lengths, options, ref=ref)
+    _assert_same_gradient(ours, theirs, [logps])
+    # the switch matters for this batch: the other setting's TRL gradient differs by far more than the 1e-6 tolerance
+    other = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=M, loss_type=loss_type, beta=0.04,
+                                        ref_per_token_logps=ref, max_completion_length=12,
+                                        use_bias_correction_kl=not trls)
+    g_ours, g_other = (torch.autograd.grad(x, [logps], retain_graph=True)[0] for x in (ours, other))
+    assert (g_ours - g_other).abs().max() > 1e-4 * g_ours.abs().max()
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_use_bias_correction_kl_without_kl_changes_nothing(loss_type):
+    """β = 0: the switch does not act — the gradient is bit-identical either way, and TRL's."""
+    logps, mask, rewards, lengths, _, _ = _batch(seed=5)
+    on, off = (_trl_options(loss_type, 1, use_bias_correction_kl=b) for b in (True, False))
+    assert not on.weights_kl and not on.needs_reference
+    g_on, g_off = (torch.autograd.grad(_our_loss(logps, rewards, lengths, o), [logps])[0] for o in (on, off))
+    assert torch.equal(g_on, g_off)
+    adv = trl_advantages(rewards.reshape(-1), G, "group")
+    theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=1, loss_type=loss_type,
+                                         max_completion_length=12)
+    _assert_same_gradient(_our_loss(logps, rewards, lengths, on), theirs, [logps])
 
 
 def test_trl_preset_is_trls_default_objective():
@@ -105,3 +153,4 @@ def test_trl_preset_is_trls_default_objective():
     assert options.entropy_coef == defaults.entropy_coef
     assert options.max_completion_length == defaults.max_completion_length
     assert options.max_grad_norm == defaults.max_grad_norm
+    assert options.use_bias_correction_kl == defaults.use_bias_correction_kl

@@ -3,7 +3,8 @@
 On-policy (ratio 1), TRL's loss for one generation batch of N rows cut into M micro-batches is
     Σ_it w_it (−A_i + β k3_it) − c Σ_it u_it H_it,   k3 = exp(ref − ℓ) − (ref − ℓ) − 1,
 with per-token weights w (per loss_type, below) and u_it = m_it / (M · Σ_{chunk(i)} m); its gradient
-is ∂/∂ℓ_it = w_it (−A_i + β (1 − exp(ref_it − ℓ_it))) and ∂/∂H_it = −c u_it. If the stand-in `self`
+is ∂/∂ℓ_it = w_it (−A_i + β (1 − exp(ref_it − ℓ_it) + b·k3_it)) and ∂/∂H_it = −c u_it, b = 1 with
+use_bias_correction_kl (TRL's default: k3 × exp(ℓ − sg ℓ), value unchanged, gradient + k3), else 0. If the stand-in `self`
 missed or mis-set anything `_compute_loss` reads, these comparisons would fail.
 """
 
@@ -57,14 +58,14 @@ def _hand_weights(loss_type, mask, m, rows):
     }[loss_type], mask / (chunk * m)
 
 
-def _hand(loss_type, logp, mask, adv, ref, ent, *, beta, coef, m=1, rows=None):
+def _hand(loss_type, logp, mask, adv, ref, ent, *, beta, coef, m=1, rows=None, bias=True):
     """(value, ∂/∂ℓ, ∂/∂H) from the closed forms in the module docstring."""
     rows = torch.arange(N) if rows is None else rows
     w, u = _hand_weights(loss_type, mask, m, rows)
     lp = logp.detach()
     k3 = torch.exp(ref - lp) - (ref - lp) - 1.0
     value = (w * (-adv[:, None] + beta * k3)).sum() - coef * (u * ent.detach()).sum()
-    grad_logp = w * (-adv[:, None] + beta * (1.0 - torch.exp(ref - lp)))
+    grad_logp = w * (-adv[:, None] + beta * (1.0 - torch.exp(ref - lp) + (k3 if bias else 0.0)))
     return value, grad_logp, -coef * u
 
 
@@ -80,26 +81,28 @@ def _check(loss, logp, ent, expected, coef):
         assert g_ent is None or not g_ent.any()
 
 
+@pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("coef", [0.0, 0.01])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_one_micro_batch_matches_hand_formula(loss_type, beta, coef):
+def test_one_micro_batch_matches_hand_formula(loss_type, beta, coef, bias):
     logp, mask, adv, ref, ent = _batch()
     loss = trl_loss(logp, mask, adv, loss_type=loss_type, beta=beta, ref_per_token_logps=ref, entropies=ent,
-                    entropy_coef=coef, max_completion_length=L_MAX)
-    _check(loss, logp, ent, _hand(loss_type, logp, mask, adv, ref, ent, beta=beta, coef=coef), coef)
+                    entropy_coef=coef, max_completion_length=L_MAX, use_bias_correction_kl=bias)
+    _check(loss, logp, ent, _hand(loss_type, logp, mask, adv, ref, ent, beta=beta, coef=coef, bias=bias), coef)
 
 
+@pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("coef", [0.0, 0.01])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_micro_batches_match_hand_formula(loss_type, beta, coef, m):
+def test_micro_batches_match_hand_formula(loss_type, beta, coef, m, bias):
     logp, mask, adv, ref, ent = _batch(seed=1)
     loss = trl_loss_over_micro_batches(logp, mask, adv, num_micro_batches=m, loss_type=loss_type, beta=beta,
                                        ref_per_token_logps=ref, entropies=ent, entropy_coef=coef,
-                                       max_completion_length=L_MAX)
-    expected = _hand(loss_type, logp, mask, adv, ref, ent, beta=beta, coef=coef, m=m)
+                                       max_completion_length=L_MAX, use_bias_correction_kl=bias)
+    expected = _hand(loss_type, logp, mask, adv, ref, ent, beta=beta, coef=coef, m=m, bias=bias)
     _check(loss, logp, ent, expected, coef)
 
 

@@ -13,7 +13,8 @@ runs unchanged without generation. Lines of grpo_trainer.py exercised (trl 1.16.
   (on-policy: every ratio is 1, clipping inactive);
 - L3068–3095  off-policy mask skipped (`off_policy_mask_threshold=None`); token- or sequence-level
   log importance weights; `coef_1 = exp(...)`;
-- L3097–3105  k3 KL `exp(ref − ℓ) − (ref − ℓ) − 1` when β ≠ 0 (`use_bias_correction_kl=False`);
+- L3097–3105  k3 KL `exp(ref − ℓ) − (ref − ℓ) − 1` when β ≠ 0, times `coef_1` (the differentiable ratio
+  exp(ℓ − ℓ_old), 1 on-policy) when `args.use_bias_correction_kl` (the caller's, default True as TRL's);
 - L3109–3120  the clipped surrogate `−min(coef_1·A, clamp(coef_1)·A)` (`args.delta=None`);
 - L3140–3150  no entropy mask; the vLLM IS ratio `per_token_loss × inputs["importance_sampling_ratio"]` when
   `vllm_importance_sampling_ratio` is given (`use_vllm` and the correction on), else none; `+ β·KL`;
@@ -83,7 +84,7 @@ class _AcceleratorStandIn:
 
 def _stand_in_self(per_token_logps, entropies, *, loss_type, beta, epsilon_low, epsilon_high,
                    importance_sampling_level, entropy_coef, max_completion_length,
-                   gradient_accumulation_steps, steps_per_generation, use_vllm=False):
+                   gradient_accumulation_steps, steps_per_generation, use_vllm=False, use_bias_correction_kl=True):
     """The attributes of GRPOTrainer that `_compute_loss` reads, with the training model replaced."""
     n_rows, n_tokens = per_token_logps.shape
 
@@ -92,7 +93,8 @@ def _stand_in_self(per_token_logps, entropies, *, loss_type, beta, epsilon_low, 
             raise AssertionError(f"unexpected call: logits_to_keep={logits_to_keep}, rows={input_ids.shape[0]}")
         return per_token_logps, entropies, None
 
-    args = SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=steps_per_generation)
+    args = SimpleNamespace(delta=None, use_bias_correction_kl=use_bias_correction_kl,
+                           steps_per_generation=steps_per_generation)
     return SimpleNamespace(
         _get_per_token_logps_and_entropies=_get_per_token_logps_and_entropies,
         loss_type=loss_type, beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
@@ -130,7 +132,7 @@ def trl_loss(per_token_logps, completion_mask, advantages, *, loss_type, beta=0.
              entropies=None, entropy_coef=0.0, max_completion_length=None, gradient_accumulation_steps=1,
              steps_per_generation=None, num_items_in_batch=None, old_per_token_logps=None, epsilon=0.2,
              epsilon_high=None, importance_sampling_level="token", importance_sampling_ratio=None,
-             return_metrics=False):
+             use_bias_correction_kl=True, return_metrics=False):
     """TRL's loss for ONE micro-batch, from `GRPOTrainer._compute_loss` itself.
 
     Args:
@@ -139,6 +141,7 @@ def trl_loss(per_token_logps, completion_mask, advantages, *, loss_type, beta=0.
         loss_type: "grpo", "bnpo", "dr_grpo", "dapo", "luspo" (tested), or "cispo" (runs, untested); "sapo"
             and "vespo" read `args` fields the stand-in does not provide and are refused.
         beta, ref_per_token_logps: k3 KL coefficient and the reference log-probs [N, T] (needed if beta ≠ 0).
+        use_bias_correction_kl: GRPOConfig's switch (default True, TRL 1.16's default): the KL times coef_1.
         entropies: [N, T] (zeros when None; needed with entropy_coef ≠ 0).
         max_completion_length: TRL's L for dr_grpo (default T).
         gradient_accumulation_steps: TRL's current_gradient_accumulation_steps (micro-batches per step).
@@ -172,7 +175,7 @@ def trl_loss(per_token_logps, completion_mask, advantages, *, loss_type, beta=0.
         importance_sampling_level=importance_sampling_level, entropy_coef=entropy_coef,
         max_completion_length=per_token_logps.shape[1] if max_completion_length is None else max_completion_length,
         gradient_accumulation_steps=gradient_accumulation_steps, steps_per_generation=steps_per_generation,
-        use_vllm=importance_sampling_ratio is not None)
+        use_vllm=importance_sampling_ratio is not None, use_bias_correction_kl=use_bias_correction_kl)
     inputs = _inputs(completion_mask, advantages, num_items_in_batch, ref_per_token_logps, old_per_token_logps,
                      importance_sampling_ratio)
     loss = GRPOTrainer._compute_loss(stand_in, None, inputs)

@@ -44,7 +44,8 @@ HASHED_AS: dict[str, tuple[str, dict[str, str]]] = {
 # reproduces the earlier behaviour, so that those runs still resume: section -> {key: that value}.
 HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
     "objective": {"kl_in_reward_coef": 0.0, "vllm_importance_sampling_mode": "sequence_mask",
-                  "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0},
+                  "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0,
+                  "use_bias_correction_kl": False},
     "second_order": {"method": "jvp"},
     # gen_batch_size is hashed as before (an explicit integer keeps its hash; the default "auto" is a new value,
     # so a default config's hash changes with its draws). The sampler's dtype and engine enter only when set.
@@ -155,6 +156,10 @@ class ProbeConfig(_Section):
             warnings.append(f"objective.max_completion_length is {options.max_completion_length} (dr_grpo's constant "
                             f"normaliser) but generation.max_new_tokens is {max_new}: set both to your trainer's "
                             "max_completion_length, or the gradient scale and the sampled lengths are not the trainer's")
+        if options.weights_kl and objective.use_bias_correction_kl is None:
+            warnings.append(f"objective.use_bias_correction_kl is null: taken as TRL's default true (the KL term of "
+                            f"β {options.kl_coef:g} times the token's importance ratio); the run's GRPOConfig "
+                            "(training_args.bin) is not read: set it to false if your run did")
         return warnings
 
     def to_dict(self) -> dict[str, Any]:
@@ -168,8 +173,12 @@ class ProbeConfig(_Section):
     def config_hash(self) -> str:
         """First 16 hex chars of sha256 over the canonical JSON of the config, `output` and `distributed`
         excluded (neither changes a number: a run can be resumed on any number of ranks or backend); renamed
-        sections under their old names (`HASHED_AS`), later keys only when changed (`HASHED_WHEN_CHANGED`)."""
+        sections under their old names (`HASHED_AS`), later keys only when changed (`HASHED_WHEN_CHANGED`),
+        objective.use_bias_correction_kl only where it changes the gradient."""
         d = self.model_dump(mode="json", exclude={"output", "distributed"})
+        # use_bias_correction_kl enters as whether it acts (trl, β ≠ 0, on): the numbers of a config changed
+        # only there, so only there its hash changes (`HASHED_WHEN_CHANGED` drops the earlier behaviour, False)
+        d["objective"]["use_bias_correction_kl"] = self.objective_options().weights_kl
         for section, keys in HASHED_WHEN_CHANGED.items():
             for key, earlier in keys.items():
                 if d[section].get(key) == earlier:

@@ -240,6 +240,10 @@ class ObjectiveSection(_Section):
                                            "sequence_mask"] = "sequence_mask"
     vllm_importance_sampling_clip_min: float | None = None
     vllm_importance_sampling_clip_max: float | None = 3.0
+    # TRL's use_bias_correction_kl: the per-token KL (kl_coef > 0) times the token's importance ratio, 1 on-policy
+    # but differentiable (docs/objectives.md). null: the trainer's default (trl: true, TRL's; other trainers and
+    # none: off); true is refused for a trainer other than trl.
+    use_bias_correction_kl: bool | None = None
     # What a single first on-policy step cannot represent: accepted only at their neutral values.
     kl_in_reward_coef: float = 0.0   # OpenRLHF --algo.kl.init_coef without --algo.kl.use_loss; verl use_kl_in_reward
     off_policy_mask_threshold: float | None = None

@@ -4,10 +4,11 @@ v must be the step the user's trainer takes next, so U's gradient is the gradien
 loss at its first, on-policy optimizer step after generation (ratio 1: clipping inactive). Every
 objective here has the form
 
-    L_U(θ) = Σ_pg w_pg Σ_t [ −ρ_pgt A_pg ℓ_pgt(θ) + β·kl_pgt(θ) ]  −  c · Σ_pg u_pg Σ_t H_pgt(θ)
+    L_U(θ) = Σ_pg w_pg Σ_t [ −ρ_pgt A_pg ℓ_pgt(θ) + β·kl_pgt(θ)·r_pgt(θ) ]  −  c · Σ_pg u_pg Σ_t H_pgt(θ)
 
 with ℓ the TRAINER's per-token log-prob (logits / τ, no top-p), A the advantages, kl a per-token KL
-estimate against the reference (the base model: the same network with the adapter disabled), H the
+estimate against the reference (the base model: the same network with the adapter disabled), r TRL's
+KL importance weight exp(ℓ − sg ℓ) under `use_bias_correction_kl` (value 1 on-policy, gradient ∇ℓ; else 1), H the
 trainer's per-token entropy, ρ TRL's importance-sampling ratio to the sampler when U was drawn by another
 sampler and `vllm_importance_sampling_correction` is on (vllm_correction.py; else 1; no graph), and
 per-sequence token weights w_pg, u_pg that depend only on the batch's lengths (no graph). So the loss of U is a sum of per-sequence terms and can be
@@ -77,10 +78,18 @@ class ObjectiveOptions:
     vllm_importance_sampling_mode: str = "sequence_mask"
     vllm_importance_sampling_clip_min: float | None = None
     vllm_importance_sampling_clip_max: float | None = 3.0
+    # TRL's use_bias_correction_kl (TRL's name; True in the trl preset, TRL's default): the per-token KL is
+    # multiplied by the token's importance ratio exp(ℓ − ℓ_old), 1 on-policy but differentiable (`sequence_loss`).
+    use_bias_correction_kl: bool = False
 
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef != 0.0
+
+    @property
+    def weights_kl(self) -> bool:
+        """Whether TRL's KL importance weight changes the gradient (use_bias_correction_kl with β ≠ 0)."""
+        return self.use_bias_correction_kl and self.needs_reference
 
     @property
     def needs_entropy(self) -> bool:
@@ -109,7 +118,7 @@ class ObjectiveOptions:
 TRAINER_PRESETS: dict[str, dict[str, Any]] = {
     "trl": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-4, "max_completion_length": None,
             "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "entropy_aggregation": "token_mean",
-            "max_grad_norm": 1.0, "micro_batches": 1},
+            "max_grad_norm": 1.0, "micro_batches": 1, "use_bias_correction_kl": True},
     "verl": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-6, "max_completion_length": None,
              "kl_coef": 0.0, "kl_estimator": "low_var_kl", "entropy_coef": 0.0, "entropy_aggregation": "loss",
              "max_grad_norm": 1.0, "micro_batches": 1},
@@ -295,10 +304,12 @@ class SequenceTerms:
 def sequence_loss(logps: Tensor, terms: SequenceTerms, options: ObjectiveOptions, *,
                   ref_logps: Tensor | None = None, entropies: Tensor | None = None,
                   sampler_ratios: Tensor | None = None) -> Tensor:
-    """w·Σ_t [−ρ_t A ℓ_t + β kl_t] − c·u·Σ_t H_t for one sequence (scalar, graph through ℓ and H).
+    """w·Σ_t [−ρ_t A ℓ_t + β kl_t r_t] − c·u·Σ_t H_t for one sequence (scalar, graph through ℓ and H).
 
     logps / ref_logps / entropies: [T] trainer log-probs, reference log-probs, trainer entropies;
-    sampler_ratios: [T] TRL's importance-sampling ratios ρ_t (no graph; vllm_correction.py), None: ρ = 1.
+    sampler_ratios: [T] TRL's importance-sampling ratios ρ_t (no graph; vllm_correction.py), None: ρ = 1;
+    r_t = exp(ℓ_t − sg ℓ_t) with `options.use_bias_correction_kl` (TRL's token-level coef_1 at ℓ_old = ℓ:
+    value 1, ∇r_t = ∇ℓ_t, so the KL gradient gains kl_t·∇ℓ_t), else 1.
     """
     per_token = -terms.advantage * logps
     if sampler_ratios is not None:
@@ -306,7 +317,10 @@ def sequence_loss(logps: Tensor, terms: SequenceTerms, options: ObjectiveOptions
     if options.needs_reference:
         if ref_logps is None:
             raise ValueError("objective.kl_coef != 0 needs the reference log-probs")
-        per_token = per_token + options.kl_coef * kl_per_token(logps, ref_logps, options.kl_estimator)
+        kl = kl_per_token(logps, ref_logps, options.kl_estimator)
+        if options.use_bias_correction_kl:
+            kl = kl * torch.exp(logps - logps.detach())
+        per_token = per_token + options.kl_coef * kl
     loss = terms.weight * per_token.sum()
     if options.needs_entropy:
         if entropies is None:
@@ -349,6 +363,9 @@ def resolve(explicit: dict[str, Any], *, default_completion_length: int) -> Obje
     options = replace(ObjectiveOptions(), **values, trainer=trainer)
     options = replace(options, loss_type=canonical_loss_type(options.loss_type))
     _ = options.vllm_correction  # a correction the trainer does not have, or bad bounds, fail here (with the key)
+    if options.use_bias_correction_kl and trainer != "trl":
+        raise ConfigError(f"objective.use_bias_correction_kl: true is TRL's KL importance-sampling correction, "
+                          f"objective.trainer is {trainer or 'null'}: only trainer trl has it (leave the key null)")
     if trainer == "openrlhf" and options.loss_type != "dapo" and options.needs_reference:
         raise ConfigError(f"objective.kl_coef: OpenRLHF aggregates its KL loss as a token mean over the step "
                           f"whatever the policy loss's aggregation; with loss_type {options.loss_type!r} that is "

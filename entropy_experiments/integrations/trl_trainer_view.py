@@ -4,7 +4,7 @@ Everything the offline probe takes from a config and a checkpoint, the callback 
 
 | probe                          | from the trainer                                                          |
 |--------------------------------|---------------------------------------------------------------------------|
-| `objective.*`                  | `args.loss_type`, `beta` (kl_coef), `scale_rewards`, `max_grad_norm`, `max_completion_length`, `gradient_accumulation_steps` (micro-batches), `num_iterations` (which steps are probed: the callback), `top_entropy_quantile`, `off_policy_mask_threshold`, `vllm_importance_sampling_correction` |
+| `objective.*`                  | `args.loss_type`, `beta` (kl_coef), `scale_rewards`, `max_grad_norm`, `max_completion_length`, `gradient_accumulation_steps` (micro-batches), `num_iterations` (which steps are probed: the callback), `top_entropy_quantile`, `off_policy_mask_threshold`, `vllm_importance_sampling_correction`, `use_bias_correction_kl` |
 | `generation.*`                 | `temperature`, `top_p`, `max_completion_length`; no stop string (TRL stops at EOS only) |
 | prompts                        | `train_dataset` rows in TRL's column conventions, rendered with `args.chat_template_kwargs` |
 | rewards                        | `reward_funcs` with `reward_weights`, called as TRL calls them            |
@@ -91,7 +91,9 @@ def objective_keys(args: Any) -> dict[str, Any]:
             "max_completion_length": args.max_completion_length, "micro_batches": args.gradient_accumulation_steps,
             "num_iterations": args.num_iterations, "top_entropy_quantile": args.top_entropy_quantile,
             "off_policy_mask_threshold": args.off_policy_mask_threshold,
-            "vllm_importance_sampling_correction": bool(args.use_vllm and args.vllm_importance_sampling_correction)}
+            "vllm_importance_sampling_correction": bool(args.use_vllm and args.vllm_importance_sampling_correction),
+            # a TRL without the switch (before it existed) has no KL importance weight
+            "use_bias_correction_kl": bool(getattr(args, "use_bias_correction_kl", False))}
 
 
 def trainer_batch(args: Any) -> int:

@@ -1,0 +1,142 @@
+"""objective.use_bias_correction_kl (TRL's GRPOConfig switch) as a config key: its resolution per trainer, the
+refusals, the config hash and the offline warning. The gradient itself is checked against TRL's own
+`_compute_loss` in tests/test_trl_objectives.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from entropy_experiments.config import ProbeConfig, config_from_dict
+from entropy_experiments.errors import ConfigError
+
+# What the code before the key existed wrote (commit 95fc74b, `config_hash()` of these configs).
+HASH_BEFORE = {
+    "default": "15bd06d456c52722",
+    "trl": "6a2ac24be09a4ce3",
+    "trl_kl": "9f297d05e511300d",
+    "verl_kl": "0263d8a029f97532",
+    "seeds_kl": "7024245bc382d099",
+}
+
+
+def _config(**objective):
+    return config_from_dict({"objective": objective})
+
+
+@pytest.mark.parametrize("objective, resolved", [
+    ({}, False),
+    ({"trainer": "trl"}, True),
+    ({"trainer": "trl", "use_bias_correction_kl": False}, False),
+    ({"trainer": "verl", "kl_coef": 0.001}, False),
+    ({"trainer": "openrlhf", "kl_coef": 0.01}, False),
+    ({"trainer": "verl", "kl_coef": 0.001, "use_bias_correction_kl": False}, False),
+])
+def test_null_is_the_trainers_default(objective, resolved):
+    assert _config(**objective).objective_options().use_bias_correction_kl is resolved
+
+
+@pytest.mark.parametrize("trainer", [None, "verl", "openrlhf"])
+def test_an_explicit_true_is_refused_for_other_trainers(trainer):
+    keys = {"kl_coef": 0.01, "use_bias_correction_kl": True} | ({"trainer": trainer} if trainer else {})
+    with pytest.raises(ConfigError, match=r"objective\.use_bias_correction_kl: true is TRL's .* only trainer trl"):
+        _config(**keys)
+
+
+def test_hash_changes_only_where_the_numbers_do():
+    """Unchanged wherever the gradient is the one computed before (default, β = 0, other trainers, an explicit
+    false); changed for trl with β > 0 and the switch on (set or by TRL's default), the same for both."""
+    assert ProbeConfig().config_hash() == HASH_BEFORE["default"]
+    assert _config(trainer="trl").config_hash() == HASH_BEFORE["trl"]
+    assert _config(trainer="trl", use_bias_correction_kl=True).config_hash() == HASH_BEFORE["trl"]  # β = 0
+    assert _config(trainer="trl", use_bias_correction_kl=False).config_hash() == HASH_BEFORE["trl"]
+    assert _config(trainer="verl", kl_coef=0.001).config_hash() == HASH_BEFORE["verl_kl"]
+    assert _config(trainer="verl", kl_coef=0.001, use_bias_correction_kl=False).config_hash() == HASH_BEFORE["verl_kl"]
+    assert _config(kl_coef=0.04).config_hash() == HASH_BEFORE["seeds_kl"]
+    assert _config(trainer="trl", kl_coef=0.04, use_bias_correction_kl=False).config_hash() == HASH_BEFORE["trl_kl"]
+    corrected = _config(trainer="trl", kl_coef=0.04).config_hash()
+    assert corrected != HASH_BEFORE["trl_kl"]
+    assert _config(trainer="trl", kl_coef=0.04, use_bias_correction_kl=True).config_hash() == corrected
+
+
+def test_an_unset_switch_warns_where_it_acts():
+    """Offline the run's GRPOConfig is not read: an unset switch that acts (trl, β > 0) is named in a warning."""
+    def warned(**objective):
+        return [w for w in _config(**objective).objective_warnings("trainer") if "use_bias_correction_kl" in w]
+
+    (message,) = warned(trainer="trl", kl_coef=0.04)
+    assert "TRL's default true" in message and "training_args.bin" in message
+    assert not warned(trainer="trl", kl_coef=0.04, use_bias_correction_kl=True)
+    assert not warned(trainer="trl", kl_coef=0.04, use_bias_correction_kl=False)
+    assert not warned(trainer="trl")
+
+
+@pytest.mark.parametrize("switch", [True, False])
+def test_the_trainer_view_passes_grpoconfigs_switch(switch):
+    """The callback's objective is resolved from the GRPOConfig's own use_bias_correction_kl."""
+    trl = pytest.importorskip("trl")
+    from entropy_experiments.integrations.trl_trainer_view import objective_keys, probe_config
+
+    args = trl.GRPOConfig(output_dir="unused", report_to=[], use_cpu=True, bf16=False, beta=0.04,
+                          use_bias_correction_kl=switch)
+    assert objective_keys(args)["use_bias_correction_kl"] is switch
+    options = probe_config(args, B_E=4, B_U=2, G=None, seed=0, microbatch_size=2).objective_options()
+    assert options.use_bias_correction_kl is switch and options.weights_kl is switch
+
+
+# ----------------------------------------------------------------------------- through the tiny model
+
+@pytest.fixture(scope="module")
+def sampled_U(tiny_model_dir, tmp_path_factory):
+    from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
+
+    prompts = write_prompts(tmp_path_factory.mktemp("klbias") / "p.jsonl", SHORT_PROMPTS)
+    probe = make_probe(tiny_model_dir, prompts, {"batch_config": {"B_U": 4, "G": 3}})
+    return probe, probe.sample(B_E=1, B_U=4, G=3)[1]
+
+
+def _padded_logps(model, U, temperature):
+    """[B·G, T_max] log-probs (graph) of every U response by an unpadded forward per sequence, and the mask."""
+    import torch
+
+    rows, lengths = [], []
+    for b in range(U.num_prompts):
+        for g in range(U.num_responses_per_prompt):
+            T, end = U.gen_lens[b][g], U.prompt_lens[b] + U.gen_lens[b][g]
+            ids = U.sequences[b, g][:end][U.attention_masks[b, g][:end].bool()]
+            logp = torch.log_softmax(model(input_ids=ids[None]).logits[0].double() / temperature, dim=-1)
+            rows.append(logp[-T - 1:-1].gather(-1, ids[-T:, None]).squeeze(-1))
+            lengths.append(T)
+    width = max(lengths)
+    padded = torch.stack([torch.cat([r, r.new_zeros(width - len(r))]) for r in rows])
+    return padded, (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).double()
+
+
+@pytest.mark.parametrize("switch", [None, False])
+def test_u_gradient_through_the_model_equals_trl(sampled_U, switch):
+    """The probe's U gradient (trainer trl, β = 0.04) equals autograd of TRL's `_compute_loss` over an independent
+    forward, the reference log-probs from the same network with the adapter disabled (TRL's PEFT reference)."""
+    pytest.importorskip("trl")
+    import torch
+
+    from entropy_experiments.probe import recipe
+    from tests.trl_reference import trl_advantages, trl_loss_over_micro_batches
+
+    probe, U = sampled_U
+    model, temperature = probe.model, probe.config.generation.temperature
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    logps, mask = _padded_logps(model, U, temperature)
+    with torch.no_grad(), model.disable_adapter():
+        ref, _ = _padded_logps(model, U, temperature)
+    adv = trl_advantages(torch.tensor(U.rewards).reshape(-1), U.num_responses_per_prompt, "group")
+    trls = switch is None or switch  # null: TRL's default, true
+    want, other = (torch.autograd.grad(trl_loss_over_micro_batches(
+        logps, mask, adv, num_micro_batches=1, loss_type="dapo", beta=0.04, ref_per_token_logps=ref,
+        use_bias_correction_kl=bias), params, retain_graph=True) for bias in (trls, not trls))
+    cfg = config_from_dict({**probe.config.to_dict(), "estimator": {"microbatch_size": 2},
+                            "objective": {"trainer": "trl", "kl_coef": 0.04, "use_bias_correction_kl": switch}})
+    got = recipe.update_gradients(cfg, probe.policy, U, [[0, 1], [2, 3]]).total
+    gap = max((w - o).abs().max().item() / w.abs().max().item() for w, o in zip(want, other))
+    assert gap > 1e-3, f"the switch must change this U's gradient ({gap:.2e}), else the test could not catch it"
+    for name, w in zip(names, want, strict=True):
+        assert torch.allclose(got[name].double(), w.double(), rtol=1e-4, atol=1e-5 * w.abs().max().item()), name
