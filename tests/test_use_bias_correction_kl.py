@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from entropy_experiments.config import ProbeConfig, config_from_dict
+from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError
 
-# What the code before the key existed wrote (commit 95fc74b, `config_hash()` of these configs).
+# What the code before the key existed wrote (commit 95fc74b, `config_hash()` of these configs). That code's
+# default was generation.gen_batch_size 8 (the default `auto` draws otherwise, so it hashes otherwise): the
+# configs here state it.
 HASH_BEFORE = {
     "default": "15bd06d456c52722",
     "trl": "6a2ac24be09a4ce3",
@@ -20,7 +22,7 @@ HASH_BEFORE = {
 
 
 def _config(**objective):
-    return config_from_dict({"objective": objective})
+    return config_from_dict({"objective": objective, "generation": {"gen_batch_size": 8}})
 
 
 @pytest.mark.parametrize("objective, resolved", [
@@ -45,7 +47,7 @@ def test_an_explicit_true_is_refused_for_other_trainers(trainer):
 def test_hash_changes_only_where_the_numbers_do():
     """Unchanged wherever the gradient is the one computed before (default, β = 0, other trainers, an explicit
     false); changed for trl with β > 0 and the switch on (set or by TRL's default), the same for both."""
-    assert ProbeConfig().config_hash() == HASH_BEFORE["default"]
+    assert _config().config_hash() == HASH_BEFORE["default"]
     assert _config(trainer="trl").config_hash() == HASH_BEFORE["trl"]
     assert _config(trainer="trl", use_bias_correction_kl=True).config_hash() == HASH_BEFORE["trl"]  # β = 0
     assert _config(trainer="trl", use_bias_correction_kl=False).config_hash() == HASH_BEFORE["trl"]

@@ -9,7 +9,7 @@
                                                                                    (beyond_first_order.py)
     report    the results dict and the per-sequence rows                             (report/results_dict.py)
 
-Only this module, beyond_first_order.py, run.py and parallel.py know about ranks. Under torchrun rank 0 draws the index plan;
+Only this module, beyond.py, sampling.py, runner.py and parallel.py know about ranks. Under torchrun rank 0 draws the index plan;
 each rank runs its contiguous share of the work items a single process would run (so every microbatch
 is computed as in one process); float64 sums are all-reduced, per-sequence values gathered in order.
 """
@@ -31,10 +31,9 @@ from ..checkpoint.trainer_batch import trainer_batch_record
 from ..checkpoint.trainer_log import vllm_correction_warnings
 from ..config import ProbeConfig
 from ..data.batch import Batch
-from ..data.plan import IndexPlan, draw_index_plan
 from ..data.rewards import clear_reward_warnings
 from ..data.rewards.weighted import RewardSet
-from ..errors import ConfigError, ProbeError
+from ..errors import ConfigError
 from ..estimators.entropy_gradient import (
     coefficients,
     e_microbatches,
@@ -66,10 +65,10 @@ from ..report.results_dict import ProbeOutcome, RunFacts, assemble_results, samp
 from .attribution import attribution_phase
 from .beyond import beyond_first_order_phase, scoring_share
 from .memory_plan import budgeted_config
-from .parallel import SINGLE, DistContext, init_from_env, rank_seed
+from .parallel import SINGLE, DistContext, init_from_env
 from .preflight import preflight
 from .results import DeltaH1Result, Estimates, Policy, Samples, SurrogatePass, UpdateStep, WarningLog
-from .sampling import prompt_examples, sample_batch, saved_batches, warn_zero_advantages
+from .sampling import draw_plan, prompt_examples, sample_sharded, saved_batches, warn_zero_advantages
 
 log = logging.getLogger("entropy_experiments.probe")
 NamedTensors = dict[str, Tensor]
@@ -263,39 +262,6 @@ def error_bars_phase(config: ProbeConfig, policy: Policy, res: DeltaH1Result, u_
 
 
 # ---------------------------------------------------------------------- phase 0: sampling
-def draw_plan(config: ProbeConfig, n_examples: int, dist: DistContext) -> IndexPlan:
-    """The index plan, drawn on rank 0 and broadcast (or rank 0's error raised on every rank)."""
-    bc = config.batch_config
-    plan = error = None
-    if dist.is_main:
-        try:
-            plan = draw_index_plan(n_examples, B_E=bc.B_E, B_U=bc.B_U, G=bc.G, E_sampling_mode=bc.E_sampling_mode,
-                                   seed=config.seed, max_prompts_pool=bc.max_prompts_pool)
-        except ProbeError as exc:
-            error = exc
-    plan, message = dist.broadcast_object((plan, str(error) if error else None), "index plan broadcast")
-    if error is not None:
-        raise error
-    if message is not None:
-        raise ProbeError(message)
-    return plan
-
-
-def sample_sharded(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
-                   rewards: RewardSet | None, reference: bool, dist: DistContext, what: str,
-                   chat_template_kwargs: dict | None = None, memory_budget_gb: float | None = None) -> dict:
-    """`sample_batch` over the ranks: each rank generates its contiguous slice of the prompts with its own
-    generator (`rank_seed`; rank 0 keeps `seed`); the slices are all-gathered in plan order."""
-    options = {"rewards": rewards, "reference": reference, "chat_template_kwargs": chat_template_kwargs,
-               "memory_budget_gb": memory_budget_gb}
-    if not dist.enabled:
-        return sample_batch(engine, examples, prompt_indices, G, seed=seed, **options)
-    mine = dist.prompt_slice(len(prompt_indices))
-    local = (sample_batch(engine, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
-                          **options) if mine else None)
-    return Batch.concat(dist.all_gather_object(local, f"gather sampled {what}"), engine.pad_token_id)
-
-
 def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = SINGLE, logger: logging.Logger = log,
                  *, examples: list | None = None, rewards: RewardSet | None = None) -> Samples:
     """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G. `examples` and

@@ -5,7 +5,7 @@ U prompts distinct — so that a distributed run can draw it on rank 0 and broad
 a resumed run can check it. Generation itself is the policy engine's (`policy/engine.py`); `sample_batch`
 turns a list of prompt indices into one packed batch (rewards by the reward registry, advantages by the
 objective's rule); `saved_batches` validates a resumed run's; `prompt_examples`
-loads the prompt pool. IndexPlan / draw_index_plan live in data/plan.py and are re-exported here.
+loads the prompt pool; `draw_plan` and `sample_sharded` are the same over a torchrun job's ranks. IndexPlan / draw_index_plan live in data/plan.py and are re-exported here.
 """
 
 from __future__ import annotations
@@ -15,19 +15,23 @@ from collections.abc import Callable
 
 import torch
 
+from ..config import ProbeConfig
 from ..data.batch import Batch
 from ..data.datasets import load_examples
 from ..data.plan import IndexPlan, draw_index_plan
 from ..data.prompt_rendering import render_prompts
 from ..data.rewards.weighted import RewardSet
+from ..errors import ProbeError
 from ..estimators.objectives import batch_advantages
 from ..policy.engine import PolicyEngine
 from ..policy.reference_sampler import sample_with_engine
 from ..policy.sequences import completion_ids
+from .parallel import DistContext, rank_seed
 
 log = logging.getLogger("entropy_experiments.sampling")
 
-__all__ = ["IndexPlan", "draw_index_plan", "prompt_examples", "sample_batch", "saved_batches", "warn_zero_advantages"]
+__all__ = ["IndexPlan", "draw_index_plan", "draw_plan", "prompt_examples", "sample_batch", "sample_sharded", "saved_batches",
+           "warn_zero_advantages"]
 
 
 def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
@@ -103,3 +107,36 @@ def warn_zero_advantages(U: Batch, warn: Callable[[str], None], logger: logging.
         warn("every U prompt has all-zero advantages: the update direction is pure weight decay / "
              "momentum (check rewards and gold answers)")
     return n_zero
+
+
+def draw_plan(config: ProbeConfig, n_examples: int, dist: DistContext) -> IndexPlan:
+    """The index plan, drawn on rank 0 and broadcast (or rank 0's error raised on every rank)."""
+    bc = config.batch_config
+    plan = error = None
+    if dist.is_main:
+        try:
+            plan = draw_index_plan(n_examples, B_E=bc.B_E, B_U=bc.B_U, G=bc.G, E_sampling_mode=bc.E_sampling_mode,
+                                   seed=config.seed, max_prompts_pool=bc.max_prompts_pool)
+        except ProbeError as exc:
+            error = exc
+    plan, message = dist.broadcast_object((plan, str(error) if error else None), "index plan broadcast")
+    if error is not None:
+        raise error
+    if message is not None:
+        raise ProbeError(message)
+    return plan
+
+
+def sample_sharded(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
+                   rewards: RewardSet | None, reference: bool, dist: DistContext, what: str,
+                   chat_template_kwargs: dict | None = None, memory_budget_gb: float | None = None) -> dict:
+    """`sample_batch` over the ranks: each rank generates its contiguous slice of the prompts with its own
+    generator (`rank_seed`; rank 0 keeps `seed`); the slices are all-gathered in plan order."""
+    options = {"rewards": rewards, "reference": reference, "chat_template_kwargs": chat_template_kwargs,
+               "memory_budget_gb": memory_budget_gb}
+    if not dist.enabled:
+        return sample_batch(engine, examples, prompt_indices, G, seed=seed, **options)
+    mine = dist.prompt_slice(len(prompt_indices))
+    local = (sample_batch(engine, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
+                          **options) if mine else None)
+    return Batch.concat(dist.all_gather_object(local, f"gather sampled {what}"), engine.pad_token_id)

@@ -21,9 +21,8 @@ from ..errors import output_error_on_os_error
 from ..estimators.sequence_scores import score_sequences
 from ..estimators.surrogate import entropy_estimates
 from ..probe.parallel import SINGLE
-from ..probe.recipe import draw_plan, sample_sharded
 from ..probe.results import Policy
-from ..probe.sampling import prompt_examples
+from ..probe.sampling import draw_plan, prompt_examples, sample_sharded
 from ..report.results_dict import per_sequence_rows
 from ..report.results_schema import dumps_strict
 from ..report.run_dir import GenerationChunkStore, RunDirectory
