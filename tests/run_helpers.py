@@ -88,4 +88,8 @@ def results(run_dir: Path) -> dict:
 def numbers(res: dict) -> dict:
     """Everything in results.json that a repeated / resumed run must reproduce exactly."""
     drop = {"timing", "environment"}
-    return {k: v for k, v in res.items() if k not in drop}
+    out = {k: v for k, v in res.items() if k not in drop}
+    if isinstance(out.get("sampler"), dict):  # the sampler's seconds and tokens/s are timings
+        out["sampler"] = {k: ({f: x for f, x in v.items() if f not in ("seconds", "tokens_per_s")}
+                              if isinstance(v, dict) else v) for k, v in out["sampler"].items()}
+    return out

@@ -32,7 +32,7 @@ __all__ = ["Batch", "BatchContractError"]
 
 _REQUIRED_KEYS = ("sequences", "attention_masks", "prompt_lens", "gen_lens", "advantages", "rewards",
                   "max_lengths", "prompt_ids", "num_prompts", "num_responses_per_prompt")
-_OPTIONAL_KEYS = ("prompts", "responses_text", "rewards_per_function", "reward_weights", "sampler_logqs")
+_OPTIONAL_KEYS = ("prompts", "responses_text", "rewards_per_function", "reward_weights", "sampler_logqs", "generation")
 _PER_PROMPT_LISTS = ("prompt_lens", "gen_lens", "rewards", "prompt_ids", "prompts", "responses_text")
 
 
@@ -56,6 +56,7 @@ class Batch:
     rewards_per_function: dict[str, list[list[float]]] | None = None
     reward_weights: dict[str, float] | None = None
     sampler_logqs: Tensor | None = None
+    generation: dict | None = None  # how the batch was drawn (the policy engine's record: dtype, engine, draws, rows)
 
     # ------------------------------------------------------------------ counts
     @property
@@ -180,6 +181,7 @@ class Batch:
             **{key: take_rows(getattr(self, key), prompt_indices) for key in _PER_PROMPT_LISTS},
             rewards_per_function=per_function, reward_weights=self.reward_weights,
             sampler_logqs=None if self.sampler_logqs is None else take_prompts(self.sampler_logqs, prompt_indices),
+            generation=self.generation,
         )
 
     @staticmethod
@@ -212,7 +214,8 @@ class Batch:
         out = Batch(sequences=torch.cat([s for s, _, _ in padded]), attention_masks=torch.cat([m for _, m, _ in padded]),
                     prompt_lens=[Lp] * sum(p.num_prompts for p in parts),
                     advantages=torch.cat([p.advantages for p in parts]), **lists,
-                    rewards_per_function=per_function, reward_weights=weights, sampler_logqs=sampler)
+                    rewards_per_function=per_function, reward_weights=weights, sampler_logqs=sampler,
+                    generation=parts[0].generation)  # the first rank's record stands for the gathered batch
         out.validate("gathered batch")
         return out
 

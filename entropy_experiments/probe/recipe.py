@@ -281,15 +281,14 @@ def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = 
     # U first (its own seed, so the batches are those of E first): a reward that raises stops the run at the
     # first U prompt's responses, before the rest is sampled.
     rewards = rewards or RewardSet.resolve(config.reward.specs(), config.reward.weights, examples[0])
-    budget, engine.last_generation = config.estimator.memory_budget_gb, None
+    budget = config.estimator.memory_budget_gb
     U = sample_sharded(engine, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, rewards=rewards,
                        reference=reference, dist=dist, what="U", chat_template_kwargs=bc.chat_template_kwargs,
                        memory_budget_gb=budget)
-    u_generation, engine.last_generation = engine.last_generation, None
     E = sample_sharded(engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
                        rewards=None, reference=reference, dist=dist, what="E",
                        chat_template_kwargs=bc.chat_template_kwargs, memory_budget_gb=budget)
-    return Samples(E, U, plan, sampler_block(engine.last_generation, u_generation))
+    return Samples(E, U, plan, sampler_block(E.generation, U.generation))
 
 
 # ---------------------------------------------------------------------- the whole probe
@@ -341,7 +340,11 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     if chunk_store is not None:
         policy.engine.chunk_store = chunk_store
     t0 = time.perf_counter()
-    samples = sample_phase(config, policy.engine, dist, logger) if batches is None else Samples(*saved_batches(batches))
+    if batches is None:
+        samples = sample_phase(config, policy.engine, dist, logger)
+    else:  # a resumed run's saved batches carry the record of how they were drawn
+        E, U = saved_batches(batches)
+        samples = Samples(E, U, None, sampler_block(E.generation, U.generation))
     E, U = samples.E, samples.U
     timing["phase0_sampling"] = time.perf_counter() - t0
     if on_batches is not None:

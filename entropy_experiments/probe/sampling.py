@@ -62,17 +62,21 @@ def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int]
             # Each chunk seeded from (seed, chunk index): chunks saved by a killed run can be reused.
             seqs = engine.generate_batched(token_ids, G, seed=seed, seed_per_chunk=True, on_first_group=first_check,
                                            memory_budget_gb=memory_budget_gb)
+    generation = None if reference else engine.last_generation
     seqs.examples = chosen
     seqs.prompts = [r.text for r in rendered]
     seqs.prompt_ids = [int(ex.meta["global_prompt_id"]) for ex in chosen]
     if rewards is None:
-        return Batch.pack(seqs, None)
+        batch = Batch.pack(seqs, None)
+        batch.generation = generation
+        return batch
     scored = [rewards.score(seqs.prompts[b], list(seqs.responses_text[b]), ex, completion_ids=completion_ids(seqs, b),
                             where=where_of(chosen, b)) for b, ex in enumerate(chosen)]
     summed = [p.summed for p in scored]
     batch = Batch.pack(seqs, summed, batch_advantages(summed))
     batch.rewards_per_function = {name: [p.per_function[name] for p in scored] for name in rewards.names}
     batch.reward_weights = dict(zip(rewards.names, rewards.weights, strict=True))
+    batch.generation = generation
     return batch
 
 
