@@ -86,6 +86,10 @@ def results(run_dir: Path) -> dict:
 
 
 def numbers(res: dict) -> dict:
-    """Everything in results.json that a repeated / resumed run must reproduce exactly."""
-    drop = {"timing", "environment"}
-    return {k: v for k, v in res.items() if k not in drop}
+    """Everything in results.json that a repeated / resumed run must reproduce exactly: all but the timings, the
+    environment and the `sampler` block's account of this process's sampling (seconds, tokens/s; `sampled`
+    false when saved batches were reused) — its `correction`, computed from the batches, is kept."""
+    drop = {"timing", "environment", "sampler"}
+    out = {k: v for k, v in res.items() if k not in drop}
+    out["sampler_correction"] = (res.get("sampler") or {}).get("correction")
+    return out
