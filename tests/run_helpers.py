@@ -86,7 +86,9 @@ def results(run_dir: Path) -> dict:
 
 
 def numbers(res: dict) -> dict:
-    """Everything in results.json that a repeated / resumed run must reproduce exactly."""
+    """Everything in results.json that a repeated / resumed run must reproduce exactly: all but the timings, the
+    environment and the `sampler` block's seconds and tokens/s (the record of how E and U were drawn — dtype,
+    engine, draws, rows per call — and the correction computed from the batches are kept)."""
     drop = {"timing", "environment"}
     out = {k: v for k, v in res.items() if k not in drop}
     if isinstance(out.get("sampler"), dict):  # the sampler's seconds and tokens/s are timings

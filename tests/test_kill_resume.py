@@ -3,7 +3,9 @@ points, then `--resume` finishes it with results identical to an uninterrupted r
 
 The run goes through the test shim tests/hooked_cli.py, which holds it at a named point (env
 ENTROPY_PROBE_TEST_HOLD=point[:n]); the test waits for its marker file and sends the signal. E and U
-are generated 2 rows per chunk (2 chunks each), so a kill during sampling leaves saved chunks.
+are generated 2 rows per chunk (2 chunks each), so a kill during sampling leaves saved chunks. With the bf16
+sampler (row-keyed draws, each chunk saved with its sampler log q) a kill during sampling resumes to the same
+E and U, sampler log-probs included.
 """
 
 from __future__ import annotations
@@ -115,3 +117,34 @@ def test_kill_then_resume_gives_identical_numbers(sig, point, state, setup, refe
         assert "reusing" in log and "saved chunk(s)" in log
     else:
         assert "resuming" in log and "saved E and U batches" in log
+
+
+# The fast sampler: bf16 with 2 rows per call (row-keyed draws, each chunk saved with its sampler log q).
+@pytest.fixture(scope="module")
+def bf16_setup(tiny_model_dir, tmp_path_factory) -> Path:
+    path, _ = make_run_setup(tmp_path_factory.mktemp("kill_bf16"), tiny_model_dir,
+                             generation={"gen_batch_size": 2, "sampler_dtype": "bf16"}, output={"plot": False})
+    return path
+
+
+def test_kill_during_bf16_sampling_then_resume_gives_the_same_batches(bf16_setup, tmp_path, capsys):
+    ref = tmp_path / "ref"
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert cli.main(["run", "--config", str(bf16_setup), "--out", str(ref)]) == 0
+        out = tmp_path / "run"
+        killed = _kill_at(bf16_setup, out, "chunk_saved:1", signal.SIGTERM, tmp_path)
+        assert killed.returncode == 128 + signal.SIGTERM, killed.stderr[-2000:]
+        assert list((out / "partial").glob("gen_*.pt")) and not (out / "E_batch.pt").exists()
+        assert cli.main(["run", "--resume", str(out)]) == 0
+    finally:
+        torch.set_num_threads(n)
+    capsys.readouterr()
+    assert "reusing 1 saved chunk(s)" in (out / "probe.log").read_text()
+    for name in ("E_batch.pt", "U_batch.pt"):
+        a, b = (torch.load(d / name, weights_only=True) for d in (ref, out))
+        assert torch.equal(a["sequences"], b["sequences"]) and torch.equal(a["sampler_logqs"], b["sampler_logqs"])
+    resumed, reference = results(out), results(ref)
+    assert resumed["sampler"]["dtype"] == "bf16" and resumed["sampler"]["correction"] is not None
+    assert numbers(resumed) == numbers(reference)

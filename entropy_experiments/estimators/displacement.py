@@ -43,6 +43,7 @@ from .jackknife import (
     jackknife_estimate,
     jackknife_replicates,
     jackknife_se,
+    sampler_weighted,
     se_E,
     sum_by_unit,
 )
@@ -86,11 +87,14 @@ def displacement_entry(X: NamedTensors, delta: NamedTensors, pieces: tuple[Tenso
 # ----------------------------------------------------------------------------- across an interval
 @dataclass
 class BatchColumns:
-    """One checkpoint's E: per sequence h_i (nats), d_i (T_i per_token, 1 per_sequence) and its unit key."""
+    """One checkpoint's E: per sequence h_i (nats), d_i (T_i per_token, 1 per_sequence) and its unit key, and
+    the sampler correction's s_i when E was drawn by another sampler (None: by its policy; docs/maths.md §12):
+    every sum over the batch is then Σ s_i (·)."""
 
     h: np.ndarray
     d: np.ndarray
     keys: list[str]
+    s: np.ndarray | None = None
 
 
 @dataclass
@@ -132,7 +136,7 @@ def _from_columns(frm: BatchColumns, pieces: DisplacementPieces, normalize: str,
     columns = [as_float64(pieces.a), as_float64(pieces.r), as_float64(frm.h), as_float64(frm.d)]
     if second:
         columns += snis_columns(*pieces.second, frm.h, frm.d, normalize)
-    return columns
+    return sampler_weighted(columns, frm.s)
 
 
 def _joint_residual(realised: UnitReplicates, frm: BatchColumns, columns: list[np.ndarray], statistic) -> Estimate:
@@ -171,7 +175,8 @@ def independent_residuals(frm: BatchColumns, pieces: DisplacementPieces, to: Bat
     """The residuals of `interval_residuals` when the realised change is Ĥ(E_{N'}) − Ĥ(E_N) over two batches
     taken as independent: Ĥ(E_{N'}) − [Ĥ(E_N) + δH_Δθ (+ ½·D²_Δθ H)], the bracket jackknifed over E_N's units,
     Ĥ(E_{N'}) over E_{N'}'s, the two SEs in quadrature."""
-    h_to = jackknife_estimate(sum_by_unit([to.h, to.d], to.keys), _entropy)
+    h_to = jackknife_estimate(sum_by_unit(sampler_weighted([as_float64(to.h), as_float64(to.d)], to.s), to.keys),
+                              _entropy)
 
     def residual(second: bool, statistic) -> Estimate:
         bracket = jackknife_estimate(sum_by_unit(_from_columns(frm, pieces, normalize, second), frm.keys),
@@ -191,7 +196,8 @@ def u_noise(frm: BatchColumns, pieces: DisplacementPieces, *, step_lr: float, st
     scale = steps * step_lr
     a = scale * as_float64(pieces.a_v) - as_float64(pieces.a)
     r = scale * as_float64(pieces.r_v) - as_float64(pieces.r)
-    diff = jackknife_estimate(sum_by_unit([a, r, frm.h, frm.d], frm.keys), _difference_slope)
+    diff = jackknife_estimate(sum_by_unit(sampler_weighted([a, r, as_float64(frm.h), as_float64(frm.d)], frm.s),
+                                          frm.keys), _difference_slope)
     se = None
     if se_U is not None and math.isfinite(se_U) and math.isfinite(diff.se):
         se = math.sqrt((steps ** 2 + steps * u_batch_ratio) * se_U ** 2 + diff.se ** 2)

@@ -129,11 +129,13 @@ def _difference(sums: np.ndarray) -> float:
 
 
 def paired_change_replicates(h_from: Any, d_from: Any, units_from: list, h_to: Any, d_to: Any,
-                             units_to: list) -> UnitReplicates:
+                             units_to: list, s_from: Any | None = None, s_to: Any | None = None) -> UnitReplicates:
     """The paired difference Σh_to/Σd_to − Σh_from/Σd_from (each batch scored at its own policy; d = T or 1)
     and its delete-one replicates over the union of units: a unit's sums sit side by side in both batches
-    (zeros where it is absent) and are removed from both at once, both ratios recomputed in every replicate."""
-    columns = _side_by_side([as_float64(h_from), as_float64(d_from)], [as_float64(h_to), as_float64(d_to)])
+    (zeros where it is absent) and are removed from both at once, both ratios recomputed in every replicate.
+    `s_from`, `s_to`: each batch's sampler weights (Σ s h/Σ s d; None: unweighted, docs/maths.md §12)."""
+    columns = _side_by_side(sampler_weighted([as_float64(h_from), as_float64(d_from)], s_from),
+                            sampler_weighted([as_float64(h_to), as_float64(d_to)], s_to))
     units = [str(u) for u in units_from] + [str(u) for u in units_to]
     return _unit_replicates(columns, units, _difference)
 

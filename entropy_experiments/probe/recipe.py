@@ -370,6 +370,7 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     outcome = assemble_results(E, U, res, bars, later.truth, later.residuals, later.second_order, later.predictors,
                                timing, facts)
     outcome.results["attribution"], outcome.e_tokens = attribution, e_tokens
-    outcome.results["sampler"] = samples.sampler or sampler_block(None, None)
+    # what drew E and U, then the estimators' correction diagnostics (assemble_results)
+    outcome.results["sampler"] = {**(samples.sampler or sampler_block(None, None)), **outcome.results["sampler"]}
     outcome.policy = policy
     return outcome

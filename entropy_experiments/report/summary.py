@@ -127,6 +127,8 @@ def _head_table(results: dict[str, Any], unit: str) -> Any:
         if objective := objective_lines(update.get("objective")):
             head.add_row("objective", objective[0])
             head.add_row("objective terms", objective[1])
+    for label, line in sampler_lines(results.get("sampler")):
+        head.add_row(label, line)
     total_time = results.get("timing", {}).get("total")
     if is_finite_number(total_time):
         head.add_row("time", f"{total_time:.1f} s")
@@ -155,6 +157,29 @@ def optional_phases_line(timing: dict[str, Any]) -> str:
     if ran:
         text += " (set <phase>.enabled: false to skip one)"
     return text + ("; off: " + ", ".join(off) if off else "")
+
+
+def sampler_lines(sampler: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """(label, text) rows for results.json `sampler`: what drew E and U and how fast, then the importance
+    correction's distance from the policy when the sampler was not the policy (docs/sampler-correction.md)."""
+    if not sampler:
+        return []
+    rows = []
+    if sampler.get("sampled"):
+        speeds = "; ".join(f"{name} {gen.get('rows_per_call')} rows/call, "
+                           f"{format_number(gen.get('tokens_per_s'), '.4g')} new tokens/s"
+                           for name in ("E", "U") if isinstance(gen := sampler.get(name), dict))
+        rows.append(("sampler", f"{sampler.get('dtype')}, {sampler.get('engine')}, {sampler.get('draws')}"
+                                + (f"; {speeds}" if speeds else "")))
+    elif sampler.get("sampled") is False:
+        rows.append(("sampler", "saved batches reused (not sampled by this run)"))
+    c = sampler.get("correction")
+    if c:
+        text = (f"ESS/E {format_number(c.get('ess_frac'), '.4f')}, k̂ {format_number(c.get('psis_khat'), '.2f')}, "
+                f"KL {format_number(c.get('mean_token_kl'), '.2g')} nats/token, "
+                f"max |Δlog q| {format_number(c.get('max_abs_dlogq'), '.2g')}")
+        rows.append(("sampler correction", text))
+    return rows
 
 
 def objective_lines(objective: dict[str, Any] | None) -> tuple[str, str] | None:

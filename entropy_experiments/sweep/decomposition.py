@@ -80,8 +80,8 @@ def _u_noise_entry(run_a, row_a: dict, frm: BatchColumns, pieces: DisplacementPi
 def _residuals(frm: BatchColumns, pieces: DisplacementPieces, to: BatchColumns, normalize: str, cross,
                method: str) -> tuple[dict, dict]:
     """(the residuals against the realised change by `method`, those against the paired difference)."""
-    paired = interval_residuals(frm, pieces, paired_change_replicates(frm.h, frm.d, frm.keys, to.h, to.d, to.keys),
-                                normalize)
+    paired = interval_residuals(frm, pieces, paired_change_replicates(frm.h, frm.d, frm.keys, to.h, to.d, to.keys,
+                                                                      frm.s, to.s), normalize)
     if method == "importance":
         realised = importance_realised_replicates(cross[0], cross[1], normalize=normalize)
         return interval_residuals(frm, pieces, realised, normalize), paired
@@ -104,8 +104,8 @@ def interval_decomposition(row_a: dict, run_a, run_b, steps: int, normalize: str
     if target is None or not _probed_in(run_b, Path(target)):
         return none
     pieces = _pieces(run_a.columns)
-    frm = BatchColumns(run_a.h, run_a.d(normalize), run_a.pair_keys)
-    to = BatchColumns(run_b.h, run_b.d(normalize), run_b.pair_keys)
+    frm = BatchColumns(run_a.h, run_a.d(normalize), run_a.pair_keys, run_a.sampler_weights)
+    to = BatchColumns(run_b.h, run_b.d(normalize), run_b.pair_keys, run_b.sampler_weights)
     ratio = entry.get("probe_step_norm_ratio")
     displacement = {"value": entry["delta_h1"], "se": entry.get("se_E"), "se_E": entry.get("se_E"),
                     "second_order": entry.get("second_order"), "steps_spanned": steps,

@@ -31,8 +31,8 @@ def _finite(x) -> float | None:
 
 
 def _independent(run_a, run_b, normalize: str) -> tuple[float, float]:
-    a = entropy_with_se(run_a.h, run_a.d(normalize), run_a.slots)
-    b = entropy_with_se(run_b.h, run_b.d(normalize), run_b.slots)
+    a = entropy_with_se(run_a.h, run_a.d(normalize), run_a.slots, run_a.sampler_weights)
+    b = entropy_with_se(run_b.h, run_b.d(normalize), run_b.slots, run_b.sampler_weights)
     return b.value - a.value, math.hypot(a.se, b.se)
 
 
@@ -56,7 +56,7 @@ def interval_realised_change(run_a, run_b, normalize: str, cross, label: str) ->
     """(sweep.json fields of the realised change of run_a → run_b, warnings); `cross`: read_cross_scores' tuple
     or None."""
     diff = paired_difference(run_a.h, run_a.d(normalize), run_a.pair_keys,
-                             run_b.h, run_b.d(normalize), run_b.pair_keys)
+                             run_b.h, run_b.d(normalize), run_b.pair_keys, run_a.sampler_weights, run_b.sampler_weights)
     paired = {"value": _finite(diff.value), "se": _finite(diff.se), "n_paired_units": diff.n_paired,
               "n_unpaired_units": diff.n_from_only + diff.n_to_only}
     importance = None if cross is None else realised_change_entry(cross[0], cross[1], normalize=normalize)

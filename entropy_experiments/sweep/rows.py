@@ -42,10 +42,18 @@ class CheckpointRun:
     slots: list[int]          # the E prompt draw (prompt_index) of each sequence: the probe's jackknife unit
     prompt_ids: list          # the data set prompt of that draw
     columns: dict[str, np.ndarray] = field(default_factory=dict)  # optional per-sequence columns (_columns_of)
+    sampler_log_weight: np.ndarray | None = None  # log s_i when E was drawn by another sampler (docs/maths.md §12)
 
     def d(self, normalize: str) -> np.ndarray:
         """The denominator of Ĥ per sequence: T (per_token) or 1 (per_sequence)."""
         return self.T if normalize == "per_token" else np.ones_like(self.T)
+
+    @property
+    def sampler_weights(self) -> np.ndarray | None:
+        """The sampler correction's s_i ∝ q_θ/q_sampler of each sequence, scaled so that the largest is 1 (every
+        statistic here is a ratio of sums over one batch: the scale cancels); None: E was drawn by the policy."""
+        lw = self.sampler_log_weight
+        return None if lw is None else np.exp(lw - lw.max())
 
     @property
     def pair_keys(self) -> list[str]:
@@ -88,11 +96,13 @@ def read_run(run_dir: Path) -> CheckpointRun:
         slots = [int(r["prompt_index"]) for r in lines]
         prompts = [r["prompt_id"] for r in lines]
         columns = _columns_of(lines)
+        log_s = (np.array([float(r["sampler_log_weight"]) for r in lines])
+                 if lines and all("sampler_log_weight" in r for r in lines) else None)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise OutputError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
     if not lines:
         raise OutputError(f"{path} holds no sequences")
-    return CheckpointRun(run_dir, kind, results, h, T, slots, prompts, columns)
+    return CheckpointRun(run_dir, kind, results, h, T, slots, prompts, columns, log_s)
 
 
 def _num(x) -> float | None:
@@ -145,7 +155,7 @@ def _with_z_own(preds: dict[str, dict], truth: dict | None, residual_z: float | 
 
 def checkpoint_row(ck: SweepCheckpoint, run: CheckpointRun, normalize: str, sweep_dir: Path) -> dict:
     """One `rows` entry: the checkpoint, its Ĥ ± SE, δH₁ and its SEs, ΔH at the smallest η, the predictors."""
-    H = entropy_with_se(run.h, run.d(normalize), run.slots)
+    H = entropy_with_se(run.h, run.d(normalize), run.slots, run.sampler_weights)
     row = {"checkpoint": ck.name, "step": ck.step, "step_source": ck.step_source, "kind": run.kind,
            "run_dir": str(run.path.relative_to(sweep_dir)), "H": _num(H.value), "H_se": _num(H.se),
            "n_sequences": int(run.h.size), "n_units": len(set(run.slots)),

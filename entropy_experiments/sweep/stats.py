@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..estimators.jackknife import Estimate, as_float64, jackknife_estimate, sum_by_unit
+from ..estimators.jackknife import Estimate, as_float64, jackknife_estimate, sampler_weighted, sum_by_unit
 from ..estimators.realised_change import paired_change_replicates
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "PairedDifference", "bootstrap_ci", "coverage",
@@ -34,9 +34,11 @@ def _ratio(sums: np.ndarray) -> float:
     return float(sums[0] / sums[1])
 
 
-def entropy_with_se(h: Sequence[float], d: Sequence[float], units: Sequence) -> Estimate:
-    """(Σh/Σd, its delete-one jackknife SE over the units), nats per token (d = T) or per sequence (d = 1)."""
-    return jackknife_estimate(sum_by_unit([h, d], units), _ratio)
+def entropy_with_se(h: Sequence[float], d: Sequence[float], units: Sequence, sampler_weights=None) -> Estimate:
+    """(Σh/Σd, its delete-one jackknife SE over the units), nats per token (d = T) or per sequence (d = 1);
+    Σ s h/Σ s d with the sampler correction's weights s (None: unweighted, docs/maths.md §12)."""
+    return jackknife_estimate(sum_by_unit(sampler_weighted([as_float64(h), as_float64(d)], sampler_weights), units),
+                              _ratio)
 
 
 class PairedDifference(NamedTuple):
@@ -49,7 +51,7 @@ class PairedDifference(NamedTuple):
     n_to_only: int
 
 
-def paired_difference(h_from, d_from, units_from, h_to, d_to, units_to) -> PairedDifference:
+def paired_difference(h_from, d_from, units_from, h_to, d_to, units_to, s_from=None, s_to=None) -> PairedDifference:
     """Ĥ(to) − Ĥ(from) = Σh_to/Σd_to − Σh_from/Σd_from, with the delete-one jackknife over the union of units.
 
     `units_from` / `units_to` name each sequence's unit (a sweep passes "draw:prompt id", so that a draw pairs
@@ -58,9 +60,10 @@ def paired_difference(h_from, d_from, units_from, h_to, d_to, units_to) -> Paire
     batches at once, so the correlation between the two estimates — same prompts, and responses drawn with the
     same generator seed — is measured, not assumed away; both ratios are recomputed in every replicate
     (estimators/realised_change.paired_change_replicates). Units of the result: those of the entropies.
+    `s_from`, `s_to`: each batch's sampler correction weights (None: drawn by its policy).
     """
     ids_from, ids_to = [str(u) for u in units_from], [str(u) for u in units_to]
-    est = paired_change_replicates(h_from, d_from, ids_from, h_to, d_to, ids_to).estimate
+    est = paired_change_replicates(h_from, d_from, ids_from, h_to, d_to, ids_to, s_from, s_to).estimate
     both = len(set(ids_from) & set(ids_to))
     return PairedDifference(est.value, est.se, both, len(set(ids_from)) - both, len(set(ids_to)) - both)
 

@@ -1,0 +1,187 @@
+"""The fast sampler end to end: `entropy-probe run` (in process) on the tiny random Qwen2 with a make-checkpoint
+checkpoint, every phase on (error bars, ΔH at ±η, second order, predictors, token attribution).
+
+- an explicit integer gen_batch_size with `sampler_dtype: fp32` (the chunk-seeded draws, no weights) gives every
+  number of tests/fixtures/probe_fp32_run.json, written by the code before the sampler correction existed
+  (scripts/make_fp32_probe_fixture.py);
+- `sampler_dtype: bf16`: results.json carries `sampler` (dtype, engine, draws, rows per call, tokens/s) and
+  `sampler.correction` (ESS/E > 0.95: see BF16_ESS_FLOOR, k̂, mean token KL, max |Δlog q|), per_sequence.jsonl `sampler_log_weight`;
+  Ĥ, δH₁ and ΔH(±η) are within one SE of the same config's fp32 sampler run;
+- row-keyed fp32 draws: the auto rows per call (16 on CPU) and 3 rows per call give the same numbers;
+- `entropy-probe report` and `run --reuse-samples` on the bf16 run keep the correction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from entropy_experiments import cli
+from entropy_experiments.policy import sampler_setup
+from tests.run_helpers import logging_restored, make_run_setup, numbers, results
+
+pytestmark = pytest.mark.xdist_group("test_sampler_e2e")
+
+# ESS/E of the bf16 sampler's weights on the tiny model: 0.979 here (8 sequences × 8 tokens). Its random weights
+# (initializer_range 0.3) give hidden activations up to ≈ 60, so bf16 moves its logits by ≈ 0.065 (std) and a
+# token's log q by ≈ 0.035 (median), 0.2 at most; with initializer_range 0.1 ESS/E is 0.9995. 0.95 is the
+# issue's GPU goal.
+BF16_ESS_FLOOR = 0.95
+FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "probe_fp32_run.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_logging_after_module():
+    with logging_restored():
+        yield
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir, tmp_path_factory) -> dict:
+    """The fixture's config sections on a fresh make-checkpoint checkpoint (made with the chunk-seeded draws)."""
+    _, config = make_run_setup(tmp_path_factory.mktemp("sampler_e2e"), tiny_model_dir, **FIXTURE["sections"])
+    return config
+
+
+def run_probe(config: dict, folder: Path, name: str, *extra: str, **generation) -> Path:
+    """`entropy-probe run` in process (one thread, as the fixture was made) with `generation` keys set."""
+    cfg = {**config, "generation": {**config["generation"], **generation}}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    out, n = folder / name, torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with logging_restored():
+            assert cli.main(["run", "--config", str(path), "--out", str(out), *extra]) == 0
+    finally:
+        torch.set_num_threads(n)
+    return out
+
+
+def per_sequence(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "per_sequence.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(setup, tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("sampler_e2e_runs")
+    out = {"chunk_fp32": run_probe(setup, folder, "chunk_fp32", sampler_dtype="fp32"),
+           "bf16": run_probe(setup, folder, "bf16", gen_batch_size="auto", sampler_dtype="bf16"),
+           "fp32": run_probe(setup, folder, "fp32", gen_batch_size="auto", sampler_dtype="fp32")}
+    with pytest.MonkeyPatch.context() as mp:  # row-keyed fp32 at 3 rows per call instead of auto's 16
+        mp.setattr(sampler_setup, "CPU_ROWS_PER_CALL", 3)
+        out["fp32_rows3"] = run_probe(setup, folder, "fp32_rows3", gen_batch_size="auto", sampler_dtype="fp32")
+    return out
+
+
+# ------------------------------------------------------------------------------- fp32: the code before
+def assert_holds(new: dict, old: dict, where: str = "results") -> None:
+    """Every key of `old` is in `new` with the same value; dicts are compared on `old`'s keys, recursively
+    (`new` may hold keys that `old` lacks)."""
+    for key, value in old.items():
+        assert key in new, f"{where}.{key} missing"
+        if isinstance(value, dict) and isinstance(new[key], dict):
+            assert_holds(new[key], value, f"{where}.{key}")
+        else:
+            assert new[key] == value, f"{where}.{key}: {new[key]!r} != {value!r}"
+
+
+def test_fp32_sampler_with_integer_rows_reproduces_the_code_before_the_correction(runs):
+    run = runs["chunk_fp32"]
+    res = results(run)
+    assert res["sampler"]["draws"] == "chunk_seeded" and res["sampler"]["correction"] is None
+    saved = FIXTURE["results"]
+    # every key the old code wrote, numbers bit for bit (paths aside; later code may add keys beside them)
+    assert_holds(res, {k: v for k, v in saved.items() if k not in ("checkpoint", "config_hash")})
+    assert per_sequence(run) == FIXTURE["per_sequence"]
+    E, U = (torch.load(run / name, weights_only=True) for name in ("E_batch.pt", "U_batch.pt"))
+    assert E["sequences"].tolist() == FIXTURE["E_sequences"] and U["sequences"].tolist() == FIXTURE["U_sequences"]
+    assert E.get("sampler_logqs") is None
+
+
+# ------------------------------------------------------------------------------- bf16
+def test_bf16_run_records_the_sampler_and_its_correction(runs):
+    res, rows = results(runs["bf16"]), per_sequence(runs["bf16"])
+    s = res["sampler"]
+    assert (s["sampled"], s["dtype"], s["engine"], s["draws"]) == (True, "bf16", "generate", "row_keyed")
+    for name in ("E", "U"):
+        assert s[name]["rows_per_call"] >= 1 and s[name]["tokens_per_s"] > 0 and s[name]["new_tokens"] > 0
+    c = s["correction"]
+    assert c["ess_frac"] > BF16_ESS_FLOOR and c["ess"] == pytest.approx(c["ess_frac"] * len(rows))
+    assert 0 <= c["max_abs_dlogq"] < 0.5 and abs(c["mean_token_kl"]) < 0.05 and c["tokens"] == res["counts"]["E_tokens"]
+    assert "psis_khat" in c and c["zero_weight_count"] == 0
+    log_s = np.array([row["sampler_log_weight"] for row in rows])
+    assert (c["logw"]["min"], c["logw"]["max"]) == pytest.approx((log_s.min(), log_s.max()))
+    assert not any("sampler correction" in w for w in res["warnings"])
+    assert res["second_order"] and res["predictors"] and res["attribution"] and len(res["true"]) == 2
+    E = torch.load(runs["bf16"] / "E_batch.pt", weights_only=True)
+    assert E["sampler_logqs"].shape == E["sequences"].shape
+
+
+def entropy_and_se(rows: list[dict], log_weights: bool) -> tuple[float, float]:
+    """Ĥ per token = Σ s h / Σ s T and its delete-one jackknife SE over E prompts (brute force)."""
+    h, T = (np.array([row[k] for row in rows], dtype=float) for k in ("h", "T"))
+    s = np.exp([row["sampler_log_weight"] for row in rows]) if log_weights else np.ones(len(rows))
+    units = np.array([row["prompt_index"] for row in rows])
+    full = (s * h).sum() / (s * T).sum()
+    reps = np.array([(s * h)[units != u].sum() / (s * T)[units != u].sum() for u in np.unique(units)])
+    n = len(reps)
+    return full, math.sqrt((n - 1) / n * ((reps - reps.mean()) ** 2).sum())
+
+
+def test_bf16_results_are_within_one_se_of_the_fp32_sampler(runs, capsys):
+    bf, fp = results(runs["bf16"]), results(runs["fp32"])
+    H_bf, se_bf = entropy_and_se(per_sequence(runs["bf16"]), log_weights=True)
+    H_fp, se_fp = entropy_and_se(per_sequence(runs["fp32"]), log_weights=False)
+    assert H_bf == pytest.approx(bf["H_orig"]["per_token"], rel=1e-9) and H_fp == fp["H_orig"]["per_token"]
+    pairs = {"H": (H_bf, H_fp, se_bf, se_fp),
+             "deltaH1": (bf["deltaH1"], fp["deltaH1"], bf["se"]["total"], fp["se"]["total"])}
+    for tb, tf in zip(bf["true"], fp["true"], strict=True):
+        assert tb["eta"] == tf["eta"]
+        pairs[f"deltaH({tb['eta']:g})"] = (tb["deltaH_true"], tf["deltaH_true"], tb["se"], tf["se"])
+    with capsys.disabled():
+        for name, (b, f, sb, sf) in pairs.items():
+            print(f"\n{name}: bf16 {b:.6g} ± {sb:.2g}, fp32 {f:.6g} ± {sf:.2g}, "
+                  f"difference {(b - f) / math.hypot(sb, sf):+.3f} combined SE")
+    for name, (b, f, sb, sf) in pairs.items():
+        assert abs(b - f) <= math.hypot(sb, sf), name
+
+
+# ------------------------------------------------------------------------------- rows per call
+def test_auto_rows_per_call_changes_no_number(runs):
+    auto, three = results(runs["fp32"]), results(runs["fp32_rows3"])
+    assert (auto["sampler"]["draws"], three["sampler"]["draws"]) == ("row_keyed", "row_keyed")
+    assert auto["sampler"]["E"]["rows_per_call"] == min(sampler_setup.CPU_ROWS_PER_CALL, auto["counts"]["B_E"]) == 8
+    assert three["sampler"]["E"]["rows_per_call"] == 3 and auto["sampler"]["correction"] is None
+    assert numbers(auto) == numbers(three)
+    assert per_sequence(runs["fp32"]) == per_sequence(runs["fp32_rows3"])
+    assert "sampler_log_weight" not in per_sequence(runs["fp32"])[0]
+    for name in ("E_batch.pt", "U_batch.pt"):
+        a, b = (torch.load(runs[r] / name, weights_only=True) for r in ("fp32", "fp32_rows3"))
+        assert torch.equal(a["sequences"], b["sequences"])
+
+
+# ------------------------------------------------------------------------------- reading the run back
+def test_report_and_reanalysis_of_a_bf16_run_keep_the_correction(runs, setup, tmp_path, capsys):
+    with logging_restored():
+        assert cli.main(["report", str(runs["bf16"])]) == 0
+    printed = capsys.readouterr().out
+    correction = results(runs["bf16"])["sampler"]["correction"]
+    line = next(x for x in printed.splitlines() if x.lstrip().startswith("sampler correction"))
+    assert f"ESS/E {correction['ess_frac']:.4f}" in line
+    assert "bf16, generate, row_keyed" in next(x for x in printed.splitlines() if x.lstrip().startswith("sampler "))
+    again = run_probe(setup, tmp_path, "again", "--reuse-samples", str(runs["bf16"]),
+                      gen_batch_size="auto", sampler_dtype="bf16")
+    capsys.readouterr()
+    reused, original = results(again), results(runs["bf16"])
+    assert reused["sampler"]["sampled"] is False and reused["sampler"]["correction"] == correction
+    drop = ("samples", "checkpoint")
+    assert {k: v for k, v in numbers(reused).items() if k not in drop} == \
+        {k: v for k, v in numbers(original).items() if k not in drop}
+    assert per_sequence(again) == per_sequence(runs["bf16"])
