@@ -19,7 +19,7 @@ from entropy_experiments.policy.sampling_policy import validate_policy
 SAMPLER_DTYPES = ("auto", "fp32", "bf16")
 SAMPLER_ENGINES = ("generate", "static_cache", "continuous_batching")
 
-__all__ = ["SAMPLER_DTYPES", "SAMPLER_ENGINES", "GenerationConfig", "check_engine_policy", "PolicySettings", "as_plain_dict", "parse_config", "parse_settings"]
+__all__ = ["SAMPLER_DTYPES", "SAMPLER_ENGINES", "GenerationConfig", "PolicySettings", "as_plain_dict", "check_engine_policy", "parse_config", "parse_settings"]
 
 
 @dataclass
