@@ -2,13 +2,15 @@
 
     .venv/bin/python bench/bench_sampling.py [--checkpoint DIR] [--device cpu|cuda] [--B-E 32] [--G 1]
                                              [--max-new-tokens 64] [--rows 1 4 8 16 32] [--dtypes fp32 bf16]
-                                             [--engines generate static_cache] [--threads N]
+                                             [--engines generate static_cache continuous_batching]
+                                             [--threads N]
 
 The model is `--checkpoint DIR` (a plain HF model directory, e.g. one `entropy-probe make-checkpoint --synthetic`
 wrote, or a published model) or by default the embedded SmolLM2-135M. The same B_E prompts (the default data set's
 first ones) are sampled by `PolicyEngine.generate_batched` under every combination, side by side in one run;
 "auto" in `--rows` is the probe's gen_batch_size auto. An fp32 sampler with an integer row count draws
-chunk-seeded (as the probe always did), everything else row-keyed (docs/sampling.md).
+chunk-seeded (as the probe always did), the continuous_batching engine cb_chunk_seeded (transformers' continuous
+batching, its own draws and log-probs), everything else row-keyed (docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -75,11 +77,11 @@ def main(argv=None) -> int:
     prompts = [list(r.token_ids) for r in render_prompts(tok, examples, None)]
     print(f"device {args.device}, threads {torch.get_num_threads()}, E = {args.B_E} prompts x G {args.G}, "
           f"max_new_tokens {args.max_new_tokens}")
-    print(f"{'rows':>5} {'dtype':>5} {'engine':>12} {'draws':>12} {'rows used':>9} {'tokens':>7} {'s':>7} {'tok/s':>7}")
+    print(f"{'rows':>5} {'dtype':>5} {'engine':>19} {'draws':>15} {'rows used':>9} {'tokens':>7} {'s':>7} {'tok/s':>7}")
     for rows, dtype, engine in itertools.product(args.rows, args.dtypes, args.engines):
         gen = measure(model, tok, prompts, args.G, rows if rows == "auto" else int(rows), dtype, engine,
                       args.max_new_tokens)
-        print(f"{rows:>5} {dtype:>5} {engine:>12} {gen['draws']:>12} {gen['rows_per_call']:>9} "
+        print(f"{rows:>5} {dtype:>5} {engine:>19} {gen['draws']:>15} {gen['rows_per_call']:>9} "
               f"{gen['new_tokens']:>7} {gen['seconds']:>7.1f} {gen['tokens_per_s']:>7.1f}", flush=True)
     return 0
 

@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..policy.generation_config import GenerationConfig
+from ..errors import ConfigError
+from ..policy.generation_config import GenerationConfig, check_engine_policy
 
 # Spellings accepted for dtypes. Model-loading dtypes use the short names; precision profiles use
 # torch attribute names (`getattr(torch, cfg.precision.tf_nograd.dtype)` must work).
@@ -117,7 +118,8 @@ class GenerationSection(_Section):
     max_prompt_tokens: int | None = Field(GENERATION_DEFAULTS.max_prompt_tokens, ge=1)  # None: the context limit
     prompt_overflow: Literal["error", "truncate"] = GENERATION_DEFAULTS.prompt_overflow  # type: ignore[assignment]
     sampler_dtype: Literal["auto", "fp32", "bf16"] = GENERATION_DEFAULTS.sampler_dtype  # type: ignore[assignment]
-    sampler_engine: Literal["generate", "static_cache"] = GENERATION_DEFAULTS.sampler_engine  # type: ignore[assignment]
+    sampler_engine: Literal["generate", "static_cache", "continuous_batching"] = \
+        GENERATION_DEFAULTS.sampler_engine  # type: ignore[assignment]
 
     @field_validator("gen_batch_size")
     @classmethod
@@ -125,6 +127,14 @@ class GenerationSection(_Section):
         if value != "auto" and value < 1:
             raise ValueError(f"must be an integer >= 1 or 'auto', got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _engine_applies_our_nucleus(self) -> GenerationSection:
+        try:
+            check_engine_policy(self.sampler_engine, self.top_p)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
     @field_validator("sampler_dtype", mode="before")
     @classmethod

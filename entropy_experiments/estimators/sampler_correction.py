@@ -84,9 +84,9 @@ def correction_warnings(diagnostics: dict[str, Any], ess_floor: float = ESS_FRAC
     if diagnostics["ess_frac"] < ess_floor:
         lines.append(f"sampler correction: ESS/E = {diagnostics['ess_frac']:.3f} < {ess_floor} — the fast "
                      "sampler is far from the policy; every E-side error bar is wider for it "
-                     "(generation.sampler_dtype: fp32 removes the correction)")
+                     "(generation.sampler_dtype: fp32 with sampler_engine: generate removes the correction)")
     khat, threshold = diagnostics["psis_khat"], diagnostics["khat_threshold"]
     if np.isfinite(khat) and khat > threshold:
         lines.append(f"sampler correction: PSIS k̂ = {khat:.2f} > {threshold:.2f} — the weights' tail is too "
-                     "heavy for the corrected estimates to be trusted (generation.sampler_dtype: fp32)")
+                     "heavy for the corrected estimates to be trusted (generation.sampler_dtype: fp32, sampler_engine: generate)")
     return lines

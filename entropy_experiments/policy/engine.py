@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from entropy_experiments.errors import ConfigError
 from entropy_experiments.policy import generate, score
+from entropy_experiments.policy.cb_generation import generate_cb
 from entropy_experiments.policy.generation_config import GenerationConfig, PolicySettings
 from entropy_experiments.policy.param_overrides import build_params_override
 from entropy_experiments.policy.policy_model import PolicyModel
@@ -194,7 +195,7 @@ class PolicyEngine:
         plan = plan_sampler(requested, self.config.sampler_dtype, self.config.sampler_engine, self.device,
                             self.policy.module)
         started = time.perf_counter()
-        if plan.draws == "row_keyed":
+        if plan.draws in ("row_keyed", "cb_chunk_seeded"):
             seqs, rows = self._generate_row_keyed(prompt_tokens, prompts, ids, mask, G, requested, plan,
                                                   seed=seed, store=seed_per_chunk, on_first_group=on_first_group,
                                                   memory_budget_gb=memory_budget_gb)
@@ -221,16 +222,11 @@ class PolicyEngine:
 
     def _generate_row_keyed(self, prompt_tokens, prompts, ids, mask, G, requested, plan: SamplerPlan, *, seed,
                             store: bool, on_first_group, memory_budget_gb) -> tuple[BatchedSequences, dict]:
-        """generate_batched's row-keyed draws (policy/row_generation.py) with the sampler model of `plan`."""
+        """generate_batched's row-keyed draws (policy/row_generation.py), or the continuous-batching engine's
+        (policy/cb_generation.py), with the sampler model of `plan`."""
         B, R = len(prompt_tokens), len(prompt_tokens) * G
         if seed is None:  # from torch's generator, as the chunk-seeded draws would use it
             seed = int(torch.randint(0, 2**62, ()).item())
-        done, on_span = None, None
-        if store and self.chunk_store is not None:
-            generation = {k: v for k, v in dataclasses.asdict(self.config).items() if k != "gen_batch_size"}
-            done, on_span = self.chunk_store.open({"seed": int(seed), "G": int(G), "draws": plan.draws,
-                                                   "dtype": plan.dtype, "prompt_tokens": prompt_tokens,
-                                                   "generation": generation})
         with sampler_module(self.policy.module, plan.dtype) as module:
             if requested == "auto":
                 rows, how = auto_rows_per_call(module, self.device, R, int(ids.shape[1]),
@@ -238,9 +234,23 @@ class PolicyEngine:
                 self.logger.info("generation: %d rows per generate call (gen_batch_size auto: %s)", rows, how)
             else:
                 rows = int(requested)
-            run = generate_row_keyed(self.policy, ids, mask, G, rows, seed=int(seed), record=plan.dtype != "fp32",
-                                     module=module, chunk_generator=self._generate_chunk, done_spans=done,
-                                     on_span=on_span, on_first_group=on_first_group)
+            done, on_span = None, None
+            if store and self.chunk_store is not None:
+                generation = {k: v for k, v in dataclasses.asdict(self.config).items() if k != "gen_batch_size"}
+                # cb_chunk_seeded draws depend on the chunking: its chunks are saved under their size
+                chunking = {"chunk": rows} if plan.draws == "cb_chunk_seeded" else {}
+                done, on_span = self.chunk_store.open({"seed": int(seed), "G": int(G), "draws": plan.draws,
+                                                       "dtype": plan.dtype, "prompt_tokens": prompt_tokens,
+                                                       "generation": generation, **chunking})
+            if plan.draws == "cb_chunk_seeded":
+                run = generate_cb(self.policy, prompt_tokens, G, rows, seed=int(seed), module=module,
+                                  bf16=plan.dtype == "bf16", done_spans=done, on_span=on_span,
+                                  on_first_group=on_first_group)
+            else:
+                run = generate_row_keyed(self.policy, ids, mask, G, rows, seed=int(seed),
+                                         record=plan.dtype != "fp32", module=module,
+                                         chunk_generator=self._generate_chunk, done_spans=done, on_span=on_span,
+                                         on_first_group=on_first_group)
         if run.reused_spans:
             self.logger.info("generation: reusing %d saved chunk(s) of %d", run.reused_spans, -(-R // rows))
         seqs = self.pack(prompt_tokens, [run.responses[b * G:(b + 1) * G] for b in range(B)], prompts)

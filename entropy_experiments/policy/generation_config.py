@@ -17,9 +17,9 @@ from entropy_experiments.policy.precision_utils import PrecisionConfig
 from entropy_experiments.policy.sampling_policy import validate_policy
 
 SAMPLER_DTYPES = ("auto", "fp32", "bf16")
-SAMPLER_ENGINES = ("generate", "static_cache")
+SAMPLER_ENGINES = ("generate", "static_cache", "continuous_batching")
 
-__all__ = ["SAMPLER_DTYPES", "SAMPLER_ENGINES", "GenerationConfig", "PolicySettings", "as_plain_dict", "parse_config", "parse_settings"]
+__all__ = ["SAMPLER_DTYPES", "SAMPLER_ENGINES", "GenerationConfig", "PolicySettings", "as_plain_dict", "check_engine_policy", "parse_config", "parse_settings"]
 
 
 @dataclass
@@ -44,7 +44,7 @@ class GenerationConfig:
     max_prompt_tokens: int | None = None     # None ⇒ max_position_embeddings − max_new_tokens
     prompt_overflow: str = "error"           # "error" | "truncate" (keep the last max_prompt_tokens)
     sampler_dtype: str = "auto"              # "auto" (bf16 on CUDA, fp32 on CPU) | "fp32" | "bf16"
-    sampler_engine: str = "generate"         # "generate" (dynamic KV cache) | "static_cache"
+    sampler_engine: str = "generate"         # "generate" (dynamic KV cache) | "static_cache" | "continuous_batching"
 
     def validate(self) -> None:
         validate_policy(self.temperature, self.top_p)
@@ -60,6 +60,7 @@ class GenerationConfig:
         if self.sampler_engine not in SAMPLER_ENGINES:
             raise ConfigError(f"generation.sampler_engine: must be one of {', '.join(SAMPLER_ENGINES)}, "
                               f"got {self.sampler_engine!r}")
+        check_engine_policy(self.sampler_engine, self.top_p)
         for key in ("max_new_tokens", "gen_batch_size", "tf_batch_size", "token_chunk_size"):
             if getattr(self, key) != "auto" and int(getattr(self, key)) < 1:
                 raise ConfigError(f"generation.{key}: must be >= 1, got {getattr(self, key)!r}")
@@ -70,6 +71,14 @@ class GenerationConfig:
         if isinstance(self.stop_strings, str) or any(not isinstance(s, str) or not s for s in self.stop_strings):
             raise ConfigError(f"generation.stop_strings: must be a list of non-empty strings, got {self.stop_strings!r}")
 
+
+def check_engine_policy(engine: str, top_p: float) -> None:
+    """ConfigError for top_p < 1 with the continuous-batching engine: its nucleus rule is not the probe's
+    (it differs on ties and at the crossing token), so its samples would not come from a known q_sampler."""
+    if engine == "continuous_batching" and top_p < 1.0:
+        raise ConfigError(f"generation.top_p: {top_p!r} needs the probe's nucleus rule, which "
+                          "generation.sampler_engine: continuous_batching does not apply (its top-p differs on ties "
+                          "and at the crossing token); use top_p: 1.0 or sampler_engine: generate")
 
 
 _GEN_FIELDS = {f.name for f in dataclasses.fields(GenerationConfig)}

@@ -22,7 +22,7 @@ from entropy_experiments.policy.progress import progress
 from entropy_experiments.policy.row_keyed import RowKeyedDraw
 from entropy_experiments.policy.sampling_policy import NonFiniteLogitsError
 
-__all__ = ["RowKeyedRun", "generate_row_keyed", "sampler_logq_tensor"]
+__all__ = ["RowKeyedRun", "generate_row_keyed", "generate_spans", "sampler_logq_tensor"]
 
 
 @dataclass
@@ -73,6 +73,37 @@ def _generate_span(policy, ids, mask, start, stop, G, seed, record, state, chunk
     return responses, logqs
 
 
+def generate_spans(R: int, rows_per_call: int, make_span: Callable[[int, int, int], tuple[list, list]], *,
+                   record: bool, done_spans: Mapping[int, Any] | None = None,
+                   on_span: Callable[..., None] | None = None,
+                   on_first_group: Callable[[list[list[int]]], None] | None = None, G: int = 1) -> RowKeyedRun:
+    """Rows [0, R) in spans of `rows_per_call`: span i = rows [start, stop) from `make_span(i, start, stop)` →
+    (responses, per-row log q [T] or []), unless `done_spans` {first row: {"responses", "logqs"}} covers exactly
+    that span (then reused); `on_span(first row, responses, logqs)` is called as each new span completes (to
+    save it); `on_first_group` gets the first G responses as soon as they exist."""
+    run = RowKeyedRun(logqs=[] if record else None, rows_per_call=rows_per_call)
+    starts = list(range(0, R, rows_per_call))
+    for i, start in enumerate(progress(starts, "generate", total=len(starts))):
+        stop = min(start + rows_per_call, R)
+        saved = (done_spans or {}).get(start)
+        if isinstance(saved, dict) and len(saved["responses"]) == stop - start and \
+                (not record or saved.get("logqs") is not None):
+            rows = [list(map(int, r)) for r in saved["responses"]]
+            logqs = [torch.tensor(q, dtype=torch.float32) for q in saved["logqs"]] if record else []
+            run.reused_spans += 1
+        else:
+            rows, logqs = make_span(i, start, stop)
+            if on_span is not None:
+                on_span(start, rows, [q.tolist() for q in logqs] if record else None)
+        run.responses.extend(rows)
+        if record:
+            run.logqs.extend(logqs)
+        if on_first_group is not None and len(run.responses) >= G:
+            on_first_group(run.responses[:G])
+            on_first_group = None
+    return run
+
+
 def generate_row_keyed(policy: PolicyModel, ids: Tensor, mask: Tensor, G: int, rows_per_call: int, *, seed: int,
                        record: bool, module: nn.Module, chunk_generator: Callable[..., Any],
                        done_spans: Mapping[int, Any] | None = None,
@@ -82,29 +113,13 @@ def generate_row_keyed(policy: PolicyModel, ids: Tensor, mask: Tensor, G: int, r
 
     `done_spans` {first row: {"responses", "logqs"}} are reused when they cover exactly a span;
     `on_span(first row, responses, logqs)` is called as each span completes (to save it)."""
-    R = int(ids.shape[0]) * G
-    run = RowKeyedRun(logqs=[] if record else None, rows_per_call=rows_per_call)
     state = {"limit": rows_per_call}
-    starts = list(range(0, R, rows_per_call))
-    for start in progress(starts, "generate", total=len(starts)):
-        stop = min(start + rows_per_call, R)
-        saved = (done_spans or {}).get(start)
-        if isinstance(saved, dict) and len(saved["responses"]) == stop - start and \
-                (not record or saved.get("logqs") is not None):
-            rows = [list(map(int, r)) for r in saved["responses"]]
-            logqs = [torch.tensor(q, dtype=torch.float32) for q in saved["logqs"]] if record else []
-            run.reused_spans += 1
-        else:
-            rows, logqs = _generate_span(policy, ids, mask, start, stop, G, seed, record, state, chunk_generator,
-                                         module)
-            if on_span is not None:
-                on_span(start, rows, [q.tolist() for q in logqs] if record else None)
-        run.responses.extend(rows)
-        if record:
-            run.logqs.extend(logqs)
-        if on_first_group is not None and len(run.responses) >= G:
-            on_first_group(run.responses[:G])
-            on_first_group = None
+
+    def make_span(_index: int, start: int, stop: int):
+        return _generate_span(policy, ids, mask, start, stop, G, seed, record, state, chunk_generator, module)
+
+    run = generate_spans(int(ids.shape[0]) * G, rows_per_call, make_span, record=record, done_spans=done_spans,
+                         on_span=on_span, on_first_group=on_first_group, G=G)
     run.rows_per_call_final = state["limit"]
     return run
 

@@ -7,7 +7,9 @@ because E only has to be a sample from a KNOWN distribution: the sampler records
 
 Draw schemes: "chunk_seeded" (torch's multinomial, each chunk of `gen_batch_size` rows seeded on its own: the
 draws depend on the chunking; kept bit for bit for an integer gen_batch_size with an fp32 sampler) and
-"row_keyed" (policy/row_keyed.py: every row's draws depend only on (seed, row, step)).
+"row_keyed" (policy/row_keyed.py: every row's draws depend only on (seed, row, step)), and with the
+continuous-batching engine "cb_chunk_seeded" (policy/cb_generation.py: the engine's own multinomial, one engine
+run per chunk of rows seeded on its own; its log-probs are always recorded).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ LOGIT_FP32_COPIES = 6
 
 @dataclass(frozen=True)
 class SamplerPlan:
-    """What generation will do: dtype "fp32" | "bf16", draws "chunk_seeded" | "row_keyed", engine."""
+    """What generation will do: dtype "fp32" | "bf16", draws "chunk_seeded" | "row_keyed" | "cb_chunk_seeded",
+    engine."""
 
     dtype: str
     draws: str
@@ -62,6 +65,8 @@ def plan_sampler(gen_batch_size: int | str, sampler_dtype: str, engine: str, dev
                           "bits); use fp32 or auto")
     else:
         dtype = sampler_dtype
+    if engine == "continuous_batching":
+        return SamplerPlan(dtype=dtype, draws="cb_chunk_seeded", engine=engine)
     legacy = isinstance(gen_batch_size, int) and dtype == "fp32" and engine == "generate"
     return SamplerPlan(dtype=dtype, draws="chunk_seeded" if legacy else "row_keyed", engine=engine)
 
