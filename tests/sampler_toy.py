@@ -1,14 +1,16 @@
 """E batches drawn by a sampler that is NOT the scored policy, for the sampler-correction tests (docs/maths.md §12).
 
 The sampler is the policy's own model with another temperature (and/or nucleus) applied inside the sampler
-only, through the one sampling rule `policy.sampling_policy.sampling_logits`, in float64. Its exact per-token
-log q_s fills `Batch.sampler_logqs`, so the probe's importance weights s_i = q_θ(y_i)/q_s(y_i) are known exactly
-up to the probe's own fp32 scoring of ℓ.
+only, through the one sampling rule `policy.sampling_policy.sampling_logits`, in float64, and optionally a logit
+bias {token id: b} added to the sampler's logits after it (a = z/τ + b, e.g. on EOS, which moves the length
+distribution and so the entropy the probe measures). Its exact per-token log q_s (bias included) fills
+`Batch.sampler_logqs`, so the probe's importance weights s_i = q_θ(y_i)/q_s(y_i) are known exactly up to the
+probe's own fp32 scoring of ℓ.
 
-- `draw_from_sampler(E, model64, tokenizer, temperature=..., max_new=..., seed=...)`: a new E batch with the same
+- `draw_from_sampler(E, model64, tokenizer, temperature=..., max_new=..., seed=..., logit_bias=...)`: a new E batch with the same
   prompts as `E` (same rows, same prompt padding) and responses drawn ancestrally from the sampler, with
   `sampler_logqs` filled;
-- `sampler_token_logqs(E, model64, temperature=...)`: the [B, G, L] float32 log q_s of the responses already in
+- `sampler_token_logqs(E, model64, temperature=..., logit_bias=...)`: the [B, G, L] float32 log q_s of the responses already in
   `E` (e.g. the policy's own log q, for a "sampler equal to the policy" batch);
 - `with_sampler_logqs(E, logqs)`: `E` with that tensor as its `sampler_logqs` (None: the uncorrected batch).
 
@@ -44,22 +46,29 @@ def _rows_by_prompt(E: Batch) -> dict[tuple[int, ...], list[tuple[int, int]]]:
 
 
 @torch.no_grad()
-def _sampler_logq(model64, x: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """log q_s(· | x[:, :j+1]) for every position j: [n, len, V] float64."""
+def _sampler_logq(model64, x: torch.Tensor, temperature: float, top_p: float,
+                  logit_bias: dict[int, float] | None) -> torch.Tensor:
+    """log q_s(· | x[:, :j+1]) for every position j: [n, len, V] float64 (the bias added after τ and top_p)."""
     logits = model64(input_ids=x).logits.double()
-    return torch.log_softmax(sampling_logits(logits, temperature, top_p), dim=-1)
+    a = sampling_logits(logits, temperature, top_p)
+    if logit_bias:
+        bias = torch.zeros(a.shape[-1], dtype=a.dtype)
+        for token, b in logit_bias.items():
+            bias[token] = b
+        a = a + bias
+    return torch.log_softmax(a, dim=-1)
 
 
 @torch.no_grad()
-def _draw(model64, prompt: list[int], n: int, *, temperature: float, top_p: float, max_new: int, eos: int,
-          gen: torch.Generator) -> tuple[torch.Tensor, list[int]]:
+def _draw(model64, prompt: list[int], n: int, *, temperature: float, top_p: float,
+          logit_bias: dict[int, float] | None, max_new: int, eos: int, gen: torch.Generator) -> tuple[torch.Tensor, list[int]]:
     """n responses to `prompt` from the sampler: (tokens [n, max_new] right-padded with eos, lengths [n]); a
     response ends at its first eos (included) or after max_new tokens."""
     x = torch.tensor([prompt] * n, dtype=torch.long)
     done = torch.zeros(n, dtype=torch.bool)
     lengths = torch.full((n,), max_new, dtype=torch.long)
     for k in range(max_new):
-        probs = _sampler_logq(model64, x, temperature, top_p)[:, -1].exp()
+        probs = _sampler_logq(model64, x, temperature, top_p, logit_bias)[:, -1].exp()
         tok = torch.multinomial(probs, 1, generator=gen)[:, 0]
         tok = torch.where(done, torch.full_like(tok, eos), tok)
         ended = ~done & (tok == eos)
@@ -69,14 +78,16 @@ def _draw(model64, prompt: list[int], n: int, *, temperature: float, top_p: floa
     return x[:, len(prompt):], lengths.tolist()
 
 
-def sampler_token_logqs(E: Batch, model64, *, temperature: float, top_p: float = 1.0) -> torch.Tensor:
-    """[B, G, L] float32: log q_s of each response token of E under the sampler (temperature, top_p), 0 elsewhere."""
+def sampler_token_logqs(E: Batch, model64, *, temperature: float, top_p: float = 1.0,
+                        logit_bias: dict[int, float] | None = None) -> torch.Tensor:
+    """[B, G, L] float32: log q_s of each response token of E under the sampler (temperature, top_p, logit bias),
+    0 elsewhere."""
     out = torch.zeros(E.sequences.shape, dtype=torch.float32)
     for prompt, rows in _rows_by_prompt(E).items():
         width = max(E.gen_lens[b][g] for b, g in rows)
         resp = torch.stack([E.sequences[b, g, E.prompt_lens[b]:E.prompt_lens[b] + width] for b, g in rows])
         x = torch.cat([torch.tensor([list(prompt)] * len(rows), dtype=torch.long), resp], dim=1)
-        logq = _sampler_logq(model64, x, temperature, top_p)[:, len(prompt) - 1:-1]
+        logq = _sampler_logq(model64, x, temperature, top_p, logit_bias)[:, len(prompt) - 1:-1]
         token_logq = logq.gather(-1, resp[..., None])[..., 0]
         for j, (b, g) in enumerate(rows):
             T, Lp = E.gen_lens[b][g], E.prompt_lens[b]
@@ -85,7 +96,7 @@ def sampler_token_logqs(E: Batch, model64, *, temperature: float, top_p: float =
 
 
 def draw_from_sampler(E: Batch, model64, tokenizer, *, temperature: float, max_new: int, seed: int,
-                      top_p: float = 1.0) -> Batch:
+                      top_p: float = 1.0, logit_bias: dict[int, float] | None = None) -> Batch:
     """A batch with E's prompts (rows, padding, ids, advantages) whose responses the sampler drew, with its exact
     `sampler_logqs`."""
     gen = torch.Generator().manual_seed(seed)
@@ -98,7 +109,7 @@ def draw_from_sampler(E: Batch, model64, tokenizer, *, temperature: float, max_n
     texts = [[""] * G for _ in range(B)]
     for prompt, rows in _rows_by_prompt(E).items():
         tokens, lengths = _draw(model64, list(prompt), len(rows), temperature=temperature, top_p=top_p,
-                                max_new=max_new, eos=eos, gen=gen)
+                                logit_bias=logit_bias, max_new=max_new, eos=eos, gen=gen)
         for j, (b, g) in enumerate(rows):
             Lp, T = E.prompt_lens[b], lengths[j]
             sequences[b, g, :Lp] = E.sequences[b, g, :Lp]
@@ -109,7 +120,8 @@ def draw_from_sampler(E: Batch, model64, tokenizer, *, temperature: float, max_n
             texts[b][g] = tokenizer.decode(tokens[j, :T].tolist(), skip_special_tokens=True)
     drawn = dataclasses.replace(E, sequences=sequences, attention_masks=masks, gen_lens=gen_lens,
                                 responses_text=texts, sampler_logqs=None)
-    drawn = with_sampler_logqs(drawn, sampler_token_logqs(drawn, model64, temperature=temperature, top_p=top_p))
+    logqs = sampler_token_logqs(drawn, model64, temperature=temperature, top_p=top_p, logit_bias=logit_bias)
+    drawn = with_sampler_logqs(drawn, logqs)
     drawn.validate("sampler-drawn E")
     return drawn
 

@@ -5,8 +5,9 @@ checkpoint, every phase on (error bars, ΔH at ±η, second order, predictors, t
   number of tests/fixtures/probe_fp32_run.json, written by the code before the sampler correction existed
   (scripts/make_fp32_probe_fixture.py);
 - `sampler_dtype: bf16`: results.json carries `sampler` (dtype, engine, draws, rows per call, tokens/s) and
-  `sampler.correction` (ESS/E > 0.95: see BF16_ESS_FLOOR, k̂, mean token KL, max |Δlog q|), per_sequence.jsonl `sampler_log_weight`;
-  Ĥ, δH₁ and ΔH(±η) are within one SE of the same config's fp32 sampler run;
+  `sampler.correction` (k̂, mean token KL, max |Δlog q|, ESS/E: > 0.99 on the tiny model at a realistic init
+  scale, > 0.95 at the wide one, see BF16_ESS_FLOOR), per_sequence.jsonl `sampler_log_weight`; Ĥ, δH₁ and ΔH(±η)
+  are within one SE of the same config's fp32 sampler run, at both init scales;
 - row-keyed fp32 draws: the auto rows per call (16 on CPU) and 3 rows per call give the same numbers;
 - `entropy-probe report` and `run --reuse-samples` on the bf16 run keep the correction.
 """
@@ -24,15 +25,19 @@ import yaml
 
 from entropy_experiments import cli
 from entropy_experiments.policy import sampler_setup
+from entropy_experiments.testing.tiny_model import build_tiny_model_dir
 from tests.run_helpers import logging_restored, make_run_setup, numbers, results
 
 pytestmark = pytest.mark.xdist_group("test_sampler_e2e")
 
-# ESS/E of the bf16 sampler's weights on the tiny model: 0.979 here (8 sequences × 8 tokens). Its random weights
-# (initializer_range 0.3) give hidden activations up to ≈ 60, so bf16 moves its logits by ≈ 0.065 (std) and a
-# token's log q by ≈ 0.035 (median), 0.2 at most; with initializer_range 0.1 ESS/E is 0.9995. 0.95 is the
-# issue's GPU goal.
-BF16_ESS_FLOOR = 0.95
+# The bf16 sampler's rounding grows with the size of the activations it rounds, so its ESS/E depends on the
+# model's init scale. At the tiny model's default initializer_range 0.3 (peaked next-token distributions) the
+# residual stream reaches ≈ 50, bf16 moves the logits by ≈ 0.08 (std) and a token's log q by ≈ 0.035 (median),
+# 0.2 at most: ESS/E 0.979 (8 sequences × 8 tokens). At 0.1 the residual stream stays below ≈ 3 — the scale of a
+# real model's normalised activations — the logits move by ≈ 0.01 and ESS/E is 0.9995: there the sampler-
+# correction goal ESS/E > 0.99 is asserted.
+REALISTIC_INIT = 0.1
+BF16_ESS_FLOOR = {"realistic": 0.99, "wide": 0.95}
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "probe_fp32_run.json").read_text(encoding="utf-8"))
 
 
@@ -46,6 +51,15 @@ def _restore_logging_after_module():
 def setup(tiny_model_dir, tmp_path_factory) -> dict:
     """The fixture's config sections on a fresh make-checkpoint checkpoint (made with the chunk-seeded draws)."""
     _, config = make_run_setup(tmp_path_factory.mktemp("sampler_e2e"), tiny_model_dir, **FIXTURE["sections"])
+    return config
+
+
+@pytest.fixture(scope="module")
+def realistic_setup(tmp_path_factory) -> dict:
+    """The same config on the tiny model built at initializer_range REALISTIC_INIT."""
+    folder = tmp_path_factory.mktemp("sampler_e2e_realistic")
+    model_dir = build_tiny_model_dir(folder / "tiny", initializer_range=REALISTIC_INIT)
+    _, config = make_run_setup(folder / "setup", model_dir, **FIXTURE["sections"])
     return config
 
 
@@ -69,15 +83,22 @@ def per_sequence(run: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(setup, tmp_path_factory) -> dict[str, Path]:
+def runs(setup, realistic_setup, tmp_path_factory) -> dict[str, Path]:
+    """chunk_fp32 on the default (wide) init; bf16 / fp32 on the realistic init, bf16_wide / fp32_wide on the wide
+    one; fp32_rows3 = fp32 at 3 rows per call."""
     folder = tmp_path_factory.mktemp("sampler_e2e_runs")
-    out = {"chunk_fp32": run_probe(setup, folder, "chunk_fp32", sampler_dtype="fp32"),
-           "bf16": run_probe(setup, folder, "bf16", gen_batch_size="auto", sampler_dtype="bf16"),
-           "fp32": run_probe(setup, folder, "fp32", gen_batch_size="auto", sampler_dtype="fp32")}
+    out = {"chunk_fp32": run_probe(setup, folder, "chunk_fp32", sampler_dtype="fp32")}
+    for init, config in (("", realistic_setup), ("_wide", setup)):
+        for dtype in ("bf16", "fp32"):
+            out[dtype + init] = run_probe(config, folder, dtype + init, gen_batch_size="auto", sampler_dtype=dtype)
     with pytest.MonkeyPatch.context() as mp:  # row-keyed fp32 at 3 rows per call instead of auto's 16
         mp.setattr(sampler_setup, "CPU_ROWS_PER_CALL", 3)
-        out["fp32_rows3"] = run_probe(setup, folder, "fp32_rows3", gen_batch_size="auto", sampler_dtype="fp32")
+        out["fp32_rows3"] = run_probe(realistic_setup, folder, "fp32_rows3", gen_batch_size="auto",
+                                      sampler_dtype="fp32")
     return out
+
+
+INITS = {"realistic": "", "wide": "_wide"}  # init scale → suffix of its runs' names
 
 
 # ------------------------------------------------------------------------------- fp32: the code before
@@ -106,21 +127,26 @@ def test_fp32_sampler_with_integer_rows_reproduces_the_code_before_the_correctio
 
 
 # ------------------------------------------------------------------------------- bf16
-def test_bf16_run_records_the_sampler_and_its_correction(runs):
-    res, rows = results(runs["bf16"]), per_sequence(runs["bf16"])
+@pytest.mark.parametrize("init", INITS)
+def test_bf16_run_records_the_sampler_and_its_correction(runs, init, capsys):
+    run = runs["bf16" + INITS[init]]
+    res, rows = results(run), per_sequence(run)
     s = res["sampler"]
     assert (s["sampled"], s["dtype"], s["engine"], s["draws"]) == (True, "bf16", "generate", "row_keyed")
     for name in ("E", "U"):
         assert s[name]["rows_per_call"] >= 1 and s[name]["tokens_per_s"] > 0 and s[name]["new_tokens"] > 0
     c = s["correction"]
-    assert c["ess_frac"] > BF16_ESS_FLOOR and c["ess"] == pytest.approx(c["ess_frac"] * len(rows))
+    with capsys.disabled():
+        print(f"\n{init} init: ESS/E {c['ess_frac']:.5f}, max |Δlog q| {c['max_abs_dlogq']:.3g}, "
+              f"mean token KL {c['mean_token_kl']:.2g}")
+    assert c["ess_frac"] > BF16_ESS_FLOOR[init] and c["ess"] == pytest.approx(c["ess_frac"] * len(rows))
     assert 0 <= c["max_abs_dlogq"] < 0.5 and abs(c["mean_token_kl"]) < 0.05 and c["tokens"] == res["counts"]["E_tokens"]
     assert "psis_khat" in c and c["zero_weight_count"] == 0
     log_s = np.array([row["sampler_log_weight"] for row in rows])
     assert (c["logw"]["min"], c["logw"]["max"]) == pytest.approx((log_s.min(), log_s.max()))
     assert not any("sampler correction" in w for w in res["warnings"])
     assert res["second_order"] and res["predictors"] and res["attribution"] and len(res["true"]) == 2
-    E = torch.load(runs["bf16"] / "E_batch.pt", weights_only=True)
+    E = torch.load(run / "E_batch.pt", weights_only=True)
     assert E["sampler_logqs"].shape == E["sequences"].shape
 
 
@@ -135,10 +161,12 @@ def entropy_and_se(rows: list[dict], log_weights: bool) -> tuple[float, float]:
     return full, math.sqrt((n - 1) / n * ((reps - reps.mean()) ** 2).sum())
 
 
-def test_bf16_results_are_within_one_se_of_the_fp32_sampler(runs, capsys):
-    bf, fp = results(runs["bf16"]), results(runs["fp32"])
-    H_bf, se_bf = entropy_and_se(per_sequence(runs["bf16"]), log_weights=True)
-    H_fp, se_fp = entropy_and_se(per_sequence(runs["fp32"]), log_weights=False)
+@pytest.mark.parametrize("init", INITS)
+def test_bf16_results_are_within_one_se_of_the_fp32_sampler(runs, init, capsys):
+    bf_run, fp_run = runs["bf16" + INITS[init]], runs["fp32" + INITS[init]]
+    bf, fp = results(bf_run), results(fp_run)
+    H_bf, se_bf = entropy_and_se(per_sequence(bf_run), log_weights=True)
+    H_fp, se_fp = entropy_and_se(per_sequence(fp_run), log_weights=False)
     assert H_bf == pytest.approx(bf["H_orig"]["per_token"], rel=1e-9) and H_fp == fp["H_orig"]["per_token"]
     pairs = {"H": (H_bf, H_fp, se_bf, se_fp),
              "deltaH1": (bf["deltaH1"], fp["deltaH1"], bf["se"]["total"], fp["se"]["total"])}
@@ -147,19 +175,26 @@ def test_bf16_results_are_within_one_se_of_the_fp32_sampler(runs, capsys):
         pairs[f"deltaH({tb['eta']:g})"] = (tb["deltaH_true"], tf["deltaH_true"], tb["se"], tf["se"])
     with capsys.disabled():
         for name, (b, f, sb, sf) in pairs.items():
-            print(f"\n{name}: bf16 {b:.6g} ± {sb:.2g}, fp32 {f:.6g} ± {sf:.2g}, "
+            print(f"\n{init} init, {name}: bf16 {b:.6g} ± {sb:.2g}, fp32 {f:.6g} ± {sf:.2g}, "
                   f"difference {(b - f) / math.hypot(sb, sf):+.3f} combined SE")
     for name, (b, f, sb, sf) in pairs.items():
         assert abs(b - f) <= math.hypot(sb, sf), name
 
 
 # ------------------------------------------------------------------------------- rows per call
+def without_rows_per_call(nums: dict) -> dict:
+    """`numbers(...)` less the sampler's E/U rows per call (which these runs set differently on purpose)."""
+    sampler = {k: ({f: x for f, x in v.items() if not f.startswith("rows_per_call")} if isinstance(v, dict) else v)
+               for k, v in nums["sampler"].items()}
+    return {**nums, "sampler": sampler}
+
+
 def test_auto_rows_per_call_changes_no_number(runs):
     auto, three = results(runs["fp32"]), results(runs["fp32_rows3"])
     assert (auto["sampler"]["draws"], three["sampler"]["draws"]) == ("row_keyed", "row_keyed")
     assert auto["sampler"]["E"]["rows_per_call"] == min(sampler_setup.CPU_ROWS_PER_CALL, auto["counts"]["B_E"]) == 8
     assert three["sampler"]["E"]["rows_per_call"] == 3 and auto["sampler"]["correction"] is None
-    assert numbers(auto) == numbers(three)
+    assert without_rows_per_call(numbers(auto)) == without_rows_per_call(numbers(three))
     assert per_sequence(runs["fp32"]) == per_sequence(runs["fp32_rows3"])
     assert "sampler_log_weight" not in per_sequence(runs["fp32"])[0]
     for name in ("E_batch.pt", "U_batch.pt"):
@@ -168,7 +203,7 @@ def test_auto_rows_per_call_changes_no_number(runs):
 
 
 # ------------------------------------------------------------------------------- reading the run back
-def test_report_and_reanalysis_of_a_bf16_run_keep_the_correction(runs, setup, tmp_path, capsys):
+def test_report_and_reanalysis_of_a_bf16_run_keep_the_correction(runs, realistic_setup, tmp_path, capsys):
     with logging_restored():
         assert cli.main(["report", str(runs["bf16"])]) == 0
     printed = capsys.readouterr().out
@@ -176,11 +211,13 @@ def test_report_and_reanalysis_of_a_bf16_run_keep_the_correction(runs, setup, tm
     line = next(x for x in printed.splitlines() if x.lstrip().startswith("sampler correction"))
     assert f"ESS/E {correction['ess_frac']:.4f}" in line
     assert "bf16, generate, row_keyed" in next(x for x in printed.splitlines() if x.lstrip().startswith("sampler "))
-    again = run_probe(setup, tmp_path, "again", "--reuse-samples", str(runs["bf16"]),
+    again = run_probe(realistic_setup, tmp_path, "again", "--reuse-samples", str(runs["bf16"]),
                       gen_batch_size="auto", sampler_dtype="bf16")
     capsys.readouterr()
     reused, original = results(again), results(runs["bf16"])
-    assert reused["sampler"]["sampled"] is False and reused["sampler"]["correction"] == correction
+    # the batches carry how they were drawn, so the resumed run reports the sampling it reused (timings aside)
+    assert reused["sampler"]["correction"] == correction
+    assert numbers(reused)["sampler"] == numbers(original)["sampler"] and reused["sampler"]["dtype"] == "bf16"
     drop = ("samples", "checkpoint")
     assert {k: v for k, v in numbers(reused).items() if k not in drop} == \
         {k: v for k, v in numbers(original).items() if k not in drop}

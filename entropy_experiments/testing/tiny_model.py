@@ -106,8 +106,11 @@ def build_tiny_model(vocab_size: int, eos_token_id: int, *, seed: int = 0, hidde
     return model.float().eval()
 
 
-def build_tiny_model_dir(path: str | Path, *, seed: int = 0) -> Path:
+def build_tiny_model_dir(path: str | Path, *, seed: int = 0, initializer_range: float = 0.3) -> Path:
     """Write the tiny model and its tokenizer to `path` (created) and return it.
+
+    initializer_range: the weights' init scale (see `build_tiny_model`); 0.1 keeps the residual stream below ≈ 3
+    instead of ≈ 50 at 0.3, for checks whose rounding error grows with the activations' size (a bf16 sampler).
 
     The directory loads with `AutoModelForCausalLM.from_pretrained(path)` and
     `AutoTokenizer.from_pretrained(path)` like any local checkpoint.
@@ -115,7 +118,7 @@ def build_tiny_model_dir(path: str | Path, *, seed: int = 0) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, seed=seed)
+    model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, seed=seed, initializer_range=initializer_range)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
