@@ -202,14 +202,20 @@ def scored_pieces_phase(config: ProbeConfig, policy: Policy, E: Batch, direction
                 other = score_E(config, policy, E, v, dist)
                 pieces[name] = directional_pieces(other.d_logq, other.d_entropy, coefs)
     timings["E_scoring"], t0 = time.perf_counter() - t0, time.perf_counter()
-    X, rows = surrogate_gradient_phase(config, policy, E, coefs, {MAIN: directions[MAIN]} if lean else {}, dist)
+    X, rows = surrogate_rows_phase(config, policy, E, coefs, {MAIN: directions[MAIN]} if lean else {}, dist)
     timings["E_backward"] = time.perf_counter() - t0
     return SurrogatePass(X, scores, coefs, pieces, timings, rows.get(MAIN))
 
 
 def surrogate_gradient_phase(config: ProbeConfig, policy: Policy, E: Batch, coefs: SurrogateCoefficients,
-                             directions: dict[str, NamedTensors], dist: DistContext = SINGLE
-                             ) -> tuple[NamedTensors, dict[str, Tensor]]:
+                             dist: DistContext = SINGLE) -> NamedTensors:
+    """X̂ = ∇L_X with the coefficients of the whole E (this rank's microbatches, summed over ranks), fp32."""
+    return surrogate_rows_phase(config, policy, E, coefs, {}, dist)[0]
+
+
+def surrogate_rows_phase(config: ProbeConfig, policy: Policy, E: Batch, coefs: SurrogateCoefficients,
+                         directions: dict[str, NamedTensors], dist: DistContext = SINGLE
+                         ) -> tuple[NamedTensors, dict[str, Tensor]]:
     """X̂ = ∇L_X with the coefficients of the whole E (this rank's microbatches, summed over ranks), fp32, and
     D_u L_X,i [N] along each of `directions` from the same backward (row hooks)."""
     options = config.entropy_options()
