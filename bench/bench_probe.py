@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_probe.py [--checkpoint DIR] [--device cpu|cuda] [--repeats N]
                                           [--B-E 32 --B-U 4 --G 4 --max-new-tokens 40] [--etas 1e-6 3e-6 1e-5]
-                                          [--no-variance] [--passes] [--compare-jvp] [--threads N]
+                                          [--no-variance] [--passes] [--compare-jvp] [--r-methods] [--threads N]
 
 Both sides run on the SAME sampled E and U sequences of one checkpoint: `--checkpoint DIR` (a checkpoint the
 probe loads: adapter + optimizer state, or a full model), by default the embedded SmolLM2-135M with the demo
@@ -24,7 +24,9 @@ With error bars (the default) each E microbatch runs one forward and TWO backwar
 gives each sequence's r_i = D_v L_β,i, without which the delete-one jackknife of SE_E is not exact (Ĥ moves in
 every replicate) — against training's one forward and one backward; `--passes` times those passes on one E
 microbatch. `--no-variance` times the run without error bars. `--compare-jvp` also times phases 1–3 with the
-forward-mode (jvp) pieces.
+forward-mode (jvp) pieces. `--r-methods` also times phases 1–3 with `variance.r_method` backward and
+central_difference (r_i from the ΔH(±η) passes, then one backward per E microbatch) side by side, ΔH at the
+largest `--etas` only and the predictors off (their directions keep the second backward).
 """
 
 from __future__ import annotations
@@ -154,6 +156,32 @@ def phases_1_3_seconds(demo: DemoProbe, E: Batch, U: Batch, directional: str = "
     return results["timing"]["phase1_3_total"], results
 
 
+R_METHODS = ("backward", "central_difference")
+
+
+def r_method_runs(demo: DemoProbe, E: Batch, U: Batch, eta: float) -> dict[str, dict]:
+    """{variance.r_method: results} with ΔH at ±`eta` only (the passes central_difference reuses for r_i), the
+    second order, the predictors (whose directions keep the L_β backward) and the attribution off."""
+    return {m: probe_run(demo, E, U, variance={"r_method": m}, importance={"eta_list": [eta], "symmetric": True},
+                         second_order={"enabled": False}, predictors={"enabled": False},
+                         output={"token_attribution": False}) for m in R_METHODS}
+
+
+def r_method_lines(rows: list[dict[str, dict]], baseline: list[float]) -> list[str]:
+    """Per r_method: median phases 1–3 / training step and (phases 1–3 + ΔH(±η)) / training step, SE_E, r's η."""
+    lines = []
+    for m in R_METHODS:
+        p13 = statistics.median([r[m]["timing"]["phase1_3_total"] / b for r, b in zip(rows, baseline)])
+        with_dh = statistics.median([(r[m]["timing"]["phase1_3_total"] + r[m]["timing"]["phase4_importance"]) / b
+                                     for r, b in zip(rows, baseline)])
+        last = rows[-1][m]
+        lines.append(f"r_method {m}: phases 1–3 / training step = {p13:.2f}, with ΔH(±η) {with_dh:.2f}; "
+                     f"SE_E {last['se']['E']:.6e}, δH₁ {last['deltaH1']:+.6e}, r's η {last['consistency']['r_eta']}")
+    se = [rows[-1][m]["se"]["E"] for m in R_METHODS]
+    lines.append(f"SE_E central_difference / backward − 1 = {se[1] / se[0] - 1:+.2e}")
+    return lines
+
+
 PHASES = (("phases 1–3", "phase1_3_total"), ("ΔH(±η)", "phase4_importance"), ("predictors", "phase6_predictors"),
           ("attribution", "phase7_attribution"))
 
@@ -259,6 +287,9 @@ def parse_args():
     parser.add_argument("--no-variance", action="store_true",
                         help="variance.enabled false: no pieces, E scored without grad then one backward")
     parser.add_argument("--passes", action="store_true", help="also time the passes over one E microbatch")
+    parser.add_argument("--r-methods", action="store_true",
+                        help="also time phases 1–3 with variance.r_method backward and central_difference (ΔH at "
+                             "the largest --etas only, predictors off)")
     parser.add_argument("--threads", type=int, default=None)
     return parser.parse_args()
 
@@ -278,7 +309,7 @@ def main() -> int:
           f"({U.count_tokens()} response tokens, {U.sequences.shape}) in {time.perf_counter() - t0:.0f} s on "
           f"{args.device}; threads {torch.get_num_threads()}; load average {os.getloadavg()[0]:.1f}", flush=True)
 
-    baseline, seconds, jvp, runs, train_parts = [], [], [], {}, {}
+    baseline, seconds, jvp, runs, train_parts, r_rows = [], [], [], {}, {}, []
     for rep in range(args.repeats):
         train_parts = training_step_seconds(demo, E, U)
         baseline.append(train_parts["total"])
@@ -289,6 +320,10 @@ def main() -> int:
         if args.compare_jvp:
             jvp.append(phases_1_3_seconds(demo, E, U, "jvp", variance=not args.no_variance)[0])
             line += f", phases 1–3 with jvp pieces {jvp[-1]:.1f} s"
+        if args.r_methods:
+            r_rows.append(r_method_runs(demo, E, U, max(args.etas)))
+            line += ", phases 1–3 " + ", ".join(f"({m}) {r_rows[-1][m]['timing']['phase1_3_total']:.1f} s"
+                                                for m in R_METHODS)
         print(line + f" (load average {os.getloadavg()[0]:.1f})", flush=True)
 
     results = runs[default_method]
@@ -301,6 +336,8 @@ def main() -> int:
     print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se'].get('total', float('nan')):.2e}, pieces: "
           f"{results['consistency'].get('pieces_method')}")
     print("\n".join(second_order_lines(runs)))
+    if r_rows:
+        print("\n".join(r_method_lines(r_rows, baseline)))
     if jvp:
         jvp_ratio = statistics.median([j / b for j, b in zip(jvp, baseline)])
         print(f"phases 1–3 with jvp pieces / training step = {jvp_ratio:.2f} (reference)")

@@ -47,6 +47,7 @@ HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
                   "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0,
                   "use_bias_correction_kl": False},
     "second_order": {"method": "jvp"},
+    "variance": {"r_method": "backward", "r_eta": None},
     # gen_batch_size is hashed as before (an explicit integer keeps its hash; the default "auto" is a new value,
     # so a default config's hash changes with its draws). The sampler's dtype and engine enter only when set.
     "generation": {"sampler_dtype": "auto", "sampler_engine": "generate"},
@@ -105,7 +106,24 @@ class ProbeConfig(_Section):
             raise ValueError("second_order.method: finite_difference needs the ΔH(±η) passes (importance.enabled "
                              f"and importance.symmetric true, got {imp.enabled} and {imp.symmetric}); "
                              "set second_order.method: jvp")
+        self._check_r_method()
         return self
+
+    def _check_r_method(self) -> None:
+        """variance.r_method central_difference needs the backward-hook pieces and an η (one line naming the key)."""
+        var, imp = self.variance, self.importance
+        if not var.enabled or var.r_method != "central_difference":
+            return
+        from ..estimators.central_difference import central_difference_eta, r_eta_message
+        from ..estimators.delta_h import eta_grid
+
+        for key, value, needed in (("estimator.baseline", self.estimator.baseline, "none"),
+                                   ("variance.directional", var.directional, "auto or backward_hooks")):
+            if value not in needed.split(" or "):
+                raise ValueError(f"{key}: variance.r_method central_difference needs {key} {needed} (the backward-hook "
+                                 f"pieces), got {value}; set variance.r_method backward")
+        if central_difference_eta(var.r_eta, eta_grid(imp.eta_list, imp.symmetric) if imp.enabled else []) is None:
+            raise ValueError(r_eta_message(imp.enabled))
 
     def objective_options(self):
         """The resolved `objectives.ObjectiveOptions` (explicit keys > trainer preset > defaults)."""

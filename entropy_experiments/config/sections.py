@@ -313,6 +313,12 @@ class VarianceSection(_Section):
     u_groups: int | None = Field(None, ge=2)  # None: min(B_U, 8)
     # How the per-sequence pieces D_v(...) are obtained: auto = backward_hooks when possible, else jvp.
     directional: Literal["auto", "backward_hooks", "jvp"] = "auto"
+    # How r_i = D_v L_β,i is obtained on the backward_hooks path (docs/scaling.md "r_i without the second
+    # backward"): backward (a second backward of L_β per E microbatch, exact) | central_difference (from the no-grad
+    # passes at θ ± η·v, η = r_eta; the E side then runs one backward). r_eta: None = the largest η ≤ R_ETA_MAX
+    # whose ±η the ΔH phase scores; a value not among them adds a dedicated pair of no-grad passes.
+    r_method: Literal["backward", "central_difference"] = "backward"
+    r_eta: float | None = Field(None, gt=0)
 
 
 class SecondOrderSection(_Section):

@@ -21,6 +21,7 @@ from torch import Tensor
 from ..data.batch import Batch
 from ..policy.engine import PolicyEngine
 from . import snis
+from .central_difference import beta_log_ratio
 from .jackknife import as_float64
 from .sequence_scores import SequenceScores, log_weights, score_sequences, units_of
 from .surrogate import entropy_estimate
@@ -90,7 +91,7 @@ def measure_delta_h(engine: PolicyEngine, E_batch: Batch | None, v_named: NamedT
                     grads=None, max_grad_norm: float | None = None, base: SequenceScores | None = None,
                     tf_batch_size: int | None = None,
                     gather: Callable[[list[float], str], np.ndarray] = gather_locally,
-                    sampler_weights: np.ndarray | None = None) -> dict:
+                    sampler_weights: np.ndarray | None = None, token_weights: list[Tensor] | None = None) -> dict:
     """ΔH(η) with diagnostics for every η; returns {"H_orig", "true": [...], "per_sequence", "base", "linearity"}
     ("base": the per-sequence h and T at θ of all E, float64 [N], for the paired residuals).
 
@@ -107,6 +108,9 @@ def measure_delta_h(engine: PolicyEngine, E_batch: Batch | None, v_named: NamedT
     `sampler_weights` s [N] over all of E (E drawn by a sampler other than the policy, docs/maths.md §12):
     Ĥ = Σ s h / Σ s d and Ĥ' = Σ s w h' / Σ s w d. The weight diagnostics of each row stay those of the
     step's own w = q_θ'/q_θ (the sampler's are reported once, by the sampler correction).
+
+    `token_weights` β_ik of the sequences of `E_batch` (the surrogate's, for r_i by the central difference,
+    central_difference.py): each η's per_sequence entry also gets "beta_logw", Σ_k β_ik (ℓ'_ik − ℓ_ik) [N].
     """
     if units is None:
         units = units_of(E_batch.num_prompts, E_batch.num_responses_per_prompt)
@@ -127,6 +131,9 @@ def measure_delta_h(engine: PolicyEngine, E_batch: Batch | None, v_named: NamedT
         diag = snis.importance_diagnostics(logw)
         rows.append({"eta": eta, "deltaH_true": est.value, "H_upd": H_orig + est.value, "se": est.se, **diag})
         per_seq[eta] = {"logw": logw.tolist(), "h_new": h_new.tolist()}
+        if token_weights is not None:
+            bw = beta_log_ratio(new.token_logqs, base.token_logqs, token_weights) if local else []
+            per_seq[eta]["beta_logw"] = gather(bw, f"β-weighted log-ratios gather (η={eta:g})").tolist()
         log.info("η=%+.3g  ΔH=%+.4e ± %.2e  ESS/N=%.3f  k̂=%.2f", eta, est.value, est.se,
                  diag["ess_frac"], diag["psis_khat"])
     return {"H_orig": H_orig, "true": rows, "per_sequence": per_seq, "base": {"h": h, "T": T},

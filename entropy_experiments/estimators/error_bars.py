@@ -56,7 +56,8 @@ def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: 
     else:
         warn("SE_U unavailable: U has a single prompt (need ≥ 2 groups)")
     se_total = jackknife.se_total(se_E, se_U) if math.isfinite(se_U) else se_E
-    consistency = {"deltaH1_from_pieces": from_pieces, "relative_difference": rel, "pieces_method": res.pieces_method}
+    consistency = {"deltaH1_from_pieces": from_pieces, "relative_difference": rel, "pieces_method": res.pieces_method,
+                   "r_method": res.r_method, "r_eta": res.r_eta}
     return ErrorBars({"E": se_E, "U": se_U, "total": se_total}, consistency, a, r, loo)
 
 

@@ -22,8 +22,16 @@ import torch
 
 from ..config import ProbeConfig
 from ..data.batch import Batch
+from ..errors import ConfigError
 from ..estimators import jackknife
-from ..estimators.delta_h import eta_grid, measure_delta_h
+from ..estimators.central_difference import (
+    beta_log_ratio,
+    central_difference_eta,
+    pieces_from_weighted_rows,
+    r_eta_message,
+    r_from_log_ratios,
+)
+from ..estimators.delta_h import eta_grid, measure_delta_h, score_at_eta
 from ..estimators.displacement import displacement_entry, step_comparison
 from ..estimators.entropy_gradient import e_microbatches, entropy_only_gradient_sum
 from ..estimators.error_bars import ErrorBars, paired_residuals
@@ -64,15 +72,18 @@ def scoring_share(config: ProbeConfig, E: Batch, dist: DistContext,
     return (E.subset(mine) if mine else None), [b * G + g for b in mine for g in range(G)]
 
 
-def truth_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, dist: DistContext = SINGLE) -> dict:
+def truth_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, dist: DistContext = SINGLE,
+                with_beta: bool = False) -> dict:
     """ΔH(η) by SNIS on the same E for every η: one no-grad pass per η, none at θ — phase 1's scores are the
     base, and E is scored at θ' in phase 1's batch layout so that log w is exactly 0 at η = 0. Each rank
-    scores whole chunks of that layout; values are gathered in order."""
+    scores whole chunks of that layout; values are gathered in order. `with_beta`: each η's per-sequence
+    values also carry Σ_k β_ik (ℓ'_ik − ℓ_ik) ("beta_logw", for r_i by the central difference)."""
     imp = config.importance
     if not imp.enabled:
         return {"true": [], "linearity": linearity_fit([], []), "per_sequence": {}}  # NaN slopes
     G, B = E.num_responses_per_prompt, E.num_prompts
     local_E, rows_mine = scoring_share(config, E, dist, res.scores_tf_batch)
+    beta = [res.coefficients.beta[i] for i in rows_mine] if with_beta and local_E is not None else None
     t = policy.trainable
     return measure_delta_h(policy.engine, local_E, res.v, eta_grid(imp.eta_list, imp.symmetric),
                            normalize=config.estimator.normalize, units=units_of(B, G), mode=imp.mode,
@@ -80,7 +91,45 @@ def truth_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Resul
                            grads=res.u_gradients.total, max_grad_norm=config.objective_options().max_grad_norm,
                            base=res.scores.subset(rows_mine) if local_E is not None else None,
                            tf_batch_size=res.scores_tf_batch, gather=dist.row_gatherer(rows_mine, B * G),
-                           sampler_weights=sampler_weights_of(res))
+                           sampler_weights=sampler_weights_of(res), token_weights=beta if with_beta else None)
+
+
+def central_difference_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result,
+                             dist: DistContext = SINGLE) -> tuple[dict | None, dict[str, float]]:
+    """r_i along v by the central difference (docs/maths.md §6) and with it `res.pieces` (a_i from the L_X
+    backward's D_v L_X,i in `res.r_rows`). η = variance.r_eta, default the largest η ≤ R_ETA_MAX of the ΔH(±η)
+    passes: then ΔH is measured here, before the error bars, and its truth returned for phase 4 to reuse;
+    an η of no ΔH pass gets a pair of its own (no-grad, θ ± η·v as a parameter override). Returns (truth or
+    None, timings)."""
+    imp = config.importance
+    etas = eta_grid(imp.eta_list, imp.symmetric) if imp.enabled else []
+    eta = central_difference_eta(config.variance.r_eta, etas)
+    if eta is None:
+        raise ConfigError(r_eta_message(imp.enabled))
+    t0 = time.perf_counter()
+    if eta in etas and -eta in etas:
+        truth = truth_phase(config, policy, E, res, dist, with_beta=True)
+        plus, minus = (truth["per_sequence"][e]["beta_logw"] for e in (eta, -eta))
+        timing = {"phase4_importance": time.perf_counter() - t0}
+    else:
+        truth, (plus, minus) = None, (beta_log_ratios_at(config, policy, E, res, s * eta, dist) for s in (1, -1))
+        timing = {"phase3_r_central_difference": time.perf_counter() - t0}
+    res.pieces = pieces_from_weighted_rows(res.r_rows, r_from_log_ratios(plus, minus, eta), res.coefficients)
+    res.r_eta, res.r_rows = eta, None
+    return truth, timing
+
+
+def beta_log_ratios_at(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, eta: float,
+                       dist: DistContext = SINGLE) -> np.ndarray:
+    """Σ_k β_ik (ℓ_ik(θ + η·v) − ℓ_ik) [N] of all E by one no-grad pass in the layout of the scores at θ (each
+    rank its share, gathered)."""
+    local_E, rows_mine = scoring_share(config, E, dist, res.scores_tf_batch)
+    values = []
+    if local_E is not None:
+        new = score_at_eta(policy.engine, local_E, res.v, eta, mode="param_override", tf_batch_size=res.scores_tf_batch)
+        base = res.scores.subset(rows_mine)
+        values = beta_log_ratio(new.token_logqs, base.token_logqs, [res.coefficients.beta[i] for i in rows_mine])
+    return dist.row_gatherer(rows_mine, len(res.scores.token_logqs))(values, f"β-weighted log-ratios (η={eta:g})")
 
 
 def second_derivative_along(config: ProbeConfig, policy: Policy, E: Batch, direction: NamedTensors,
@@ -196,13 +245,15 @@ def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1
 
 
 def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
-                             dist: DistContext = SINGLE) -> BeyondFirstOrder:
-    """ΔH(η) with the paired residuals, the second-order coefficient and the competing predictors, timed."""
+                             dist: DistContext = SINGLE, truth: dict | None = None) -> BeyondFirstOrder:
+    """ΔH(η) (`truth` when measured already) with the paired residuals, the second-order coefficient and the
+    competing predictors, timed."""
     timing, t0 = {}, time.perf_counter()
-    truth = truth_phase(config, policy, E, res, dist)
+    if truth is None:
+        truth = truth_phase(config, policy, E, res, dist)
+        if config.importance.enabled:
+            timing["phase4_importance"] = time.perf_counter() - t0
     residuals = paired_residuals(truth, res, bars, normalize=config.estimator.normalize)
-    if config.importance.enabled:
-        timing["phase4_importance"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     second_order = second_order_phase(config, policy, E, res, truth, dist)
     if second_order is not None:

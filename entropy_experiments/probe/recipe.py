@@ -41,7 +41,7 @@ from ..estimators.entropy_gradient import (
     one_pass_sums,
     pieces_method,
     sampler_weights,
-    surrogate_gradient_sum,
+    surrogate_gradient_rows,
 )
 from ..estimators.error_bars import ErrorBars, error_bars
 from ..estimators.objective_gradient import (
@@ -63,7 +63,7 @@ from ..policy.engine import PolicyEngine
 from ..policy.progress import progress as progress_bar
 from ..report.results_dict import ProbeOutcome, RunFacts, assemble_results, sampler_block
 from .attribution import attribution_phase
-from .beyond import beyond_first_order_phase, scoring_share
+from .beyond import beyond_first_order_phase, central_difference_phase, scoring_share
 from .memory_plan import budgeted_config
 from .parallel import SINGLE, DistContext, init_from_env
 from .preflight import preflight
@@ -186,9 +186,11 @@ def one_pass_phase(config: ProbeConfig, policy: Policy, E: Batch, directions: di
 
 
 def scored_pieces_phase(config: ProbeConfig, policy: Policy, E: Batch, directions: dict[str, NamedTensors],
-                        with_pieces: bool, dist: DistContext = SINGLE) -> SurrogatePass:
+                        with_pieces: bool, dist: DistContext = SINGLE, lean: bool = False) -> SurrogatePass:
     """E scored first (with the jvp along v when the pieces are wanted), X̂ by a second backward pass; the
-    pieces along every other direction by one more jvp scoring pass each. Returns the timings too."""
+    pieces along every other direction by one more jvp scoring pass each. Returns the timings too. `lean`
+    (variance.r_method central_difference): no jvp; the backward's row hooks give D_v L_X,i, whose r_i the ±η
+    passes give later (beyond.central_difference_phase)."""
     timings, t0 = {}, time.perf_counter()
     scores = score_E(config, policy, E, directions[MAIN] if with_pieces else None, dist)
     coefs = coefficients(scores, config.entropy_options(), sampler_weights(scores, E.sampler_response_logqs()))
@@ -200,20 +202,28 @@ def scored_pieces_phase(config: ProbeConfig, policy: Policy, E: Batch, direction
                 other = score_E(config, policy, E, v, dist)
                 pieces[name] = directional_pieces(other.d_logq, other.d_entropy, coefs)
     timings["E_scoring"], t0 = time.perf_counter() - t0, time.perf_counter()
-    X = surrogate_gradient_phase(config, policy, E, coefs, dist)
+    X, rows = surrogate_rows_phase(config, policy, E, coefs, {MAIN: directions[MAIN]} if lean else {}, dist)
     timings["E_backward"] = time.perf_counter() - t0
-    return SurrogatePass(X, scores, coefs, pieces, timings)
+    return SurrogatePass(X, scores, coefs, pieces, timings, rows.get(MAIN))
 
 
 def surrogate_gradient_phase(config: ProbeConfig, policy: Policy, E: Batch, coefs: SurrogateCoefficients,
                              dist: DistContext = SINGLE) -> NamedTensors:
     """X̂ = ∇L_X with the coefficients of the whole E (this rank's microbatches, summed over ranks), fp32."""
+    return surrogate_rows_phase(config, policy, E, coefs, {}, dist)[0]
+
+
+def surrogate_rows_phase(config: ProbeConfig, policy: Policy, E: Batch, coefs: SurrogateCoefficients,
+                         directions: dict[str, NamedTensors], dist: DistContext = SINGLE
+                         ) -> tuple[NamedTensors, dict[str, Tensor]]:
+    """X̂ = ∇L_X with the coefficients of the whole E (this rank's microbatches, summed over ranks), fp32, and
+    D_u L_X,i [N] along each of `directions` from the same backward (row hooks)."""
     options = config.entropy_options()
     microbatches = e_microbatches(E.num_prompts, E.num_responses_per_prompt, options.microbatch_size)
-    X = surrogate_gradient_sum(policy.engine, policy.trainable, E, dist.chunk_slice(microbatches), coefs,
-                               progress=progress("E backward (entropy surrogate)"))
-    X = dist.all_reduce_named(X, "X̂ all-reduce")
-    return {n: t.float() for n, t in X.items()}
+    X, rows = surrogate_gradient_rows(policy.engine, policy.trainable, E, dist.chunk_slice(microbatches), coefs,
+                                      directions, progress=progress("E backward (entropy surrogate)"))
+    summed = dist.all_reduce_tree({"X": X, "rows": rows}, "X̂ all-reduce")
+    return {n: t.float() for n, t in summed["X"].items()}, summed["rows"]
 
 
 def delta_h1_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, *, u_groups=None,
@@ -228,7 +238,13 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, *, u
     directions = {MAIN: update.v, **extra}
     if policy.displacement is not None:
         directions[DISPLACEMENT] = policy.displacement
-    if method == "backward_hooks":
+    # r by the central difference only along v alone: every other direction would cost two no-grad passes,
+    # more than the L_β backward that gives them all (docs/scaling.md "r_i without the second backward")
+    lean = method == "backward_hooks" and config.variance.r_method == "central_difference" and len(directions) == 1
+    if lean:
+        e_pass = scored_pieces_phase(config, policy, E, directions, False, dist, lean=True)
+        timings.update(e_pass.timings)
+    elif method == "backward_hooks":
         t0 = time.perf_counter()
         e_pass = one_pass_phase(config, policy, E, directions, dist)
         timings["E_backward"] = time.perf_counter() - t0
@@ -248,7 +264,9 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, *, u
                          pieces_method=method if method in ("backward_hooks", "jvp") else None,
                          predictor_directions=extra, predictor_pieces=pieces, predictors_unavailable=unavailable,
                          sampler_weights=e_pass.coefficients.weights,
-                         scores_tf_batch=one_pass_rows if method == "backward_hooks" else None)
+                         scores_tf_batch=one_pass_rows if method == "backward_hooks" and not lean else None,
+                         r_method="central_difference" if lean else ("jvp" if method == "jvp" else "backward"),
+                         r_rows=e_pass.rows)
 
 
 # ---------------------------------------------------------------------- error bars and truth
@@ -302,6 +320,14 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, note
     res = delta_h1_phase(config, policy, E, U, u_groups=u_groups, per_sequence_pieces=config.variance.enabled,
                          dist=dist)
     timing = {f"phase1_3_{k}": v for k, v in res.timings.items()}
+    truth, early = None, 0.0
+    if res.r_rows is not None:  # r_i from the ±η passes: ΔH (or a pair of its own) runs before the error bars
+        truth, passes = central_difference_phase(config, policy, E, res, dist)
+        timing.update(passes)
+        early = sum(passes.values())
+    elif config.variance.enabled and config.variance.r_method == "central_difference":
+        notes.warn(f"variance.r_method central_difference applies to the backward-hook pieces along v alone; r_i "
+                   f"came from the {res.pieces_method} pass that the predictors' directions or the model need")
     if E.sampler_logqs is not None:  # docs/maths.md §12: the sampler is far from the policy
         for line in correction_warnings(correction_diagnostics(res.scores.token_logqs, E.sampler_response_logqs())):
             notes.warn(line)
@@ -309,10 +335,10 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, note
     bars = error_bars_phase(config, policy, res, u_groups or [], notes)
     if config.variance.enabled:
         timing["phase3_variance"] = time.perf_counter() - t1
-    timing["phase1_3_total"] = time.perf_counter() - t0
+    timing["phase1_3_total"] = time.perf_counter() - t0 - early
     logger.info("δH₁ = %+.4e ± %.2e (SE_E %.2e, SE_U %.2e) at lr = %.3g", res.delta_h1, bars.se["total"],
                 bars.se["E"], bars.se["U"], res.learning_rate)
-    return Estimates(res, bars, timing)
+    return Estimates(res, bars, timing, truth)
 
 
 def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | None = None,
@@ -354,7 +380,7 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     estimates = estimate_phase(work, policy, E, U, notes, dist, logger)
     res, bars = estimates.delta_h1, estimates.error_bars
     timing.update(estimates.timing)
-    later = beyond_first_order_phase(work, policy, E, res, bars, dist)
+    later = beyond_first_order_phase(work, policy, E, res, bars, dist, estimates.truth)
     timing.update(later.timing)
     t0 = time.perf_counter()
     attribution, e_tokens = attribution_phase(work, policy, E, U, res, bars,

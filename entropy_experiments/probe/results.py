@@ -71,6 +71,11 @@ class DeltaH1Result:
     # the sampler correction (docs/maths.md §12): s_i = q_θ(y_i)/q_sampler(y_i) normalised to mean 1, float64 [N];
     # None when the sampler is the policy (every E-side estimate then runs unweighted, bit-identical)
     sampler_weights: Tensor | None = None
+    # r_i = D_v L_β,i: "backward" (exact, from the E pass) | "central_difference" (the ±η passes, docs/maths.md §6);
+    # until those passes ran, `r_rows` holds D_v L_X,i [N] of the one L_X backward and `pieces` is None
+    r_method: str = "backward"
+    r_eta: float | None = None
+    r_rows: Tensor | None = None
     # extra per-sequence columns for per_sequence.jsonl, {name: {column: [N]}} (filled by later phases)
     per_sequence_extra: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
@@ -104,6 +109,7 @@ class SurrogatePass:
     coefficients: SurrogateCoefficients
     pieces: dict[str, tuple[Tensor, Tensor]]
     timings: dict[str, float] = field(default_factory=dict)
+    rows: Tensor | None = None  # D_v L_X,i [N] of the L_X backward when r_i is left to the ±η passes
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,7 @@ class Estimates:
     delta_h1: DeltaH1Result
     error_bars: ErrorBars
     timing: dict[str, float]
+    truth: dict | None = None  # ΔH(η), when it was measured before the error bars (r_i by the central difference)
 
 
 @dataclass(frozen=True)
