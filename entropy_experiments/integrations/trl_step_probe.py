@@ -40,8 +40,9 @@ from entropy_experiments.estimators.error_bars import ErrorBars
 from entropy_experiments.estimators.paired import paired_residual
 from entropy_experiments.estimators.surrogate import directional_pieces
 from entropy_experiments.integrations.live_state import copy_of, parameters_set_to
-from entropy_experiments.probe.recipe import estimate_phase, sample_phase, score_E
+from entropy_experiments.probe.recipe import estimate_phase, score_E
 from entropy_experiments.probe.results import DeltaH1Result, Policy, WarningLog
+from entropy_experiments.probe.sampling import sample_phase
 
 NamedTensors = dict
 

@@ -1,12 +1,12 @@
 """The probe, phase by phase (docs/development.md "Layout"): `run(config, dist=...) -> ProbeOutcome`.
 
     load      checkpoint → the policy, its AdamW state and the lr of δH₁            (checkpoint/load.py)
-    sample    index plan → E and U generated, rewarded and packed                   (data/plan.py, sampling.py)
+    sample    index plan → E and U generated, rewarded and packed                   (probe/sampling.py)
     update    g = ∇L_U of the trainer objective → v, the AdamW step per unit lr      (estimators/objective_gradient.py)
     entropy   X̂ = ∇L_X on E, the scores and (for the error bars) the pieces a, r    (estimators/entropy_gradient.py)
     bars      SE_E, SE_U, SE_total                                                  (estimators/error_bars.py)
     beyond    ΔH(η) by SNIS on the same E, paired residuals, d2 = D²_v H, competing predictors
-                                                                                   (beyond_first_order.py)
+                                                                                   (probe/beyond.py)
     report    the results dict and the per-sequence rows                             (report/results_dict.py)
 
 Only this module, beyond.py, sampling.py, runner.py and parallel.py know about ranks. Under torchrun rank 0 draws the index plan;
@@ -32,7 +32,6 @@ from ..checkpoint.trainer_log import vllm_correction_warnings
 from ..config import ProbeConfig
 from ..data.batch import Batch
 from ..data.rewards import clear_reward_warnings
-from ..data.rewards.weighted import RewardSet
 from ..errors import ConfigError
 from ..estimators.entropy_gradient import (
     coefficients,
@@ -68,7 +67,7 @@ from .memory_plan import budgeted_config
 from .parallel import SINGLE, DistContext, init_from_env
 from .preflight import preflight
 from .results import DeltaH1Result, Estimates, Policy, Samples, SurrogatePass, UpdateStep, WarningLog
-from .sampling import draw_plan, prompt_examples, sample_sharded, saved_batches, warn_zero_advantages
+from .sampling import sample_phase, saved_batches, warn_zero_advantages
 
 log = logging.getLogger("entropy_experiments.probe")
 NamedTensors = dict[str, Tensor]
@@ -277,36 +276,6 @@ def error_bars_phase(config: ProbeConfig, policy: Policy, res: DeltaH1Result, u_
         return ErrorBars.unavailable()
     return error_bars(res, u_groups, normalize=config.estimator.normalize,
                       direction_of=partial(probe_step, config.step_options(), policy), warn=notes.warn)
-
-
-# ---------------------------------------------------------------------- phase 0: sampling
-def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = SINGLE, logger: logging.Logger = log,
-                 *, examples: list | None = None, rewards: RewardSet | None = None) -> Samples:
-    """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G. `examples` and
-    `rewards` (a live trainer's: integrations/) replace the config's data set and reward functions."""
-    bc, seed = config.batch_config, config.seed
-    examples = examples if examples is not None else prompt_examples(config.batch_config)
-    plan = draw_plan(config, len(examples), dist)
-    reference = not config.sampler.batched
-    desc = plan.describe()
-    logger.info("Phase 0: sampling E = %d sequences (%d unique prompts, largest repeat %d, G=%d) and "
-                "U = %d prompts × G=%d%s", desc["E_sequences"], desc["unique_E_prompts"], desc["largest_E_repeat"],
-                plan.E_responses_per_prompt, bc.B_U, bc.G, " [reference sampler]" if reference else "")
-    if dist.enabled:
-        logger.info("Phase 0: rank %d of %d samples %d E and %d U prompts", dist.rank, dist.world_size,
-                    len(dist.prompt_slice(len(plan.E_prompt_indices))),
-                    len(dist.prompt_slice(len(plan.U_prompt_indices))))
-    # U first (its own seed, so the batches are those of E first): a reward that raises stops the run at the
-    # first U prompt's responses, before the rest is sampled.
-    rewards = rewards or RewardSet.resolve(config.reward.specs(), config.reward.weights, examples[0])
-    budget = config.estimator.memory_budget_gb
-    U = sample_sharded(engine, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, rewards=rewards,
-                       reference=reference, dist=dist, what="U", chat_template_kwargs=bc.chat_template_kwargs,
-                       memory_budget_gb=budget)
-    E = sample_sharded(engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
-                       rewards=None, reference=reference, dist=dist, what="E",
-                       chat_template_kwargs=bc.chat_template_kwargs, memory_budget_gb=budget)
-    return Samples(E, U, plan, sampler_block(E.generation, U.generation))
 
 
 # ---------------------------------------------------------------------- the whole probe

@@ -5,7 +5,8 @@ U prompts distinct — so that a distributed run can draw it on rank 0 and broad
 a resumed run can check it. Generation itself is the policy engine's (`policy/engine.py`); `sample_batch`
 turns a list of prompt indices into one packed batch (rewards by the reward registry, advantages by the
 objective's rule); `saved_batches` validates a resumed run's; `prompt_examples`
-loads the prompt pool; `draw_plan` and `sample_sharded` are the same over a torchrun job's ranks. IndexPlan / draw_index_plan live in data/plan.py and are re-exported here.
+loads the prompt pool; `draw_plan` and `sample_sharded` are the same over a torchrun job's ranks, and
+`sample_phase` is phase 0 of the probe (probe/recipe.py): the plan drawn, U then E sampled. IndexPlan / draw_index_plan live in data/plan.py and are re-exported here.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from ..estimators.objectives import batch_advantages
 from ..policy.engine import PolicyEngine
 from ..policy.reference_sampler import sample_with_engine
 from ..policy.sequences import completion_ids
-from .parallel import DistContext, rank_seed
+from ..report.results_dict import sampler_block
+from .parallel import SINGLE, DistContext, rank_seed
+from .results import Samples
 
 log = logging.getLogger("entropy_experiments.sampling")
 
-__all__ = ["IndexPlan", "draw_index_plan", "draw_plan", "prompt_examples", "sample_batch", "sample_sharded", "saved_batches",
+__all__ = ["IndexPlan", "draw_index_plan", "draw_plan", "prompt_examples", "sample_batch", "sample_phase", "sample_sharded", "saved_batches",
            "warn_zero_advantages"]
 
 
@@ -144,3 +147,32 @@ def sample_sharded(engine: PolicyEngine, examples: list, prompt_indices: list[in
     local = (sample_batch(engine, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
                           **options) if mine else None)
     return Batch.concat(dist.all_gather_object(local, f"gather sampled {what}"), engine.pad_token_id)
+
+
+def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = SINGLE, logger: logging.Logger = log,
+                 *, examples: list | None = None, rewards: RewardSet | None = None) -> Samples:
+    """E: B_E prompts with replacement × 1 (or distinct × G); U: B_U distinct prompts × G. `examples` and
+    `rewards` (a live trainer's: integrations/) replace the config's data set and reward functions."""
+    bc, seed = config.batch_config, config.seed
+    examples = examples if examples is not None else prompt_examples(config.batch_config)
+    plan = draw_plan(config, len(examples), dist)
+    reference = not config.sampler.batched
+    desc = plan.describe()
+    logger.info("Phase 0: sampling E = %d sequences (%d unique prompts, largest repeat %d, G=%d) and "
+                "U = %d prompts × G=%d%s", desc["E_sequences"], desc["unique_E_prompts"], desc["largest_E_repeat"],
+                plan.E_responses_per_prompt, bc.B_U, bc.G, " [reference sampler]" if reference else "")
+    if dist.enabled:
+        logger.info("Phase 0: rank %d of %d samples %d E and %d U prompts", dist.rank, dist.world_size,
+                    len(dist.prompt_slice(len(plan.E_prompt_indices))),
+                    len(dist.prompt_slice(len(plan.U_prompt_indices))))
+    # U first (its own seed, so the batches are those of E first): a reward that raises stops the run at the
+    # first U prompt's responses, before the rest is sampled.
+    rewards = rewards or RewardSet.resolve(config.reward.specs(), config.reward.weights, examples[0])
+    budget = config.estimator.memory_budget_gb
+    U = sample_sharded(engine, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, rewards=rewards,
+                       reference=reference, dist=dist, what="U", chat_template_kwargs=bc.chat_template_kwargs,
+                       memory_budget_gb=budget)
+    E = sample_sharded(engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
+                       rewards=None, reference=reference, dist=dist, what="E",
+                       chat_template_kwargs=bc.chat_template_kwargs, memory_budget_gb=budget)
+    return Samples(E, U, plan, sampler_block(E.generation, U.generation))
