@@ -135,7 +135,14 @@ def test_method_key_keeps_existing_config_hashes(extra):
     config = config_from_dict(_toy_config(**extra))
     old = config.model_dump(mode="json", exclude={"output", "distributed"})
     del old["second_order"]["method"]
-    del old["objective"]["kl_in_reward_coef"]  # the other key hashed only when changed
+    # the other keys added later, hashed only when changed (all at their defaults here)
+    for section, keys in {"objective": ("kl_in_reward_coef", "vllm_importance_sampling_mode",
+                                        "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max",
+                                        "use_bias_correction_kl"),
+                          "variance": ("r_method", "r_eta"),
+                          "generation": ("sampler_dtype", "sampler_engine")}.items():
+        for key in keys:
+            del old[section][key]
     old["probe_rework"] = {("use_sequence_processor_sampling" if k == "batched" else k): v
                            for k, v in old.pop("sampler").items()}
     payload = json.dumps(old, sort_keys=True, separators=(",", ":"), allow_nan=False)
