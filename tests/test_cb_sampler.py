@@ -17,9 +17,8 @@ from entropy_experiments.policy.generation_config import parse_settings
 from entropy_experiments.policy.sampler_setup import bf16_copy
 from entropy_experiments.policy.sampling_policy import nucleus_keep_mask, sampling_logits
 from entropy_experiments.testing.tiny_model import add_random_lora, build_tiny_model, build_tiny_tokenizer
-from tests.test_sampler import MemoryStore
+from tests.test_sampler import PROMPTS, MemoryStore, killed_then_resumed
 
-PROMPTS = ["hello world", "the cat", "a b c d e"]
 TAU = 0.8
 
 
@@ -142,15 +141,8 @@ def test_same_seed_and_chunk_reproduce_and_the_callers_rng_is_untouched(tiny):
 
 def test_kill_during_sampling_then_resume_gives_the_same_batch(tiny, caplog):
     whole = make_engine(tiny, gen_batch_size=2).generate_batched(PROMPTS, G=3, seed=5, seed_per_chunk=True)
-    engine = make_engine(tiny, gen_batch_size=2)
-    engine.chunk_store = store = MemoryStore()
-    store.die_after = 2
-    with pytest.raises(KeyboardInterrupt):
-        engine.generate_batched(PROMPTS, G=3, seed=5, seed_per_chunk=True)
-    store.die_after = None
-    with caplog.at_level("INFO"):
-        resumed = engine.generate_batched(PROMPTS, G=3, seed=5, seed_per_chunk=True)
-    assert "reusing 2 saved chunk(s)" in caplog.text
+    store = MemoryStore()
+    resumed = killed_then_resumed(make_engine(tiny, gen_batch_size=2), caplog, store)
     assert torch.equal(resumed.sequences, whole.sequences) and torch.equal(resumed.sampler_logqs, whole.sampler_logqs)
     other = make_engine(tiny, gen_batch_size=3)  # another chunking: other chunks, saved apart
     other.chunk_store = store

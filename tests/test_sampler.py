@@ -145,13 +145,10 @@ class MemoryStore:
         return dict(mine), save
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_kill_during_row_keyed_sampling_then_resume_gives_the_same_batch(tiny, monkeypatch, dtype, caplog):
-    monkeypatch.setattr(sampler_setup, "CPU_ROWS_PER_CALL", 2)
-    reference = make_engine(tiny, gen_batch_size="auto", sampler_dtype=dtype)
-    whole = reference.generate_batched(PROMPTS, G=3, seed=5, seed_per_chunk=True)
-    engine = make_engine(tiny, gen_batch_size="auto", sampler_dtype=dtype)
-    engine.chunk_store = store = MemoryStore()
+def killed_then_resumed(engine: PolicyEngine, caplog, store: MemoryStore | None = None):
+    """`engine` samples PROMPTS (G 3, seed 5) into a store that dies after two saved chunks, then again: the
+    resumed batch, after checking the log says both saved chunks were reused."""
+    engine.chunk_store = store = store or MemoryStore()
     store.die_after = 2
     with pytest.raises(KeyboardInterrupt):
         engine.generate_batched(PROMPTS, G=3, seed=5, seed_per_chunk=True)
@@ -159,6 +156,15 @@ def test_kill_during_row_keyed_sampling_then_resume_gives_the_same_batch(tiny, m
     with caplog.at_level("INFO"):
         resumed = engine.generate_batched(PROMPTS, G=3, seed=5, seed_per_chunk=True)
     assert "reusing 2 saved chunk(s)" in caplog.text
+    return resumed
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_kill_during_row_keyed_sampling_then_resume_gives_the_same_batch(tiny, monkeypatch, dtype, caplog):
+    monkeypatch.setattr(sampler_setup, "CPU_ROWS_PER_CALL", 2)
+    reference = make_engine(tiny, gen_batch_size="auto", sampler_dtype=dtype)
+    whole = reference.generate_batched(PROMPTS, G=3, seed=5, seed_per_chunk=True)
+    resumed = killed_then_resumed(make_engine(tiny, gen_batch_size="auto", sampler_dtype=dtype), caplog)
     assert torch.equal(resumed.sequences, whole.sequences) and resumed.gen_lens == whole.gen_lens
     if dtype == "bf16":
         assert torch.equal(resumed.sampler_logqs, whole.sampler_logqs)

@@ -17,50 +17,21 @@ from entropy_experiments.estimators import objectives
 
 pytest.importorskip("trl")
 
-from tests.trl_reference import trl_advantages, trl_loss_over_micro_batches
+from tests.trl_reference import (
+    assert_same_gradient,
+    probe_loss,
+    random_loss_batch,
+    trl_advantages,
+    trl_loss_over_micro_batches,
+)
 
 B, G = 4, 4
-
-
-def _batch(seed: int):
-    """Padded [B·G, T] log-probs (leaf, float64), mask, rewards [B, G] with one constant group."""
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, 9, (B, G), generator=gen)
-    T = int(lengths.max())
-    logps = -3 * torch.rand(B * G, T, generator=gen, dtype=torch.float64)
-    mask = (torch.arange(T)[None, :] < lengths.reshape(-1, 1)).to(torch.float64)
-    rewards = torch.randint(0, 4, (B, G), generator=gen).double()
-    rewards[1] = 2.0
-    ref = logps + 0.2 * torch.randn(logps.shape, generator=gen, dtype=torch.float64)
-    entropies = 2 * torch.rand(logps.shape, generator=gen, dtype=torch.float64)
-    return logps.requires_grad_(True), mask, rewards, lengths, ref, entropies.requires_grad_(True)
-
-
-def _our_loss(logps, rewards, lengths, options, ref=None, entropies=None):
-    terms = objectives.batch_terms(rewards, lengths, options)
-    total = 0.0
-    for p in range(B):
-        for g in range(G):
-            n, T = p * G + g, int(lengths[p, g])
-            total = total + objectives.sequence_loss(
-                logps[n, :T], terms[p][g], options, ref_logps=None if ref is None else ref[n, :T],
-                entropies=None if entropies is None else entropies[n, :T])
-    return total
-
-
-def _assert_same_gradient(ours, theirs, wrt):
-    g_ours = torch.autograd.grad(ours, wrt, retain_graph=True)
-    g_trl = torch.autograd.grad(theirs, wrt, retain_graph=True)
-    for a, b in zip(g_ours, g_trl):
-        scale = b.abs().max().item()
-        assert scale > 0
-        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6 * scale), (a - b).abs().max()
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
 @pytest.mark.parametrize("scale", ["none", "group", "batch"])
 def test_gradient_equals_trl_loss_code(loss_type, scale):
-    logps, mask, rewards, lengths, _, _ = _batch(seed=hash((loss_type, scale)) % 1000)
+    logps, mask, rewards, lengths, _, _ = random_loss_batch(B=B, G=G, seed=hash((loss_type, scale)) % 1000)[0]
     M = 2 if loss_type == "bnpo" else 1
     options = objectives.ObjectiveOptions(loss_type=loss_type, scale_rewards=scale, micro_batches=M,
                                           max_completion_length=12)
@@ -70,8 +41,8 @@ def test_gradient_equals_trl_loss_code(loss_type, scale):
                           atol=1e-7)
     theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=M, loss_type=loss_type,
                                          max_completion_length=12)
-    ours = _our_loss(logps, rewards, lengths, options)
-    _assert_same_gradient(ours, theirs, [logps])
+    ours = probe_loss(logps, rewards, lengths, options)
+    assert_same_gradient(ours, theirs, [logps])
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -79,7 +50,7 @@ def test_gradient_equals_trl_loss_code(loss_type, scale):
 def test_kl_and_entropy_bonus_equal_trl(loss_type, M, bias):
     """β > 0 (k3 to the reference, with and without TRL's use_bias_correction_kl) and an entropy bonus (TRL:
     token mean per micro-batch)."""
-    logps, mask, rewards, lengths, ref, entropies = _batch(seed=7)
+    logps, mask, rewards, lengths, ref, entropies = random_loss_batch(B=B, G=G, seed=7)[0]
     options = objectives.ObjectiveOptions(loss_type=loss_type, scale_rewards="group", micro_batches=M,
                                           kl_coef=0.04, entropy_coef=0.01, entropy_aggregation="token_mean",
                                           max_completion_length=12, use_bias_correction_kl=bias)
@@ -87,8 +58,8 @@ def test_kl_and_entropy_bonus_equal_trl(loss_type, M, bias):
     theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=M, loss_type=loss_type, beta=0.04,
                                          ref_per_token_logps=ref, entropies=entropies, entropy_coef=0.01,
                                          max_completion_length=12, use_bias_correction_kl=bias)
-    ours = _our_loss(logps, rewards, lengths, options, ref=ref, entropies=entropies)
-    _assert_same_gradient(ours, theirs, [logps, entropies])
+    ours = probe_loss(logps, rewards, lengths, options, ref=ref, entropies=entropies)
+    assert_same_gradient(ours, theirs, [logps, entropies])
 
 
 def _trl_options(loss_type, M, **keys):
@@ -104,7 +75,7 @@ def _trl_options(loss_type, M, **keys):
 def test_use_bias_correction_kl_equals_trl(loss_type, bias):
     """trainer trl with β > 0: use_bias_correction_kl unset (TRL's default, true), true or false gives the gradient
     of TRL's `_compute_loss` with that GRPOConfig switch, for every loss type the probe mirrors."""
-    logps, mask, rewards, lengths, ref, _ = _batch(seed=hash((loss_type, "bias")) % 1000)
+    logps, mask, rewards, lengths, ref, _ = random_loss_batch(B=B, G=G, seed=hash((loss_type, "bias")) % 1000)[0]
     M = 2 if loss_type == "bnpo" else 1
     options = _trl_options(loss_type, M, kl_coef=0.04, use_bias_correction_kl=bias)
     trls = True if bias is None else bias
@@ -113,8 +84,8 @@ def test_use_bias_correction_kl_equals_trl(loss_type, bias):
     theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=M, loss_type=loss_type, beta=0.04,
                                          ref_per_token_logps=ref, max_completion_length=12,
                                          use_bias_correction_kl=trls)
-    ours = _our_loss(logps, rewards, lengths, options, ref=ref)
-    _assert_same_gradient(ours, theirs, [logps])
+    ours = probe_loss(logps, rewards, lengths, options, ref=ref)
+    assert_same_gradient(ours, theirs, [logps])
     # the switch matters for this batch: the other setting's TRL gradient differs by far more than the 1e-6 tolerance
     other = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=M, loss_type=loss_type, beta=0.04,
                                         ref_per_token_logps=ref, max_completion_length=12,
@@ -126,15 +97,15 @@ def test_use_bias_correction_kl_equals_trl(loss_type, bias):
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_use_bias_correction_kl_without_kl_changes_nothing(loss_type):
     """β = 0: the switch does not act — the gradient is bit-identical either way, and TRL's."""
-    logps, mask, rewards, lengths, _, _ = _batch(seed=5)
+    logps, mask, rewards, lengths, _, _ = random_loss_batch(B=B, G=G, seed=5)[0]
     on, off = (_trl_options(loss_type, 1, use_bias_correction_kl=b) for b in (True, False))
     assert not on.weights_kl and not on.needs_reference
-    g_on, g_off = (torch.autograd.grad(_our_loss(logps, rewards, lengths, o), [logps])[0] for o in (on, off))
+    g_on, g_off = (torch.autograd.grad(probe_loss(logps, rewards, lengths, o), [logps])[0] for o in (on, off))
     assert torch.equal(g_on, g_off)
     adv = trl_advantages(rewards.reshape(-1), G, "group")
     theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=1, loss_type=loss_type,
                                          max_completion_length=12)
-    _assert_same_gradient(_our_loss(logps, rewards, lengths, on), theirs, [logps])
+    assert_same_gradient(probe_loss(logps, rewards, lengths, on), theirs, [logps])
 
 
 def test_trl_preset_is_trls_default_objective():

@@ -22,13 +22,16 @@ import torch
 
 from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError
-from entropy_experiments.estimators import objectives
 from entropy_experiments.probe import recipe
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
 pytest.importorskip("trl")
 
 from tests.trl_reference import (
+    assert_same_gradient,
+    padded_independent_logps,
+    probe_loss,
+    random_loss_batch,
     trl_advantages,
     trl_loss_over_micro_batches,
     trl_vllm_importance_sampling_ratio,
@@ -40,20 +43,12 @@ BOUNDS = [(None, 3.0), (0.5, 2.0), (0.7, None)]  # TRL's default, both, lower on
 
 
 def _batch(seed: int):
-    """Padded [B·G, T] log-probs (leaf, float64), mask, rewards [B, G], reference, entropies, and sampler log-probs
-    whose per-token gaps (±0.1 to ±2 nats) put token and sequence ratios on both sides of every bound."""
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, 9, (B, G), generator=gen)
-    T = int(lengths.max())
-    logps = -3 * torch.rand(B * G, T, generator=gen, dtype=torch.float64)
-    mask = (torch.arange(T)[None, :] < lengths.reshape(-1, 1)).to(torch.float64)
-    rewards = torch.randint(0, 4, (B, G), generator=gen).double()
-    rewards[1] = 2.0
-    ref = logps + 0.2 * torch.randn(logps.shape, generator=gen, dtype=torch.float64)
-    entropies = 2 * torch.rand(logps.shape, generator=gen, dtype=torch.float64)
+    """`random_loss_batch` and sampler log-probs whose per-token gaps (±0.1 to ±2 nats) put token and sequence
+    ratios on both sides of every bound (padding: 0, as TRL pads the vLLM log-probs)."""
+    (logps, mask, rewards, lengths, ref, entropies), gen = random_loss_batch(seed, B, G)
     gap = 0.6 * torch.randn(logps.shape, generator=gen, dtype=torch.float64)
-    sampler = (logps - gap) * mask  # padding: 0, as TRL pads the vLLM log-probs
-    return logps.requires_grad_(True), mask, rewards, lengths, ref, entropies.requires_grad_(True), sampler
+    sampler = (logps.detach() - gap) * mask
+    return logps, mask, rewards, lengths, ref, entropies, sampler
 
 
 def _options(loss_type, mode, clip_min, clip_max, **extra):
@@ -61,29 +56,6 @@ def _options(loss_type, mode, clip_min, clip_max, **extra):
             "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": mode,
             "vllm_importance_sampling_clip_min": clip_min, "vllm_importance_sampling_clip_max": clip_max, **extra}
     return config_from_dict({"batch_config": {"B_U": B, "G": G}, "objective": keys}).objective_options()
-
-
-def _our_loss(logps, rewards, lengths, sampler, options, ref=None, entropies=None):
-    terms = objectives.batch_terms(rewards, lengths, options)
-    correction = options.vllm_correction
-    total = 0.0
-    for p in range(B):
-        for g in range(G):
-            n, T = p * G + g, int(lengths[p, g])
-            total = total + objectives.sequence_loss(
-                logps[n, :T], terms[p][g], options, ref_logps=None if ref is None else ref[n, :T],
-                entropies=None if entropies is None else entropies[n, :T],
-                sampler_ratios=None if sampler is None else correction.ratios(logps[n, :T], sampler[n, :T]))
-    return total
-
-
-def _assert_same_gradient(ours, theirs, wrt):
-    g_ours = torch.autograd.grad(ours, wrt, retain_graph=True)
-    g_trl = torch.autograd.grad(theirs, wrt, retain_graph=True)
-    for a, b in zip(g_ours, g_trl):
-        scale = b.abs().max().item()
-        assert scale > 0
-        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6 * scale), (a - b).abs().max()
 
 
 def _trl_ratio(logps, sampler, mask, mode, clip_min, clip_max):
@@ -115,9 +87,9 @@ def test_gradient_equals_trl_with_its_ratio(mode, loss_type):
     adv = trl_advantages(rewards.reshape(-1), G, "group")
     theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=M, loss_type=loss_type,
                                          max_completion_length=12, importance_sampling_ratio=ratio)
-    ours = _our_loss(logps, rewards, lengths, sampler, options)
-    _assert_same_gradient(ours, theirs, [logps])
-    plain = _our_loss(logps, rewards, lengths, None, options)  # the correction must change this batch's gradient
+    ours = probe_loss(logps, rewards, lengths, options, sampler=sampler)
+    assert_same_gradient(ours, theirs, [logps])
+    plain = probe_loss(logps, rewards, lengths, options)  # the correction must change this batch's gradient
     g_plain, g_ours = (torch.autograd.grad(x, [logps], retain_graph=True)[0] for x in (plain, ours))
     assert (g_plain - g_ours).abs().max() > 1e-3 * g_plain.abs().max()
 
@@ -132,8 +104,8 @@ def test_ratio_leaves_kl_and_entropy_alone_as_trl(mode):
     theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=2, loss_type="dapo", beta=0.04,
                                          ref_per_token_logps=ref, entropies=entropies, entropy_coef=0.01,
                                          max_completion_length=12, importance_sampling_ratio=ratio)
-    ours = _our_loss(logps, rewards, lengths, sampler, options, ref=ref, entropies=entropies)
-    _assert_same_gradient(ours, theirs, [logps, entropies])
+    ours = probe_loss(logps, rewards, lengths, options, sampler=sampler, ref=ref, entropies=entropies)
+    assert_same_gradient(ours, theirs, [logps, entropies])
 
 
 def test_nan_sampler_logprob_counts_as_no_gap_as_trl():
@@ -147,7 +119,7 @@ def test_nan_sampler_logprob_counts_as_no_gap_as_trl():
         adv = trl_advantages(rewards.reshape(-1), G, "group")
         theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=1, loss_type="dapo",
                                              importance_sampling_ratio=ratio)
-        _assert_same_gradient(_our_loss(logps, rewards, lengths, sampler, options), theirs, [logps])
+        assert_same_gradient(probe_loss(logps, rewards, lengths, options, sampler=sampler), theirs, [logps])
 
 
 def test_keys_refused_where_trl_or_the_probe_refuses():
@@ -192,22 +164,6 @@ def sampled_U(tiny_model_dir, tmp_path_factory):
     return probe, U
 
 
-def _padded_independent_logps(model, U, temperature):
-    """[B·G, T_max] trainer log-probs (graph) of every U response by an unpadded forward per sequence, and the mask."""
-    rows, lengths = [], []
-    for b in range(U.num_prompts):
-        for g in range(U.num_responses_per_prompt):
-            T, end = U.gen_lens[b][g], U.prompt_lens[b] + U.gen_lens[b][g]
-            ids = U.sequences[b, g][:end][U.attention_masks[b, g][:end].bool()]
-            logp = torch.log_softmax(model(input_ids=ids[None]).logits[0].double() / temperature, dim=-1)
-            rows.append(logp[-T - 1:-1].gather(-1, ids[-T:, None]).squeeze(-1))
-            lengths.append(T)
-    width = max(lengths)
-    padded = torch.stack([torch.cat([r, r.new_zeros(width - len(r))]) for r in rows])
-    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).double()
-    return padded, mask
-
-
 def _with_sampler_logqs(U, logps, mask):
     """U carrying sampler log-probs log q_s = ℓ − gap at its response positions (0 elsewhere), gaps in ±{0.3, 2}."""
     pattern = torch.tensor([0.3, -2.0, -0.3, 2.0, 0.3, 0.3, -0.3], dtype=torch.float64)
@@ -228,7 +184,7 @@ def test_u_gradient_through_the_model_equals_trl(sampled_U, mode):
     names = [n for n, p in probe.model.named_parameters() if p.requires_grad]
     params = [p for p in probe.model.parameters() if p.requires_grad]
     temperature = probe.config.generation.temperature
-    logps, mask = _padded_independent_logps(probe.model, U, temperature)
+    logps, mask = padded_independent_logps(probe.model, U, temperature)
     U_s, sampler = _with_sampler_logqs(U, logps, mask)
     clip_min, clip_max = (0.5, 3.0) if mode == "token_truncate" else (None, 30.0)
     ratio = _trl_ratio(logps, sampler, mask, mode, clip_min, clip_max)

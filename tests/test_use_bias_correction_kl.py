@@ -96,23 +96,6 @@ def sampled_U(tiny_model_dir, tmp_path_factory):
     return probe, probe.sample(B_E=1, B_U=4, G=3)[1]
 
 
-def _padded_logps(model, U, temperature):
-    """[B·G, T_max] log-probs (graph) of every U response by an unpadded forward per sequence, and the mask."""
-    import torch
-
-    rows, lengths = [], []
-    for b in range(U.num_prompts):
-        for g in range(U.num_responses_per_prompt):
-            T, end = U.gen_lens[b][g], U.prompt_lens[b] + U.gen_lens[b][g]
-            ids = U.sequences[b, g][:end][U.attention_masks[b, g][:end].bool()]
-            logp = torch.log_softmax(model(input_ids=ids[None]).logits[0].double() / temperature, dim=-1)
-            rows.append(logp[-T - 1:-1].gather(-1, ids[-T:, None]).squeeze(-1))
-            lengths.append(T)
-    width = max(lengths)
-    padded = torch.stack([torch.cat([r, r.new_zeros(width - len(r))]) for r in rows])
-    return padded, (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).double()
-
-
 @pytest.mark.parametrize("switch", [None, False])
 def test_u_gradient_through_the_model_equals_trl(sampled_U, switch):
     """The probe's U gradient (trainer trl, β = 0.04) equals autograd of TRL's `_compute_loss` over an independent
@@ -121,15 +104,15 @@ def test_u_gradient_through_the_model_equals_trl(sampled_U, switch):
     import torch
 
     from entropy_experiments.probe import recipe
-    from tests.trl_reference import trl_advantages, trl_loss_over_micro_batches
+    from tests.trl_reference import padded_independent_logps, trl_advantages, trl_loss_over_micro_batches
 
     probe, U = sampled_U
     model, temperature = probe.model, probe.config.generation.temperature
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
-    logps, mask = _padded_logps(model, U, temperature)
+    logps, mask = padded_independent_logps(model, U, temperature)
     with torch.no_grad(), model.disable_adapter():
-        ref, _ = _padded_logps(model, U, temperature)
+        ref, _ = padded_independent_logps(model, U, temperature)
     adv = trl_advantages(torch.tensor(U.rewards).reshape(-1), U.num_responses_per_prompt, "group")
     trls = switch is None or switch  # null: TRL's default, true
     want, other = (torch.autograd.grad(trl_loss_over_micro_batches(

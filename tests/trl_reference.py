@@ -269,3 +269,63 @@ def trl_advantages(rewards, num_generations, scale_rewards="group"):
     if scale_rewards != "none":
         advantages = advantages / (std_rewards + 1e-4)
     return torch.nan_to_num(advantages, nan=0.0)
+
+
+def assert_same_gradient(ours, theirs, wrt) -> None:
+    """The gradients of two losses with respect to each tensor of `wrt` agree to 1e-6 (relative to TRL's scale)."""
+    g_ours = torch.autograd.grad(ours, wrt, retain_graph=True)
+    g_trl = torch.autograd.grad(theirs, wrt, retain_graph=True)
+    for a, b in zip(g_ours, g_trl):
+        scale = b.abs().max().item()
+        assert scale > 0
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6 * scale), (a - b).abs().max()
+
+
+def padded_independent_logps(model, U, temperature):
+    """([B·G, T_max] trainer log-probs (graph) of every U response by an unpadded forward per sequence, the mask):
+    an independent reference for the probe's padded teacher forcing."""
+    rows, lengths = [], []
+    for b in range(U.num_prompts):
+        for g in range(U.num_responses_per_prompt):
+            T, end = U.gen_lens[b][g], U.prompt_lens[b] + U.gen_lens[b][g]
+            ids = U.sequences[b, g][:end][U.attention_masks[b, g][:end].bool()]
+            logp = torch.log_softmax(model(input_ids=ids[None]).logits[0].double() / temperature, dim=-1)
+            rows.append(logp[-T - 1:-1].gather(-1, ids[-T:, None]).squeeze(-1))
+            lengths.append(T)
+    width = max(lengths)
+    padded = torch.stack([torch.cat([r, r.new_zeros(width - len(r))]) for r in rows])
+    return padded, (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).double()
+
+
+def random_loss_batch(seed: int, B: int, G: int) -> tuple[tuple, torch.Generator]:
+    """((padded [B·G, T] log-probs (leaf, float64), mask, rewards [B, G] with one constant group, lengths,
+    reference log-probs, entropies (leaf)), the generator — whose next draws a caller may add to the batch)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 9, (B, G), generator=gen)
+    T = int(lengths.max())
+    logps = -3 * torch.rand(B * G, T, generator=gen, dtype=torch.float64)
+    mask = (torch.arange(T)[None, :] < lengths.reshape(-1, 1)).to(torch.float64)
+    rewards = torch.randint(0, 4, (B, G), generator=gen).double()
+    rewards[1] = 2.0
+    ref = logps + 0.2 * torch.randn(logps.shape, generator=gen, dtype=torch.float64)
+    entropies = 2 * torch.rand(logps.shape, generator=gen, dtype=torch.float64)
+    return (logps.requires_grad_(True), mask, rewards, lengths, ref, entropies.requires_grad_(True)), gen
+
+
+def probe_loss(logps, rewards, lengths, options, ref=None, entropies=None, sampler=None):
+    """The probe's objective (`estimators/objectives.sequence_loss`) summed over a padded [B·G, T] batch; with
+    `sampler` log-probs, TRL's vLLM importance-sampling ratios from `options.vllm_correction`."""
+    from entropy_experiments.estimators import objectives
+
+    B, G = lengths.shape
+    terms = objectives.batch_terms(rewards, lengths, options)
+    correction = options.vllm_correction
+    total = 0.0
+    for p in range(B):
+        for g in range(G):
+            n, T = p * G + g, int(lengths[p, g])
+            total = total + objectives.sequence_loss(
+                logps[n, :T], terms[p][g], options, ref_logps=None if ref is None else ref[n, :T],
+                entropies=None if entropies is None else entropies[n, :T],
+                sampler_ratios=None if sampler is None else correction.ratios(logps[n, :T], sampler[n, :T]))
+    return total
