@@ -47,3 +47,12 @@ def test_mean_token_kl_estimates_the_sampler_policy_kl():
     assert d["tokens"] == 20000 and 0.9 < d["ess_frac"] <= 1.0
     assert correction_warnings(d) == []
     assert "ESS/E" in correction_warnings({**d, "ess_frac": 0.5})[0]
+
+
+def test_sequence_weights_are_none_without_sampler_log_probs_and_mean_one_with_them():
+    from entropy_experiments.estimators.sampler_correction import sequence_weights
+
+    lq = [torch.tensor([-1.0, -2.0]), torch.tensor([-0.5])]
+    assert sequence_weights(lq, None) is None
+    w = sequence_weights(lq, [torch.tensor([-1.5, -2.0]), torch.tensor([-0.25])])
+    assert w.mean() == pytest.approx(1.0, abs=1e-15) and w[0] / w[1] == pytest.approx(np.exp(0.75), rel=1e-14)

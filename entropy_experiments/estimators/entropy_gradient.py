@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from ..policy.engine import PolicyEngine
 from .objective_gradient import NamedTensors, Trainable, chunked, prompts_per_microbatch
 from .row_directional import RowDirectionalDerivatives, linear_directions, many_row_directionals
-from .sampler_correction import normalised_weights, sampler_log_weights
+from .sampler_correction import normalised_weights, sampler_log_weights, sequence_weights
 from .sequence_scores import SequenceScores
 from .surrogate import (
     SurrogateCoefficients,
@@ -105,11 +105,10 @@ def coefficients(scores: SequenceScores, options: EntropyOptions,
 
 
 def sampler_weights(scores: SequenceScores, sampler_rows: list[Tensor] | None) -> Tensor | None:
-    """The sampler's weights s_i = q_θ(y_i)/q_s(y_i) normalised to mean 1 (float64 [N], docs/maths.md §12) from
-    the scored ℓ and the batch's sampler log-probs (`Batch.sampler_response_logqs`); None when those are."""
-    if sampler_rows is None:
-        return None
-    return torch.from_numpy(normalised_weights(sampler_log_weights(scores.token_logqs, sampler_rows)))
+    """`sampler_correction.sequence_weights` of the scored E as a float64 tensor [N] (None: the sampler is the
+    policy), docs/maths.md §12."""
+    weights = sequence_weights(scores.token_logqs, sampler_rows)
+    return None if weights is None else torch.from_numpy(weights)
 
 
 def entropy_of(token_entropies: list[Tensor], normalize: str) -> float:

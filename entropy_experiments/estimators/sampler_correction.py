@@ -29,6 +29,7 @@ __all__ = [
     "correction_warnings",
     "normalised_weights",
     "sampler_log_weights",
+    "sequence_weights",
 ]
 
 #: Below this ESS/E the correction costs more than a tenth of E's draws: results.json says so.
@@ -60,6 +61,14 @@ def normalised_weights(log_w: Any) -> np.ndarray:
     if not total > 0:
         raise ValueError("every sampler weight is zero: no E sequence is possible under the policy")
     return w * (w.size / total)
+
+
+def sequence_weights(token_logqs: Sequence[Any], sampler_token_logqs: Sequence[Any] | None) -> np.ndarray | None:
+    """s_i = q_θ(y_i)/q_s(y_i) scaled to mean 1 (float64 [N]) from each sequence's scored log q_θ and the sampler's
+    log q_s; None when there are no sampler log-probs (the sampler is the policy: no weights)."""
+    if sampler_token_logqs is None:
+        return None
+    return normalised_weights(sampler_log_weights(token_logqs, sampler_token_logqs))
 
 
 def correction_diagnostics(token_logqs: Sequence[Any], sampler_token_logqs: Sequence[Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from ..config import ProbeConfig
 from ..data.batch import Batch
 from ..errors import OutputError, output_error_on_os_error
 from ..estimators.realised_change import CrossScored
-from ..estimators.sampler_correction import normalised_weights, sampler_log_weights
+from ..estimators.sampler_correction import sequence_weights
 from ..estimators.sequence_scores import log_weights, score_sequences
 from ..policy.sequences import completion_ids
 from ..report.results_schema import dumps_strict
@@ -61,10 +61,8 @@ def changed_draws(E_from: Batch, E_to: Batch) -> tuple[int, int]:
 def sampler_weights_at_own(own, E: Batch) -> list[float] | None:
     """s = q_own/q_sampler per sequence of E (mean 1) from E's scores at its own checkpoint and the sampler's
     saved log-probs; None when E was drawn by its own policy."""
-    sampler = E.sampler_response_logqs()
-    if sampler is None:
-        return None
-    return normalised_weights(sampler_log_weights(own.token_logqs, sampler)).tolist()
+    weights = sequence_weights(own.token_logqs, E.sampler_response_logqs())
+    return None if weights is None else weights.tolist()
 
 
 def _side(own, other, E: Batch) -> dict:
