@@ -56,3 +56,20 @@ def test_sequence_weights_are_none_without_sampler_log_probs_and_mean_one_with_t
     assert sequence_weights(lq, None) is None
     w = sequence_weights(lq, [torch.tensor([-1.5, -2.0]), torch.tensor([-0.25])])
     assert w.mean() == pytest.approx(1.0, abs=1e-15) and w[0] / w[1] == pytest.approx(np.exp(0.75), rel=1e-14)
+
+
+def test_a_gathered_batch_reports_the_tokens_of_every_rank():
+    """Batch.concat of per-rank batches: new tokens summed, wall seconds the longest part's."""
+    from entropy_experiments.data.batch import Batch
+
+    def part(tokens, seconds):
+        seqs = torch.tensor([[[5, 1, 2]]])
+        b = Batch(sequences=seqs, attention_masks=torch.ones_like(seqs), prompt_lens=[1], gen_lens=[[2]],
+                  advantages=torch.zeros(1, 1), rewards=[[0.0]], prompt_ids=[0])
+        b.generation = {"dtype": "fp32", "engine": "generate", "draws": "row_keyed", "new_tokens": tokens,
+                        "seconds": seconds, "tokens_per_s": tokens / seconds}
+        return b
+
+    record = Batch.concat([part(10, 2.0), part(30, 4.0)], pad_id=0).generation
+    assert record["new_tokens"] == 40 and record["seconds"] == 4.0 and record["tokens_per_s"] == 10.0
+    assert record["parts"] == 2 and record["draws"] == "row_keyed"

@@ -215,7 +215,7 @@ class Batch:
                     prompt_lens=[Lp] * sum(p.num_prompts for p in parts),
                     advantages=torch.cat([p.advantages for p in parts]), **lists,
                     rewards_per_function=per_function, reward_weights=weights, sampler_logqs=sampler,
-                    generation=parts[0].generation)  # the first rank's record stands for the gathered batch
+                    generation=_gathered_record([p.generation for p in parts]))
         out.validate("gathered batch")
         return out
 
@@ -257,6 +257,20 @@ class Batch:
             if saved != actual:
                 raise BatchContractError(f"{name}: max_lengths[{b}]={saved} != max(gen_lens)={actual}")
         return batch
+
+
+def _gathered_record(records: list[dict | None]) -> dict | None:
+    """The generation record of batches drawn side by side (one per rank): the first one's settings, the new
+    tokens of all, the longest part's seconds (the parts ran at once) and the tokens/s that follow."""
+    if any(r is None for r in records):
+        return None
+    out = dict(records[0])
+    if all(isinstance(r.get("new_tokens"), int) and isinstance(r.get("seconds"), (int, float)) for r in records):
+        out["new_tokens"] = sum(r["new_tokens"] for r in records)
+        out["seconds"] = max(r["seconds"] for r in records)
+        out["tokens_per_s"] = out["new_tokens"] / out["seconds"] if out["seconds"] > 0 else None
+        out["parts"] = len(records)
+    return out
 
 
 def _repadded(part: Batch, Lp: int, L: int, pad_id: int) -> tuple[Tensor, Tensor, Tensor | None]:
