@@ -135,6 +135,9 @@ TRAPS = [
          "[w * as_float64(side.h_other), w * d, as_float64(side.h_own), d], side.sampler_weights)",
          "[w * as_float64(side.h_other), w * d, as_float64(side.h_own), d], None)",
          ("tests/test_sampler_realised.py::test_corrected_realised_change_is_calibrated_and_uncorrected_is_not",)),
+    Trap("adamw_step_without_weight_decay", EE + "estimators/update_direction.py",
+         "v = v.sub_(_as(theta, gn, dtype), alpha=h.weight_decay)", "v = v",
+         ("tests/test_framework_checkpoints.py::test_probe_load_rebuilds_verls_next_adamw_step",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.
