@@ -125,7 +125,8 @@ def test_first_token_frequencies_match_q_chi_square(tiny):
     big = n * q >= 5  # bins with an expected count ≥ 5, the rest pooled
     observed = np.append(counts[big], counts[~big].sum())
     expected = np.append(n * q[big], n * q[~big].sum())
-    assert big.sum() >= 5 and stats.chisquare(observed, expected).pvalue > 1e-3
+    # a correct sampler gives p < 1e-6 once in 10⁶ seeds (was 1e-3: once in 1000)
+    assert big.sum() >= 5 and stats.chisquare(observed, expected).pvalue > 1e-6
 
 
 # ------------------------------------------------------------------------------- determinism, resume
@@ -190,15 +191,20 @@ def test_transformers_top_p_is_not_ours_on_ties(keep):
 
 
 @pytest.mark.parametrize("keep, p, top_p, ours", [
-    # the mass before 0.1 is 0.9 = top_p: top_p is reached at 0.125 (the crossing token, kept), 0.1 is out
+    # the mass before 0.1 is 0.9 = top_p: top_p is reached at 0.125 (the crossing token, kept), 0.1 is out; the
+    # classic warper keeps 0.1 too, on every CPU kernel set
     (classic_keep, (0.475, 0.125, 0.1, 0.3), 0.9, [True, True, False, True]),
-    # the mass before 0.15 is 0.8 = top_p: reached at 0.3 (kept), 0.15 is out
-    (per_request_keep, (0.05, 0.15, 0.3, 0.5), 0.8, [False, False, True, True]),
+    # the mass before 0.15 is 0.8 = top_p. Which side of that tie fp32 lands on depends on the CPU kernels'
+    # softmax (0.15 comes out 0.1500000060 with AVX2 / AVX-512 kernels, 0.1499999911 with the scalar ones): ours
+    # keeps 0.15 or not (None: either), and the per-request warper, which compares its ascending cumulative sum
+    # with 1 − top_p, lands on the other side either way
+    (per_request_keep, (0.05, 0.15, 0.3, 0.5), 0.8, None),
 ])
 def test_transformers_top_p_is_not_ours_at_the_crossing_token(keep, p, top_p, ours):
-    assert nucleus_keep_mask(log_p(*p), top_p).tolist() == [ours]
+    mask = nucleus_keep_mask(log_p(*p), top_p).tolist()[0]
+    assert mask == ours if ours is not None else mask in ([False, False, True, True], [False, True, True, True])
     kept = keep(log_p(*p), top_p).tolist()[0]
-    assert kept != ours and sum(kept) == sum(ours) + 1  # it keeps the token after the crossing one
+    assert kept != mask and abs(sum(kept) - sum(mask)) == 1  # one token more or fewer at the crossing
 
 
 # ------------------------------------------------------------------------------- CUDA
