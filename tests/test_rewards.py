@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -103,15 +101,13 @@ def test_bad_gold_scores_zero_with_exactly_one_warning(caplog, gold, key):
     assert reward_warnings() == []
 
 
-def test_tag_pref_call_is_fast():
+def test_tag_pref_gives_the_same_score_on_repeated_calls():
+    """Warm caches change nothing (the call's speed is measured by bench/bench_rewards.py, not asserted here)."""
     response = "</think> <answer>1234.5</answer>"
-    score_response(response, "1234.5")  # first call imports sympy and warms caches
-    durations = []
-    for _ in range(15):
-        start = time.perf_counter()
-        score_response(response, "1234.5")
-        durations.append(time.perf_counter() - start)
-    assert statistics.median(durations) < 0.05
+    first = score_response(response, "1234.5")  # first call imports sympy and warms caches
+    assert first == 1.0
+    assert [score_response(response, "1234.5") for _ in range(5)] == [first] * 5
+    assert score_response(response, "1234.6") == 0.0
 
 
 def test_tag_pref_works_off_the_main_thread():
