@@ -30,7 +30,7 @@ from tests.run_helpers import base_config as make_base_config
 from tests.run_helpers import logging_restored
 
 # Costly module fixtures: one worker runs this whole file (scripts/test.sh distributes by xdist_group).
-pytestmark = pytest.mark.xdist_group("test_cli_e2e")
+pytestmark = [pytest.mark.xdist_group("test_cli_e2e"), pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_FILES = ("config.yaml", "results.json", "E_batch.pt", "U_batch.pt", "update_vector.safetensors",

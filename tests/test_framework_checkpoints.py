@@ -134,6 +134,7 @@ def test_deepspeed_state_stays_refused_naming_the_universal_converter(tmp_path):
         resolve_checkpoint(str(tmp_path), None, None)
 
 
+@pytest.mark.e2e
 def test_entropy_probe_run_on_a_verl_checkpoint_by_path(reference, verl_base, tmp_path, monkeypatch):
     """`entropy-probe run` with checkpoint_path at verl's global_step_N/actor: every phase runs on the gathered
     adapter and AdamW state, results.json records the layout, verl's scheduler lr and where each file came from."""

@@ -33,11 +33,13 @@ def _without_rss(problems: list[str]) -> list[str]:
     return [p for p in problems if "RSS grows" not in p]
 
 
+@pytest.mark.e2e
 def test_fresh_processes_give_identical_results(load_test, config, tmp_path):
     records = load_test.fresh_process_runs(config, int(os.environ.get("ENTROPY_LOAD_FRESH", "2")), tmp_path)
     assert len(records) >= 2 and _without_rss(load_test.check_fresh(records)) == []
 
 
+@pytest.mark.e2e
 def test_in_process_runs_leak_nothing(load_test, config):
     n = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -72,6 +72,7 @@ def test_residual_entry_reports_z_and_nan_without_an_se():
     assert entry["value"] == 0.3 and math.isnan(entry["se"]) and math.isnan(entry["z"])
 
 
+@pytest.mark.e2e
 def test_a_probe_run_reports_the_paired_residual_of_every_eta(tiny_model_dir, tmp_path):
     prompts_file = write_prompts(tmp_path / "prompts.jsonl", SHORT_PROMPTS)
     probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"eta_list": [1e-3, 1e-2], "symmetric": True}})

@@ -398,6 +398,7 @@ def generate_calls(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.e2e
 def test_raising_reward_is_exit_2_one_line_and_resume_reuses_the_samples(
         run_setup, tmp_path, monkeypatch, plugins_importable, generate_calls):
     import json
@@ -438,6 +439,7 @@ def test_raising_reward_is_exit_2_one_line_and_resume_reuses_the_samples(
     assert not list((out / "partial").glob("gen_*.pt"))
 
 
+@pytest.mark.e2e
 def test_all_zero_trl_reward_keeps_the_loud_warning(run_setup, tmp_path, plugins_importable):
     import json
 
@@ -467,6 +469,7 @@ def test_meta_key_that_shadows_a_trl_argument():
     assert compute_rewards(lambda p, r, e: [2.0], "q", ["a"], bad) == [2.0]  # probe style: meta not unpacked
 
 
+@pytest.mark.e2e
 def test_a_raising_reward_stops_at_the_first_u_prompts_responses(run_setup, tmp_path, monkeypatch, plugins_importable,
                                                                  generate_calls):
     """One generation chunk per U prompt (gen_batch_size = G = 2): the reward raises on the first prompt's

@@ -52,6 +52,7 @@ def probed(tiny_model_dir, tmp_path_factory):
     return probe, results, captured["E"], captured["U"]
 
 
+@pytest.mark.e2e
 def test_compute_delta_h1_from_batches_matches_the_run_and_its_own_pieces(probed):
     probe, results, E, U = probed
     comps = ProbeComponents(probe.model, probe.config, sequence_processor=probe._sequence_processor)

@@ -52,6 +52,7 @@ def runs(tmp_path_factory, tiny_model_dir):
     return plain, probed, base
 
 
+@pytest.mark.e2e
 def test_training_with_the_callback_is_bit_identical(runs):
     (plain_trainer, _, plain_params), (probed_trainer, callback, probed_params), _ = runs
     assert len([r for r in callback.rows if "error" not in r]) == STEPS
@@ -65,6 +66,7 @@ def test_training_with_the_callback_is_bit_identical(runs):
             assert torch.equal(value, b["state"][key][field]), (key, field)
 
 
+@pytest.mark.e2e
 def test_rows_are_logged_and_written(runs):
     (_, _, _), (trainer, _, _), base = runs
     lines = [json.loads(x) for x in (base / "probed" / LOG_FILE).read_text().splitlines()]
@@ -76,6 +78,7 @@ def test_rows_are_logged_and_written(runs):
         assert row["first_order_residual_se"] > 0 and row["displacement_se"] > 0
 
 
+@pytest.mark.e2e
 def test_callback_equals_an_offline_probe_of_the_checkpoint_pair(runs):
     (_, _, _), (_, callback, _), base = runs
     step = 2  # probed before step 2: parameters of checkpoint-1, the step to checkpoint-2
