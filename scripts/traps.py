@@ -135,6 +135,9 @@ TRAPS = [
     Trap("rb_entropy_with_untruncated_normaliser", EE + "policy/sampling_policy.py",
          '"rb_entropy": log_z - mean_a,', '"rb_entropy": log_z_full - mean_a,',
          ("tests/test_sp_policy.py::test_token_stats_match_brute_force[1.0-0.9]",)),
+    Trap("bf16_sampler_log_q_unnormalised", EE + "policy/row_keyed.py",
+         "self.recorded.append((chosen - torch.logsumexp(a, dim=-1)).float())", "self.recorded.append(chosen.float())",
+         ("tests/test_sampler.py::test_bf16_sampler_records_log_q_of_its_own_logits",)),
     # ---- second order (estimators/second_order.py, second_difference.py): against finite differences
     Trap("second_order_curvature_without_s_squared", EE + "estimators/second_order.py",
          "curv = s2 + s ** 2", "curv = s2",

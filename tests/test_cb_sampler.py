@@ -108,7 +108,10 @@ def test_bf16_sampler_records_log_q_of_its_own_logits(tiny):
     recorded = [logq for _, logq in responses(seqs)]
     bf16 = [ref[r, Lp - 1:Lp - 1 + len(logq)] for r, logq in enumerate(recorded)]
     # the paged decode and a full forward round differently in bf16: the floor is measured in tests/test_sampler.py
-    assert_log_q_is_the_bf16_samplers(recorded, bf16, [fp32[r // G][r % G] for r in range(len(recorded))])
+    policy = [fp32[r // G][r % G] for r in range(len(recorded))]
+    assert_log_q_is_the_bf16_samplers(recorded, bf16, policy)
+    with pytest.raises(AssertionError):  # the check tells the sampler from the policy: the policy's log q fails it
+        assert_log_q_is_the_bf16_samplers(policy, bf16, policy)
 
 
 # ------------------------------------------------------------------------------- frequencies

@@ -218,7 +218,10 @@ def test_bf16_sampler_records_log_q_of_its_own_logits(tiny):
         assert torch.all(recorded[b, g, :Lp] == 0) and torch.all(recorded[b, g, Lp + T:] == 0)
         rows.append((mine, logq[r, Lp - 1:Lp - 1 + T], fp32[b][g]))
         assert abs(float(mine.sum()) - float(fp32[b][g].sum())) < 0.1 * T + 0.05
-    assert_log_q_is_the_bf16_samplers(*zip(*rows, strict=True))
+    recorded_rows, bf16_rows, fp32_rows = zip(*rows, strict=True)
+    assert_log_q_is_the_bf16_samplers(recorded_rows, bf16_rows, fp32_rows)
+    with pytest.raises(AssertionError):  # the check tells the sampler from the policy: the policy's log q fails it
+        assert_log_q_is_the_bf16_samplers(fp32_rows, bf16_rows, fp32_rows)
     assert all(math.isfinite(float(x)) for x in recorded.flatten())
 
 
