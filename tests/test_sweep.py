@@ -366,12 +366,21 @@ def test_first_order_residual_is_one_jackknife_over_both_batches(swept):
     assert real["paired_diagnostic"]["value"] == pytest.approx(paired_residual() + displacement(), rel=1e-9, abs=1e-12)
     assert paired["se"] == pytest.approx(jackknife([paired_residual(u) for u in units]), rel=1e-9)
     assert paired["z"] == pytest.approx(paired["residual"] / paired["se"])
+    def curvature(without=None):
+        """½·D²_Δθ of the SNIS estimate on E_N, written out from the per-sequence s, s2, dh, d2h along Δθ."""
+        f = [r for r in rows_from if key(r) != without]
+        h, T = np.array([r["h"] for r in f]), np.array([r["T"] for r in f])
+        s, s2, dh, d2h = (np.array([r["displacement"][k] for r in f]) for k in ("s", "s2", "dh", "d2h"))
+        N, D, N1, D1 = h.sum(), T.sum(), (s * h + dh).sum(), (s * T).sum()
+        N2, D2 = ((s2 + s ** 2) * h + 2 * s * dh + d2h).sum(), ((s2 + s ** 2) * T).sum()
+        return 0.5 * ((N2 * D - N * D2) / D ** 2 - 2 * D1 * (N1 * D - N * D1) / D ** 3)
+
     second = real["with_second_order"]
-    assert second["residual"] == pytest.approx(first["residual"] - real["displacement"]["second_order"]["value"],
-                                               rel=1e-9, abs=1e-12)
+    assert second["residual"] == pytest.approx(residual() - curvature(), rel=1e-9, abs=1e-12)
+    assert second["se"] == pytest.approx(jackknife([residual(u) - curvature(u) for u in units]), rel=1e-9)
     assert second["se"] > 0 and second["z"] == pytest.approx(second["residual"] / second["se"])
-    assert second["paired_diagnostic"]["residual"] == pytest.approx(
-        paired["residual"] - real["displacement"]["second_order"]["value"], rel=1e-9, abs=1e-12)
+    assert second["paired_diagnostic"]["residual"] == pytest.approx(paired_residual() - curvature(), rel=1e-9,
+                                                                    abs=1e-12)
     # the joint SE is not the two SEs added in quadrature: the realised change and δH_Δθ share E_N
     assert first["se"] != pytest.approx(math.hypot(real["se"], real["displacement"]["se"]), rel=1e-3)
     assert paired["se"] != pytest.approx(math.hypot(real["paired_diagnostic"]["se"], real["displacement"]["se"]),
@@ -380,5 +389,9 @@ def test_first_order_residual_is_one_jackknife_over_both_batches(swept):
     row = doc["rows"][0]
     assert noise["trainer_batch_sequences"] == noise["probe_U_sequences"] == 32  # make_checkpoint: B_U·G = 8·4
     assert noise["se"] == pytest.approx(math.sqrt(2 * row["se_U"] ** 2 + noise["se_E"] ** 2))
-    assert noise["value"] == pytest.approx(row["deltaH1"] - real["displacement"]["value"], rel=1e-3, abs=1e-6)
+    # the probe's own step lr·X̂·v against δH_Δθ, both from per-sequence pieces on E_N (a, r along v; along Δθ)
+    h_f, T_f = sum(r["h"] for r in rows_from), sum(r["T"] for r in rows_from)
+    A = sum(row["lr"] * r["a"] - r["displacement"]["a"] for r in rows_from)
+    B = sum(row["lr"] * r["r"] - r["displacement"]["r"] for r in rows_from)
+    assert noise["value"] == pytest.approx((A - h_f / T_f * B) / T_f, rel=1e-9, abs=1e-12)
     assert doc["decomposition"]["first_order"]["n"] == len(doc["realised"])
