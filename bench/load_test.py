@@ -11,7 +11,8 @@
   after the warm-up run (no leaked graphs), no hooks left, parameters untouched (no leaked overrides),
   and no RSS trend.
 
-tests/test_load.py runs reduced counts in CI (ENTROPY_LOAD_FRESH / ENTROPY_LOAD_IN_PROCESS raise them).
+tests/test_load.py runs reduced counts in CI (ENTROPY_LOAD_FRESH / ENTROPY_LOAD_IN_PROCESS raise them) and checks
+only the functional part there (exit codes, identical numbers, tensors, hooks, parameters): memory is measured here.
 """
 
 from __future__ import annotations
@@ -33,6 +34,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 RSS_SLACK_MB = 24.0  # allocator noise allowed between the early and the late runs
+
+
+# RSS is noisy (allocator arenas, page-cache timing, other processes' pressure): a single late run above a
+# single early one proves nothing, so the growth checks compare MEDIANS of several runs.
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def grows(early: list[float], late: list[float], slack_mb: float = RSS_SLACK_MB) -> bool:
+    """True when the median of the late runs exceeds the median of the early ones by more than slack_mb."""
+    return median(late) > median(early) + slack_mb
 
 
 def make_setup(workdir: Path) -> Path:
@@ -116,9 +130,9 @@ def check_fresh(records: list[dict]) -> list[str]:
         problems.append("results differ between fresh runs of the same seed")
     peaks = [r["peak_rss_mb"] for r in records]
     half = max(1, len(peaks) // 2)
-    if max(peaks[half:] or peaks) > max(peaks[:half]) + RSS_SLACK_MB:
-        problems.append(f"peak RSS grows: first half max {max(peaks[:half]):.1f} MB, "
-                        f"second half max {max(peaks[half:]):.1f} MB")
+    if grows(peaks[:half], peaks[half:] or peaks):
+        problems.append(f"peak RSS grows: first half median {median(peaks[:half]):.1f} MB, "
+                        f"second half median {median(peaks[half:] or peaks):.1f} MB")
     return problems
 
 
@@ -133,9 +147,11 @@ def check_in_process(records: list[dict]) -> list[str]:
         problems.append(f"hooks left on the model: {[r['hooks'] for r in records]}")
     if any(r["params_changed"] for r in records):
         problems.append("model parameters changed between runs (leaked override or step)")
-    rss = [r["rss_mb"] for r in records]
-    if len(rss) >= 3 and rss[-1] > rss[1] + RSS_SLACK_MB:
-        problems.append(f"RSS grows: {rss[1]:.1f} MB after run 1, {rss[-1]:.1f} MB after run {len(rss) - 1}")
+    rss = [r["rss_mb"] for r in records[1:]]  # run 0 is the warm-up (first allocations, lazy imports)
+    k = max(1, min(5, len(rss) // 3))
+    if len(rss) >= 2 and grows(rss[:k], rss[-k:]):
+        problems.append(f"RSS grows: median {median(rss[:k]):.1f} MB over runs 1–{k}, "
+                        f"{median(rss[-k:]):.1f} MB over the last {k}")
     return problems
 
 

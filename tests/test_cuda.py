@@ -52,6 +52,7 @@ def _config(base: dict, **sections):
     return config_from_dict(d)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("method", ["jvp", "finite_difference"])
 @pytest.mark.parametrize("variance", [True, False], ids=["backward_hooks", "surrogate_backward"])
 def test_probe_on_cuda_matches_cpu_on_the_same_batches(tiny_config, variance, method):
@@ -66,6 +67,7 @@ def test_probe_on_cuda_matches_cpu_on_the_same_batches(tiny_config, variance, me
     assert differences(cpu.results, cuda, floor) == []
 
 
+@pytest.mark.e2e
 def test_sweep_step_cross_scores_on_cuda_match_cpu(tiny_config):
     """The sweep's realised change scores E_N at θ_{N+1} (the adapter of the next checkpoint): log w_i and h'_i
     on CUDA equal the CPU's within the rounding of two scorings per device: SDs 2·σ_ℓ·√T_i and √2·σ_H·√T_i
@@ -88,6 +90,7 @@ def test_sweep_step_cross_scores_on_cuda_match_cpu(tiny_config):
     assert (abs(h_b - h_a).numpy() <= 4 * math.sqrt(2 * var_h) * root_T + 1e-12).all()
 
 
+@pytest.mark.e2e
 def test_bf16_base_on_cuda(tiny_config):
     outcome = probe.run(_config(tiny_config, checkpoint={"device_map": "cuda"}, precision={"runtime_dtype": "bf16"}))
     model = outcome.policy.trainable.model

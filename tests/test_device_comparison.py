@@ -71,6 +71,7 @@ def two_orders(tmp_path_factory, tiny_model_dir):
     return out
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("method", ["jvp", "finite_difference"])
 def test_two_reduction_orders_agree_within_the_derived_tolerances(two_orders, method):
     a, b, F = two_orders[method]
@@ -79,6 +80,7 @@ def test_two_reduction_orders_agree_within_the_derived_tolerances(two_orders, me
     assert differences(a, b, F) == []
 
 
+@pytest.mark.e2e
 def test_a_planted_discrepancy_is_caught(two_orders):
     a, b, F = two_orders["jvp"]
     planted = copy.deepcopy(b)
@@ -91,6 +93,7 @@ def test_a_planted_discrepancy_is_caught(two_orders):
     assert differences(a, planted, F) == [f"predictors.direct_only.delta_h1: {was} vs {now}"]
 
 
+@pytest.mark.e2e
 def test_at_small_eta_the_floor_exceeds_a_fixed_relative_tolerance(two_orders):
     a, _, F = two_orders["jvp"]
     small = next(x for x in a["true"] if x["eta"] == 1.0e-4)

@@ -161,6 +161,7 @@ def test_bad_inputs_are_one_line_naming_path_row_and_column(tmp_path, tokenizers
     assert "no chat template" in message
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", ["no_prompt_column", "reward_signature"])
 def test_data_and_reward_errors_come_before_the_model_loads(tmp_path, monkeypatch, case):
     import contextlib

@@ -51,6 +51,7 @@ def test_a_bf16_adapter_is_refused_in_every_mode():
         assert "trainable parameter" in precision_refusal(model, runtime)
 
 
+@pytest.mark.e2e
 def test_a_bf16_model_handed_to_the_probe_is_refused_before_any_work():
     model = _tiny_peft().to(torch.bfloat16)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -93,6 +94,7 @@ def _run(config: dict, tmp_path, **sections) -> dict:
     return run_probe(config_from_dict(d), out=str(tmp_path / "run"))
 
 
+@pytest.mark.e2e
 def test_memory_budget_lowers_the_microbatch_and_keeps_the_result(tiny_run, tmp_path):
     plain = _run(tiny_run, tmp_path / "a")
     shape = ModelShape(layers=2, hidden=64, intermediate=128, heads=4, vocab=384)
@@ -104,6 +106,7 @@ def test_memory_budget_lowers_the_microbatch_and_keeps_the_result(tiny_run, tmp_
     assert math.isclose(budgeted["se"]["total"], plain["se"]["total"], rel_tol=1e-4)
 
 
+@pytest.mark.e2e
 def test_bf16_runtime_end_to_end_records_the_delta_h_warning(tiny_run, tmp_path):
     results = _run(tiny_run, tmp_path, precision={"runtime_dtype": "bf16"})
     assert any("precision.runtime_dtype bf16: ΔH(η)" in w for w in results["warnings"])

@@ -30,7 +30,7 @@ from entropy_experiments.testing.tiny_model import build_tiny_model_dir
 from tests.recorded_run import measured_rounding, recorded_differences
 from tests.run_helpers import logging_restored, make_run_setup, numbers, results
 
-pytestmark = pytest.mark.xdist_group("test_sampler_e2e")
+pytestmark = [pytest.mark.xdist_group("test_sampler_e2e"), pytest.mark.e2e]
 
 # The bf16 sampler's rounding grows with the size of the activations it rounds, so its ESS/E depends on the
 # model's init scale. At the tiny model's default initializer_range 0.3 (peaked next-token distributions) the

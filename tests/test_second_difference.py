@@ -77,6 +77,7 @@ def toy_dir(tmp_path_factory):
     return build_toy_enumerable_dir(tmp_path_factory.mktemp("toy"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("normalize", ["per_token", "per_sequence"])
 def test_finite_difference_on_enumerable_model(toy_dir, tmp_path, normalize):
     """d2 from the ΔH(±η) passes against the exact d²H/dη² and against the nested-jvp d2 on the same E."""
