@@ -78,7 +78,9 @@ class BatchSection(_Section):
     dataset_name: str = Field("gsm_symbolic_r1_template", min_length=1)
     split: str = Field("train", min_length=1)
     dataset_path: str | None = None
-    pool_size: int = Field(500, ge=1)  # examples drawn by generated (reasoning-gym) data sets
+    # null: the data set's own size (a generated data set's default pool, 500 problems for the default data set;
+    # every row of a split read from a file or the hub); a number: that many (generated) or the first that many rows
+    pool_size: int | None = Field(None, ge=1)
     B_E: int = Field(64, ge=1)
     B_U: int = Field(8, ge=1)
     G: int = Field(4, ge=2)  # U needs a group of responses to form advantages
