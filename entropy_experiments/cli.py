@@ -1,4 +1,4 @@
-"""`entropy-probe` command line: run, sweep, demo, make-checkpoint, report.
+"""`entropy-probe` command line: run, sweep, demo, make-checkpoint, report, config.
 
 Every user mistake ends as ONE line on stderr and exit code 2 (a `ProbeError`); bugs keep their traceback.
 """
@@ -131,6 +131,12 @@ def cmd_report(args) -> None:
     log.info("report: %s", write_html_report(run_dir))
 
 
+def cmd_config(args) -> None:
+    """Print a config shipped with the package, comments included (`--path`: where it is installed)."""
+    path = packaged_config_path(args.name)
+    sys.stdout.write(f"{path}\n" if args.path else path.read_text(encoding="utf-8"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="entropy-probe", description=(
         "Offline entropy probe: predicted (δH₁) vs measured (ΔH) entropy change of one AdamW step."))
@@ -162,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the embedded default model end to end")
     demo.add_argument("--out")
     demo.add_argument("--steps", type=int, default=None,
-                      help="Dr-GRPO steps for the cached demo checkpoint (default: training.DEMO_CHECKPOINT_STEPS)")
+                      help=f"Dr-GRPO steps for the cached demo checkpoint (default: {DEMO_CHECKPOINT_STEPS})")
     demo.add_argument("--set", action="append", metavar="KEY=VALUE")
     demo.add_argument("--overwrite", action="store_true")
     demo.set_defaults(func=cmd_demo)
@@ -182,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="re-render the summary, plot and report.html from RUN_DIR")
     report.add_argument("run_dir")
     report.set_defaults(func=cmd_report)
+
+    config = sub.add_parser("config", help="print the default config: every key, its default and what it does")
+    config.add_argument("name", nargs="?", default="default", help="default (every key) or demo (the demo's)")
+    shown = config.add_mutually_exclusive_group()
+    shown.add_argument("--show", action="store_true", help="print the file with its comments (what it does anyway)")
+    shown.add_argument("--path", action="store_true", help="print where the file is installed instead")
+    config.set_defaults(func=cmd_config)
     return parser
 
 

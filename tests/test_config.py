@@ -436,3 +436,28 @@ def test_errors_from_dicts(raw, message):
 def test_non_mapping_input():
     with pytest.raises(ConfigError, match="^config must be a mapping of sections, got list$"):
         config_from_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_config_command_prints_the_installed_default_config_with_its_comments(tmp_path, capsys):
+    """`entropy-probe config --show` prints default.yaml as installed, comments included; saved, it loads to the
+    defaults. `--path` prints where it lies; `config demo` the demo's; an unknown name is one line, exit 2."""
+    from entropy_experiments import cli
+    from tests.run_helpers import logging_restored
+
+    with logging_restored():
+        _config_command_checks(cli, tmp_path, capsys)
+
+
+def _config_command_checks(cli, tmp_path: Path, capsys) -> None:
+    assert cli.main(["config", "--show"]) == 0
+    shown = capsys.readouterr().out
+    assert "# Every configuration key" in shown and "  pool_size: null" in shown
+    assert load_config(_write(tmp_path, shown), []) == ProbeConfig()
+    assert cli.main(["config"]) == 0 and capsys.readouterr().out == shown  # --show is what it does anyway
+    assert cli.main(["config", "--path"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path == packaged_config_path("default") and path.read_text(encoding="utf-8") == shown
+    assert cli.main(["config", "demo"]) == 0
+    assert capsys.readouterr().out == packaged_config_path("demo").read_text(encoding="utf-8")
+    assert cli.main(["config", "nope"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["error: no packaged config 'nope'; available: default, demo"]
