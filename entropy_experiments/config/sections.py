@@ -112,7 +112,7 @@ class GenerationSection(_Section):
     temperature: float = Field(GENERATION_DEFAULTS.temperature, gt=0)
     top_p: float = GENERATION_DEFAULTS.top_p
     max_new_tokens: int = Field(GENERATION_DEFAULTS.max_new_tokens, ge=1)
-    # sequences per generate() call; "auto": from the free device memory (CUDA), a measured size (CPU)
+    # sequences per generate() call; "auto": from the free device memory (CUDA), 16 (CPU: CPU_ROWS_PER_CALL)
     gen_batch_size: int | Literal["auto"] = GENERATION_DEFAULTS.gen_batch_size  # type: ignore[assignment]
     tf_batch_size: int = Field(GENERATION_DEFAULTS.tf_batch_size, ge=1)  # sequences per teacher-forcing forward
     rb_requires_grad: bool = GENERATION_DEFAULTS.rb_requires_grad
