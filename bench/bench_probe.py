@@ -58,7 +58,7 @@ class DemoProbe:
     """The checkpoint loaded for the probe (`probe.load_phase`) and the config it was loaded with."""
 
     config: Any      # ProbeConfig
-    policy: Any      # phase_results.Policy: engine, trainable, optimizer
+    policy: Any      # probe.results.Policy: engine, trainable, optimizer
 
 
 def demo_probe(args) -> DemoProbe:
@@ -87,7 +87,7 @@ def demo_probe(args) -> DemoProbe:
 
 
 def sample_E_U(demo: DemoProbe) -> tuple[Batch, Batch]:
-    """E and U as the probe samples them (`probe.sample_phase`) for the demo's batch_config."""
+    """E and U as the probe samples them (`probe.sampling.sample_phase`) for the demo's batch_config."""
     from entropy_experiments.probe import recipe as probe
 
     samples = probe.sample_phase(demo.config, demo.policy.engine)

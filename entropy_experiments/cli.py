@@ -106,7 +106,7 @@ def cmd_sweep(args) -> None:
 
 def cmd_make_checkpoint(args) -> None:
     config = _load(args)
-    if args.synthetic:  # a random model of a real architecture as the base (synthetic_checkpoint.py)
+    if args.synthetic:  # a random model of a real architecture as the base (make_checkpoint/synthetic.py)
         config = with_synthetic_base(config, synthetic_base_dir(args.out, args.synthetic, seed=config.seed))
     make_checkpoint(args.out, config, steps=args.steps, save_every=args.save_every)
 

@@ -3,7 +3,7 @@
 It keeps the seeds' entry points (`run_mixed_probe`, `load`, `_sample_EU_via_sequence_processor`,
 `_pack_E_from_sequences`, `_pack_U_from_sequences`) and the attributes the seeds and tests read
 (`model`, `tokenizer`, `optimizer`, `_sequence_processor`, `update_vector`, `index_plan`, `warnings`,
-`checkpoint_info`), each filled from the typed results of probe.py's phases, and the seeds' command line
+`checkpoint_info`), each filled from the typed results of probe/recipe.py's phases, and the seeds' command line
 `python -m entropy_experiments.offline_entropy_probe --config FILE [--dryrun]` (`main`). New code calls
 `entropy_experiments.probe.run(config)` (or `entropy-probe run`).
 """
@@ -33,7 +33,7 @@ log = logging.getLogger("entropy_experiments.probe")
 
 
 class OfflineEntropyProbe:
-    """Loads the checkpoint, samples E and U, and runs the probe phases (probe.py)."""
+    """Loads the checkpoint, samples E and U, and runs the probe phases (probe/recipe.py)."""
 
     def __init__(self, config: ProbeConfig | dict, logger: logging.Logger | None = None, *,
                  dist=None):

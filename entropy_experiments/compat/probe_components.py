@@ -2,7 +2,7 @@
 
 `ProbeComponents(model, config, sequence_processor=sp)` keeps the seeds' methods (`accumulate_sum_Y`,
 `accumulate_sum_X`, `compute_delta_h1_from_batches`) and a few the tests use, each delegating to the
-phase functions of probe.py and the estimators they call; it owns no maths of its own. New code calls
+phase functions of probe/recipe.py and the estimators they call; it owns no maths of its own. New code calls
 `entropy_experiments.probe.recipe` directly.
 """
 

@@ -155,7 +155,7 @@ class ProbeConfig(_Section):
         return parse_settings({k: d[k] for k in ("generation", "precision")})
 
     def sequence_processor_settings(self) -> dict[str, Any]:
-        """The sections the seed façade `compat.SequenceProcessor` reads (generation, precision, reward, batch_config)."""
+        """The sections the seed façade `compat.sequence_processor.SequenceProcessor` reads (generation, precision, reward, batch_config)."""
         d = self.to_dict()
         return {k: d[k] for k in ("generation", "precision", "reward", "batch_config")}
 

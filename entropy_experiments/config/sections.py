@@ -47,7 +47,7 @@ class CheckpointSection(_Section):
     """Where the adapter, optimizer state and base model come from, and how to load them."""
 
     # The layout under checkpoint_path (own, Trainer checkpoint-N/, adapter dir with optimizer.pt in its
-    # parent) is recognised at load time by checkpoint_layout.resolve_checkpoint; explicit paths win.
+    # parent) is recognised at load time by checkpoint.layout.resolve_checkpoint; explicit paths win.
     checkpoint_path: str | None = None
     adapter_path: str | None = None
     optimizer_path: str | None = None
