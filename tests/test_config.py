@@ -108,7 +108,7 @@ def test_yaml_round_trip_gives_equal_config_and_hash(tmp_path):
 
 
 def test_checkpoint_paths_are_left_to_the_layout_resolver():
-    """The config keeps what the user wrote; checkpoint_layout.resolve_checkpoint finds the files at load
+    """The config keeps what the user wrote; checkpoint.layout.resolve_checkpoint finds the files at load
     time (tests/test_checkpoint_layouts.py), so the saved config.yaml reloads to the same config."""
     cfg = config_from_dict({"checkpoint": {"checkpoint_path": "ckpts/step_40/"}})
     assert (cfg.checkpoint.adapter_path, cfg.checkpoint.optimizer_path) == (None, None)
