@@ -320,8 +320,11 @@ def code_texts() -> dict[str, tuple[str, frozenset[str]]]:
             pieces = [tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline)
                       if tok.type == tokenize.COMMENT]
             tree = ast.parse(source)
+            planted = {id(node) for call in ast.walk(tree)  # scripts/traps.py's Trap(...): bugs, wrong on purpose
+                       if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "Trap"
+                       for node in ast.walk(call)}
             pieces += [node.value for node in ast.walk(tree)  # not a prefix such as "base_model.model."
-                       if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                       if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in planted
                        and not (node.value.endswith(".") and " " not in node.value)]
             out[path.relative_to(ROOT).as_posix()] = ("\n".join(pieces), bound_names(tree))
     return out
