@@ -169,13 +169,13 @@ def test_data_and_reward_errors_come_before_the_model_loads(tmp_path, monkeypatc
     import yaml
 
     from entropy_experiments import cli
-    from entropy_experiments.probe import recipe as probe
+    from entropy_experiments.probe import recipe
     from tests.run_helpers import logging_restored
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model must not load before the data set and rewards are checked")
 
-    monkeypatch.setattr(probe, "load_phase", no_model)
+    monkeypatch.setattr(recipe, "load_phase", no_model)
     columns = {"question": QUESTIONS} if case == "no_prompt_column" else standard_rows()
     datasets.Dataset.from_dict(columns).to_parquet(str(tmp_path / "train.parquet"))
     reward = {"functions": ["zero", "math:sqrt"]} if case == "reward_signature" else {"name": "zero"}
