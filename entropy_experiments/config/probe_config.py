@@ -57,7 +57,7 @@ HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
 
 
 class ProbeConfig(_Section):
-    """The whole probe configuration (see entropy_experiments/configs/default.yaml for every key)."""
+    """The whole probe configuration (every key with its comment: `entropy-probe config --show`)."""
 
     seed: int = Field(42, ge=0)
     learning_rate: float | None = Field(None, gt=0)  # None: the optimizer's saved param_groups lr
@@ -155,7 +155,8 @@ class ProbeConfig(_Section):
         return parse_settings({k: d[k] for k in ("generation", "precision")})
 
     def sequence_processor_settings(self) -> dict[str, Any]:
-        """The sections the seed façade `compat.sequence_processor.SequenceProcessor` reads (generation, precision, reward, batch_config)."""
+        """The sections the seed façade `compat.sequence_processor.SequenceProcessor` reads (generation, precision,
+        reward, batch_config)."""
         d = self.to_dict()
         return {k: d[k] for k in ("generation", "precision", "reward", "batch_config")}
 
