@@ -207,8 +207,8 @@ def test_a_large_split_is_sampled_whole_unless_the_user_caps_it(tmp_path):
     """The default config (pool_size null) draws from every row of a 7,000-row split, not its first 500; a
     pool_size the user writes keeps that many first rows; the default data set still makes its 500 problems."""
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.data.plan import draw_index_plan
-    from entropy_experiments.probe.sampling import prompt_examples
+    from entropy_experiments.probe.parallel import SINGLE
+    from entropy_experiments.probe.sampling import draw_plan, prompt_examples
 
     rows = 7000
     datasets.Dataset.from_dict({"prompt": [f"question {i}" for i in range(rows)],
@@ -217,7 +217,7 @@ def test_a_large_split_is_sampled_whole_unless_the_user_caps_it(tmp_path):
     config = config_from_dict({"batch_config": section})
     examples = prompt_examples(config.batch_config)
     assert len(examples) == rows and examples[-1].prompt == f"question {rows - 1}"
-    plan = draw_index_plan(len(examples), B_E=64, B_U=8, G=4, E_sampling_mode="replacement", seed=config.seed)
+    plan = draw_plan(config, len(examples), SINGLE)  # the probe's own draw: E with replacement, U distinct
     drawn = plan.E_prompt_indices + plan.U_prompt_indices
     assert max(drawn) >= 500 and sum(i >= 500 for i in drawn) > len(drawn) / 2  # ~93 % of the split lies there
     capped = config_from_dict({"batch_config": {**section, "pool_size": 300}})
