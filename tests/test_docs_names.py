@@ -194,12 +194,13 @@ def is_external(first: str) -> bool:
 def reads_as_a_value(parts: list[str], i: int, pathlike: bool) -> bool:
     """Whether a name led by a module's name that does not resolve reads as something else of the same name: a
     results.json / sweep.json block (`attribution.E_tokens`), a library (`datasets.Dataset`), or a variable's
-    attribute (`rows.values`: one lower-case part before a name the project defines nowhere)."""
+    attribute (`rows.values`: one lower-case part before a public name the project defines nowhere)."""
     if pathlike:
         return False
     if parts[0] in output_keys() or is_external(parts[0]):
         return True
-    return i == 1 and parts[0].islower() and parts[1] not in defined_names() and parts[1] not in module_tails()
+    return (i == 1 and parts[0].islower() and not parts[1].startswith("_") and parts[1] not in defined_names()
+            and parts[1] not in module_tails())
 
 
 def check_dotted(name: str, bound: frozenset[str] = frozenset()) -> str | None:
