@@ -22,7 +22,7 @@ from entropy_experiments.config import config_from_dict
 from entropy_experiments.estimators import snis
 from entropy_experiments.estimators.rounding_floor import delta_h_rounding_floor, delta_h_tolerance
 from entropy_experiments.make_checkpoint.trained import make_checkpoint
-from entropy_experiments.probe import recipe as probe
+from entropy_experiments.probe import recipe
 from entropy_experiments.probe.results import WarningLog
 from tests.device_comparison import Z, differences, rounding_floor
 from tests.run_helpers import make_run_setup
@@ -63,10 +63,10 @@ def two_orders(tmp_path_factory, tiny_model_dir):
         d2 = copy.deepcopy(d)
         d2["second_order"]["method"] = method
         config, batches = config_from_dict(d2), {}
-        eager = probe.run(config, on_batches=lambda E, U, kept=batches: kept.update(E=E, U=U))
-        twin = probe.load_phase(config, probe.process_context(config), WarningLog())
+        eager = recipe.run(config, on_batches=lambda E, U, kept=batches: kept.update(E=E, U=U))
+        twin = recipe.load_phase(config, recipe.process_context(config), WarningLog())
         twin.trainable.model.set_attn_implementation("sdpa")
-        sdpa = probe.run(config, policy=twin, batches=(batches["E"], batches["U"]))
+        sdpa = recipe.run(config, policy=twin, batches=(batches["E"], batches["U"]))
         out[method] = (eager.results, sdpa.results, rounding_floor(eager.policy, batches["E"], config))
     return out
 

@@ -24,7 +24,7 @@ from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError, DeviceError
 from entropy_experiments.estimators.objective_gradient import Trainable
 from entropy_experiments.policy.memory_budget import ModelShape, grad_row_bytes, microbatch_within_budget
-from entropy_experiments.probe import recipe as probe
+from entropy_experiments.probe import recipe
 from entropy_experiments.probe.results import Policy
 from entropy_experiments.probe.runner import run_probe
 from entropy_experiments.testing.tiny_model import add_random_lora, build_tiny_model
@@ -57,7 +57,7 @@ def test_a_bf16_model_handed_to_the_probe_is_refused_before_any_work():
     params = [p for p in model.parameters() if p.requires_grad]
     policy = Policy(engine=None, trainable=Trainable.of(model), optimizer=torch.optim.AdamW(params, lr=1e-5))
     with pytest.raises(ConfigError, match="lora"):
-        probe.run(config_from_dict({}), policy=policy)
+        recipe.run(config_from_dict({}), policy=policy)
 
 
 def test_bf16_delta_h_warning_names_the_etas_below_the_threshold():

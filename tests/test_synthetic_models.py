@@ -1,4 +1,4 @@
-"""Models of real architectures built in code (testing/synthetic.py) and make-checkpoint --synthetic.
+"""Models of real architectures built in code (models/synthetic.py) and make-checkpoint --synthetic.
 
 The real sizes are checked by parameter count on the meta device against the published counts (exact sums
 of the published config.json shapes); everything that runs uses the same builder at a toy width and depth,

@@ -2,7 +2,7 @@
 
 `ProbeComponents(model, config, sequence_processor=sp)` keeps the seeds' methods (`accumulate_sum_Y`,
 `accumulate_sum_X`, `compute_delta_h1_from_batches`) and a few the tests use, each delegating to the
-phase functions of probe.py and the estimators they call; it owns no maths of its own. New code calls
+phase functions of probe/recipe.py and the estimators they call; it owns no maths of its own. New code calls
 `entropy_experiments.probe.recipe` directly.
 """
 
@@ -21,7 +21,7 @@ from ..estimators.objective_gradient import Trainable, UGradients, chunked, spli
 from ..estimators.sequence_scores import SequenceScores
 from ..estimators.step_directions import step_direction
 from ..estimators.surrogate import SurrogateCoefficients
-from ..probe import recipe as probe
+from ..probe import recipe
 from ..probe.recipe import DeltaH1Result, Policy
 
 __all__ = ["DeltaH1Result", "EScores", "ProbeComponents", "SeedDeltaH1Result", "UGradients", "chunked",
@@ -78,7 +78,7 @@ class ProbeComponents:
     def accumulate_sum_Y(self, U_batch: dict, groups: list[list[int]] | None = None) -> UGradients:
         """∇L_U of the trainer's objective per group of prompts (default: one group)."""
         U = Batch.from_dict(U_batch, "U_batch")
-        return probe.update_gradients(self.config, self._policy(), U, groups or [list(range(U.num_prompts))])
+        return recipe.update_gradients(self.config, self._policy(), U, groups or [list(range(U.num_prompts))])
 
     def learning_rate(self, optimizer) -> float:
         """The configured learning_rate, else the optimizer's saved lr (`checkpoint.resolve_learning_rate`)."""
@@ -91,20 +91,20 @@ class ProbeComponents:
     # ------------------------------------------------------------------ E side
     def score_E(self, E_batch: dict, v_named: NamedTensors | None = None) -> SequenceScores:
         """ℓ_ik and H_ik on E (no graph); with `v_named`, also their exact derivatives along v (forward mode)."""
-        return probe.score_E(self.config, self._policy(), Batch.from_dict(E_batch, "E_batch"), v_named)
+        return recipe.score_E(self.config, self._policy(), Batch.from_dict(E_batch, "E_batch"), v_named)
 
     def coefficients(self, scores: SequenceScores) -> SurrogateCoefficients:
         return coefficients(scores, self.config.entropy_options())
 
     def accumulate_sum_X(self, E_batch: dict, coefs: SurrogateCoefficients) -> NamedTensors:
         """X̂ = ∇L_X by a microbatched backward of the surrogate (docs/maths.md §3), fp32 buffers."""
-        return probe.surrogate_gradient_phase(self.config, self._policy(), Batch.from_dict(E_batch, "E_batch"), coefs)
+        return recipe.surrogate_gradient_phase(self.config, self._policy(), Batch.from_dict(E_batch, "E_batch"), coefs)
 
     def accumulate_X_one_pass(self, E_batch: dict, v_named: NamedTensors | None):
         """(X̂, scores, coefficients, pieces (a, r) along v or None) from ONE forward per microbatch (baseline none)."""
-        directions = {probe.MAIN: v_named} if v_named is not None else {}
-        e_pass = probe.one_pass_phase(self.config, self._policy(), Batch.from_dict(E_batch, "E_batch"), directions)
-        return e_pass.X_hat, e_pass.scores, e_pass.coefficients, e_pass.pieces.get(probe.MAIN)
+        directions = {recipe.MAIN: v_named} if v_named is not None else {}
+        e_pass = recipe.one_pass_phase(self.config, self._policy(), Batch.from_dict(E_batch, "E_batch"), directions)
+        return e_pass.X_hat, e_pass.scores, e_pass.coefficients, e_pass.pieces.get(recipe.MAIN)
 
     def pieces_method(self, want_pieces: bool) -> str:
         return pieces_method(self.trainable, self.config.entropy_options(), want_pieces)
@@ -113,9 +113,9 @@ class ProbeComponents:
     def compute_delta_h1_from_batches(self, E_batch: dict, U_batch: dict, optimizer, *,
                                       u_groups: list[list[int]] | None = None,
                                       per_sequence_pieces: bool = False) -> SeedDeltaH1Result:
-        """δH₁ = lr · X̂·v from packed batches and the loaded optimizer (`probe.delta_h1_phase`)."""
+        """δH₁ = lr · X̂·v from packed batches and the loaded optimizer (`recipe.delta_h1_phase`)."""
         E, U = Batch.from_dict(E_batch, "E_batch"), Batch.from_dict(U_batch, "U_batch")
-        return SeedDeltaH1Result.of(probe.delta_h1_phase(self.config, self._policy(optimizer), E, U,
+        return SeedDeltaH1Result.of(recipe.delta_h1_phase(self.config, self._policy(optimizer), E, U,
                                                          u_groups=u_groups, per_sequence_pieces=per_sequence_pieces))
 
     def pieces(self, result: DeltaH1Result) -> tuple[Tensor, Tensor]:
