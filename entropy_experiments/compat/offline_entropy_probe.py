@@ -21,12 +21,10 @@ from ..data.batch import Batch
 from ..estimators.objective_gradient import Trainable
 from ..estimators.objectives import batch_advantages
 from ..probe import recipe as probe
-from ..probe.runner import DRYRUN_OVERRIDES, dryrun_config, run_probe
-from ..report.results_dict import environment_info
+from ..probe.runner import run_probe
 from .sequence_processor import SequenceProcessor
 
-# the seeds imported these from offline_entropy_probe too
-__all__ = ["DRYRUN_OVERRIDES", "OfflineEntropyProbe", "dryrun_config", "environment_info", "main", "run_probe"]
+__all__ = ["OfflineEntropyProbe", "main"]
 
 log = logging.getLogger("entropy_experiments.probe")
 

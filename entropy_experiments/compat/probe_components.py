@@ -15,17 +15,14 @@ from torch import Tensor
 
 from ..config import ProbeConfig, config_from_dict
 from ..data.batch import Batch
-from ..estimators.objective_gradient import Trainable, UGradients, chunked, split_into_groups
-from ..estimators.sequence_scores import SequenceScores
+from ..estimators.objective_gradient import Trainable, UGradients
 from ..estimators.surrogate import SurrogateCoefficients
 from ..probe import recipe as probe
 from ..probe.recipe import DeltaH1Result, Policy
 
-__all__ = ["DeltaH1Result", "EScores", "ProbeComponents", "SeedDeltaH1Result", "UGradients", "chunked",
-           "split_into_groups"]
+__all__ = ["ProbeComponents", "SeedDeltaH1Result"]
 
 NamedTensors = dict[str, Tensor]
-EScores = SequenceScores  # the seeds' name for the E scores
 
 
 @dataclass
