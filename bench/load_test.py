@@ -5,8 +5,8 @@
 - fresh processes: `entropy-probe run` N times, each a new process with its own run directory; the peak
   RSS of each child comes from os.wait4 (ru_maxrss). Checks: every run exits 0, every results.json has
   identical numbers (timings and environment aside), and the peak RSS does not grow over the runs.
-- one process: one OfflineEntropyProbe (model loaded once) runs `run_mixed_probe` M times through the
-  Python API. After each run: gc, RSS, the number of live torch tensors, the hooks registered on the
+- one process: the model loaded once (`probe.recipe.run` hands back its policy), then `recipe.run` M times
+  on it through the Python API. After each run: gc, RSS, the number of live torch tensors, the hooks registered on the
   model's modules, and a checksum of its parameters. Checks: identical numbers, a constant tensor count
   after the warm-up run (no leaked graphs), no hooks left, parameters untouched (no leaked overrides),
   and no RSS trend.
@@ -102,22 +102,23 @@ def in_process_runs(config: Path, n: int) -> list[dict]:
     import torch
 
     from entropy_experiments.config import load_config
-    from entropy_experiments.offline_entropy_probe import OfflineEntropyProbe
+    from entropy_experiments.probe import recipe
 
-    probe = OfflineEntropyProbe(load_config(config))
+    probe_config, policy = load_config(config), None
     records = []
     checksum0 = hooks0 = None
     for i in range(n):
-        res = probe.run_mixed_probe()
-        del res["timing"]
+        outcome = recipe.run(probe_config, policy=policy)  # the first run loads the checkpoint
+        policy, res, model = outcome.policy, outcome.results, outcome.policy.trainable.model
+        del res["timing"], outcome
         gc.collect()
         with torch.no_grad():
-            checksum = float(sum(p.double().sum() for p in probe.model.parameters()))
+            checksum = float(sum(p.double().sum() for p in model.parameters()))
         if checksum0 is None:
-            checksum0, hooks0 = checksum, _hooks(probe.model)
+            checksum0, hooks0 = checksum, _hooks(model)
         rec = {"run": i, "rss_mb": _rss_mb(), "numbers": numbers(res),
                "live_tensors": sum(1 for o in gc.get_objects() if torch.is_tensor(o)),
-               "hooks": _hooks(probe.model), "hooks_before": hooks0, "params_changed": checksum != checksum0}
+               "hooks": _hooks(model), "hooks_before": hooks0, "params_changed": checksum != checksum0}
         records.append(rec)
         print(f"in-process {i:3d}: RSS {rec['rss_mb']:.1f} MB  live tensors {rec['live_tensors']}  "
               f"hooks {rec['hooks']}", flush=True)

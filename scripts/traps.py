@@ -176,7 +176,7 @@ TRAPS = [
     # ---- rewards silently zero
     Trap("gold_answers_dropped_with_replacement_sampling", EE + "compat/sequence_processor.py",
          "examples=examples, **kwargs)", "**kwargs)",
-         ("tests/test_sp_generation.py::test_replacement_sampling_keeps_gold_answers_and_counts",)),
+         ("tests/test_seed_sequence_processor.py::test_replacement_sampling_keeps_gold_answers_and_counts",)),
     Trap("gold_answers_dropped_in_probe_batches", EE + "probe/sampling.py",
          "list(seqs.responses_text[b]), ex, completion_ids",
          "list(seqs.responses_text[b]), chosen[0], completion_ids",

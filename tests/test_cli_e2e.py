@@ -11,10 +11,7 @@ import contextlib
 import io
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +29,6 @@ from tests.run_helpers import logging_restored
 # Costly module fixtures: one worker runs this whole file (scripts/test.sh distributes by xdist_group).
 pytestmark = [pytest.mark.xdist_group("test_cli_e2e"), pytest.mark.e2e]
 
-REPO = Path(__file__).resolve().parents[1]
 RUN_FILES = ("config.yaml", "results.json", "E_batch.pt", "U_batch.pt", "update_vector.safetensors",
              "per_sequence.jsonl", "delta_h_vs_eta.png", "probe.log")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -294,19 +290,6 @@ def test_bad_inputs_are_one_line_exit_2(case, config_file, tmp_path, monkeypatch
         assert text in captured.err, (text, captured.err)
     assert "Traceback" not in captured.err and captured.out == ""
     assert not (tmp_path / "o").exists() and not (tmp_path / "runs").exists()
-
-
-# ------------------------------------------------------------------------------------------ legacy entry
-
-def test_module_entry_point_dryrun(config_file, tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "entropy_experiments.offline_entropy_probe",
-                           "--config", str(config_file), "--dryrun"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "δH₁" in proc.stdout and "Measured ΔH(η)" in proc.stdout
-    assert list(tmp_path.iterdir()) == [], "a dry run writes nothing"
 
 
 # ------------------------------------------------------------------------------------------ the demo
