@@ -47,7 +47,9 @@ HASHED_AS: dict[str, tuple[str, dict[str, str]]] = {
 HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
     "objective": {"kl_in_reward_coef": 0.0, "vllm_importance_sampling_mode": "sequence_mask",
                   "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0,
-                  "use_bias_correction_kl": False},
+                  "use_bias_correction_kl": False, "use_adaptive_entropy": False, "entropy_target": 0.2,
+                  "policy_loss": "vanilla", "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0,
+                  "kl_cov_ratio": 0.0002, "ppo_kl_coef": 1.0},
     "second_order": {"method": "jvp"},
     "variance": {"r_method": "backward", "r_eta": None},
     # gen_batch_size is hashed as before (an explicit integer keeps its hash; the default "auto" is a new value,
