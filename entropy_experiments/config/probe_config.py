@@ -133,7 +133,17 @@ class ProbeConfig(_Section):
         """The resolved `objectives.ObjectiveOptions` (explicit keys > trainer preset > defaults)."""
         from ..estimators.objectives import resolve
 
-        return resolve(self.objective.explicit(), default_completion_length=self.generation.max_new_tokens)
+        explicit = self.objective.explicit()
+        if self.objective.use_adaptive_entropy:  # TRL's controller: the coefficient and gate saved with the checkpoint
+            from ..checkpoint.entropy_ctrl_state import read_entropy_ctrl_state
+            from ..estimators.entropy_terms import adaptive_entropy_coef
+
+            if self.objective.trainer != "trl":
+                raise ConfigError("objective.use_adaptive_entropy: true is TRL's adaptive entropy controller, "
+                                  f"objective.trainer is {self.objective.trainer or 'null'}: set objective.trainer: trl")
+            coef, last = read_entropy_ctrl_state(self.checkpoint.checkpoint_path)
+            explicit["entropy_coef"] = adaptive_entropy_coef(coef, last, self.objective.entropy_target)
+        return resolve(explicit, default_completion_length=self.generation.max_new_tokens)
 
     def entropy_options(self):
         """The E side's `entropy_gradient.EntropyOptions` (estimator.* and variance.directional)."""
