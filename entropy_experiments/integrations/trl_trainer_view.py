@@ -28,8 +28,8 @@ from entropy_experiments.config.messages import config_error
 from entropy_experiments.data.datasets.hf import dataset_examples
 from entropy_experiments.data.rewards.weighted import RewardSet
 from entropy_experiments.errors import ConfigError
-from entropy_experiments.estimators.objective_gradient import Trainable
 from entropy_experiments.estimators.entropy_terms import adaptive_entropy_coef
+from entropy_experiments.estimators.objective_gradient import Trainable
 from entropy_experiments.estimators.objectives import unmirrored_loss_type
 from entropy_experiments.policy.engine import PolicyEngine
 from entropy_experiments.probe.results import Policy
