@@ -127,27 +127,6 @@ def test_trl_preset_is_trls_default_objective():
     assert options.use_bias_correction_kl == defaults.use_bias_correction_kl
 
 
-def _token_statistics(entropies, logps, lengths):
-    from entropy_experiments.estimators.entropy_terms import TokenStatistics
-
-    rows = [int(t) for t in lengths.reshape(-1)]
-    return TokenStatistics(tuple(entropies[n, :T].detach() for n, T in enumerate(rows)),
-                           tuple(logps[n, :T].detach() for n, T in enumerate(rows)))
-
-
-def _probe_loss_with_stats(logps, rewards, lengths, options, entropies, ref=None):
-    """probe_loss with the per-token weights of the entropy controls (objectives.batch_terms with statistics)."""
-    B, G = lengths.shape
-    terms = objectives.batch_terms(rewards, lengths, options, _token_statistics(entropies, logps, lengths))
-    total = 0.0
-    for p in range(B):
-        for g in range(G):
-            n, T = p * G + g, int(lengths[p, g])
-            total = total + objectives.sequence_loss(logps[n, :T], terms[p][g], options, entropies=entropies[n, :T],
-                                                     ref_logps=None if ref is None else ref[n, :T])
-    return total
-
-
 @pytest.mark.parametrize("quantile", [0.2, 0.5, 0.1])
 @pytest.mark.parametrize("loss_type,M,coef,beta", [("dapo", 1, 0.01, 0.0), ("grpo", 2, 0.0, 0.04),
                                                    ("bnpo", 2, 0.03, 0.04), ("dr_grpo", 1, 0.02, 0.0)])
@@ -161,7 +140,7 @@ def test_top_entropy_quantile_equals_trl(quantile, loss_type, M, coef, beta):
                                          ref_per_token_logps=ref, entropies=entropies, entropy_coef=coef,
                                          max_completion_length=12,
                                          entropy_controls={"top_entropy_quantile": quantile})
-    ours = _probe_loss_with_stats(logps, rewards, lengths, options, entropies, ref=ref)
+    ours = probe_loss(logps, rewards, lengths, options, ref=ref, entropies=entropies)
     wrt = [logps, entropies] if coef else [logps]
     assert_same_gradient(ours, theirs, wrt)
     # the mask acts: without it, TRL's gradient is another

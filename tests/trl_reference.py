@@ -332,13 +332,24 @@ def random_loss_batch(seed: int, B: int, G: int) -> tuple[tuple, torch.Generator
     return (logps.requires_grad_(True), mask, rewards, lengths, ref, entropies.requires_grad_(True)), gen
 
 
+def token_statistics(entropies, logps, lengths):
+    """The probe's `TokenStatistics` (no graph) of a padded [B·G, T] batch: what its no-grad pass over U gives."""
+    from entropy_experiments.estimators.entropy_terms import TokenStatistics
+
+    rows = [int(t) for t in lengths.reshape(-1)]
+    ents = tuple((torch.zeros(T) if entropies is None else entropies[n, :T]).detach() for n, T in enumerate(rows))
+    return TokenStatistics(ents, tuple(logps[n, :T].detach() for n, T in enumerate(rows)))
+
+
 def probe_loss(logps, rewards, lengths, options, ref=None, entropies=None, sampler=None):
     """The probe's objective (`estimators/objectives.sequence_loss`) summed over a padded [B·G, T] batch; with
-    `sampler` log-probs, TRL's vLLM importance-sampling ratios from `options.vllm_correction`."""
+    `sampler` log-probs, TRL's vLLM importance-sampling ratios from `options.vllm_correction`; the entropy controls'
+    per-token weights (when the options have any) from the batch's own entropies and log-probs."""
     from entropy_experiments.estimators import objectives
 
     B, G = lengths.shape
-    terms = objectives.batch_terms(rewards, lengths, options)
+    stats = token_statistics(entropies, logps, lengths) if options.needs_token_statistics else None
+    terms = objectives.batch_terms(rewards, lengths, options, stats)
     correction = options.vllm_correction
     total = 0.0
     for p in range(B):
