@@ -319,3 +319,21 @@ def test_u_gradient_with_trl_entropy_mask_is_trls(sampled_U, loss_type, M):
     got = recipe.update_gradients(cfg, probe.policy, U, [list(range(U.num_prompts))]).total
     for name, w in zip(names, want):
         assert torch.allclose(got[name].double(), w.double(), rtol=1e-4, atol=1e-5 * w.abs().max().item()), name
+
+
+def test_adaptive_entropy_state_missing_or_malformed_is_one_line(tmp_path):
+    """use_adaptive_entropy without TRL's entropy_ctrl_state.json in the checkpoint, or with another file there:
+    one line naming the key and the file (exit 2 at the CLI), never a traceback."""
+    objective = {"trainer": "trl", "use_adaptive_entropy": True}
+    for content, words in ((None, "does not exist"), ("[1, 2]", "not TRL's entropy controller state"),
+                           ('{"entropy_coef": 0.1}', "last_world_entropy")):
+        if content is not None:
+            (tmp_path / "entropy_ctrl_state.json").write_text(content)
+        with pytest.raises(ConfigError) as exc:
+            config_from_dict({"checkpoint": {"checkpoint_path": str(tmp_path)}, "objective": objective})
+        line = str(exc.value)
+        assert "\n" not in line and words in line and "entropy_ctrl_state.json" in line, line
+    (tmp_path / "entropy_ctrl_state.json").write_text('{"entropy_coef": 0.1, "last_world_entropy": 0.05}')
+    options = config_from_dict({"checkpoint": {"checkpoint_path": str(tmp_path)},
+                                "objective": objective}).objective_options()
+    assert options.entropy_coef == 0.1  # 0.05 ≤ TRL's default entropy_target 0.2: the saved coefficient applies
