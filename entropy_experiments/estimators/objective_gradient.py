@@ -120,9 +120,9 @@ def objective_gradient_sums(engine: PolicyEngine, trainable: Trainable, U_batch:
                             progress=iter) -> tuple[list[NamedTensors], float]:
     """Σ over the given work items of ∇(objective share), per group (float64), and Σ of the losses."""
     trainable.model.eval()
+    group_grads = [trainable.zeros(torch.float64) for _ in range(n_groups)]
     if options.needs_token_statistics:  # the weights depend on whole trainer micro-batches: one no-grad pass first
         terms = u_terms(U_batch, options, u_token_statistics(engine, U_batch))
-    group_grads = [trainable.zeros(torch.float64) for _ in range(n_groups)]
     total_loss = 0.0
     for k, idx in progress(items):
         loss = objective_loss(engine, trainable.model, U_batch.subset(idx), [terms[p] for p in idx], options)
