@@ -4,13 +4,14 @@ v must be the step the user's trainer takes next, so U's gradient is the gradien
 loss at its first, on-policy optimizer step after generation (ratio 1: clipping inactive). Every
 objective here has the form
 
-    L_U(θ) = Σ_pg w_pg Σ_t [ −ρ_pgt A_pg ℓ_pgt(θ) + β·kl_pgt(θ)·r_pgt(θ) ]  −  c · Σ_pg u_pg Σ_t H_pgt(θ)
+    L_U(θ) = Σ_pg w_pg Σ_t [ −ρ_pgt m_pgt A_pg ℓ_pgt(θ) + β·kl_pgt(θ)·r_pgt(θ) ]  −  c · Σ_pg u_pg Σ_t m'_pgt H_pgt(θ)
 
 with ℓ the TRAINER's per-token log-prob (logits / τ, no top-p), A the advantages, kl a per-token KL
 estimate against the reference (the base model: the same network with the adapter disabled), r TRL's
 KL importance weight exp(ℓ − sg ℓ) under `use_bias_correction_kl` (value 1 on-policy, gradient ∇ℓ; else 1), H the
 trainer's per-token entropy, ρ TRL's importance-sampling ratio to the sampler when U was drawn by another
-sampler and `vllm_importance_sampling_correction` is on (vllm_correction.py; else 1; no graph), and
+sampler and `vllm_importance_sampling_correction` is on (vllm_correction.py; else 1; no graph), m, m' the entropy
+controls' per-token weights (entropy_terms.py: TRL's high-entropy mask, verl's Clip-Cov; else 1; no graph), and
 per-sequence token weights w_pg, u_pg that depend only on the batch's lengths (no graph). So the loss of U is a sum of per-sequence terms and can be
 back-propagated one microbatch of prompts at a time.
 
