@@ -61,6 +61,13 @@ TRAPS = [
     Trap("advantages_centred_on_batch_mean", EE + "estimators/objectives.py",
          "centred = r - r.mean(dim=1, keepdim=True)", "centred = r - r.mean()",
          ("tests/test_objectives.py::test_advantages_match_loops[none]",)),
+    # ---- the entropy controls (estimators/entropy_terms.py): against TRL's own code and verl's transcribed code
+    Trap("entropy_mask_quantile_inverted", EE + "estimators/entropy_terms.py",
+         "threshold = torch.quantile(pooled, 1.0 - quantile)", "threshold = torch.quantile(pooled, quantile)",
+         ("tests/test_trl_objectives.py::test_top_entropy_quantile_equals_trl[dapo-1-0.01-0.0-0.2]",)),
+    Trap("clip_cov_drops_the_whole_band", EE + "estimators/entropy_terms.py",
+         "keep = 1.0 - min(k, n_band) / n_band if n_band else 1.0", "keep = 0.0 if n_band else 1.0",
+         ("tests/test_verl_entropy_losses.py::test_clip_cov_gradient_is_the_expectation_of_verls_draw[3-5-0.03]",)),
     # ---- E side surrogate (estimators/surrogate.py)
     Trap("tokens_to_go_off_by_one", EE + "estimators/surrogate.py",
          "return torch.arange(length - 1, -1, -1, dtype=dtype, device=device)",

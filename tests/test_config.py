@@ -240,6 +240,9 @@ def test_config_hash_is_taken_over_the_sections_pre_rename_spelling(batched):
                 "vllm_importance_sampling_clip_max"):  # later keys, hashed only when changed (HASHED_WHEN_CHANGED)
         del d["objective"][key]
     del d["objective"]["use_bias_correction_kl"]  # a later key, hashed only where it acts (trl with β > 0)
+    for key in ("use_adaptive_entropy", "entropy_target", "policy_loss", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
+                "kl_cov_ratio", "ppo_kl_coef"):  # the entropy controls: later keys, hashed only when changed
+        del d["objective"][key]
     d["probe_rework"] = {"use_sequence_processor_sampling": batched}
     d["batch_config"]["pool_size"] = 500  # null: the default data set's own 500 problems, hashed as the 500 it was
     del d["second_order"]["method"]  # a later key, hashed only when changed (HASHED_WHEN_CHANGED)

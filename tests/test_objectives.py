@@ -283,3 +283,57 @@ def test_u_gradient_divides_the_logits_by_the_temperature(sampled_U):
     assert gap > 1e-2, "τ must matter on this batch, else the test could not catch a missing /τ"
     for name, w in zip(names, want, strict=True):
         assert torch.allclose(got[name].double(), w.double(), rtol=1e-4, atol=1e-5 * w.abs().max().item()), name
+
+
+def _padded(rows: list[list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    flat = [t for row in rows for t in row]
+    width = max(len(t) for t in flat)
+    padded = torch.stack([torch.cat([t, t.new_zeros(width - len(t))]) for t in flat])
+    lengths = torch.tensor([len(t) for t in flat])
+    return padded, (torch.arange(width)[None, :] < lengths[:, None]).double()
+
+
+@pytest.mark.parametrize("loss_type,M", [("dapo", 2), ("grpo", 1)])
+def test_u_gradient_with_trl_entropy_mask_is_trls(sampled_U, loss_type, M):
+    """objective.trainer trl, top_entropy_quantile 0.5 and an entropy bonus: the probe's U gradient (its no-grad
+    statistics pass, then the masked backward) equals autograd of TRL's own `_compute_loss` (tests/trl_reference.py)
+    over an independent unpadded forward of the tiny model."""
+    pytest.importorskip("trl")
+    from tests.trl_reference import trl_advantages, trl_loss_over_micro_batches
+
+    probe, U = sampled_U
+    names = [n for n, p in probe.model.named_parameters() if p.requires_grad]
+    params = [p for p in probe.model.parameters() if p.requires_grad]
+    logps, ents = _independent_logps(probe.model, U, probe.config.generation.temperature)
+    (lp, mask), (h, _) = _padded(logps), _padded(ents)
+    rewards = torch.tensor(U.rewards, dtype=torch.float64)
+    adv = trl_advantages(rewards.reshape(-1), U.num_responses_per_prompt, "group")
+    theirs = trl_loss_over_micro_batches(lp, mask, adv, num_micro_batches=M, loss_type=loss_type, entropies=h,
+                                         entropy_coef=0.02, max_completion_length=lp.shape[1],
+                                         entropy_controls={"top_entropy_quantile": 0.5})
+    want = torch.autograd.grad(theirs, params)
+    assert max(w.abs().max().item() for w in want) > 0
+    cfg = config_from_dict({**probe.config.to_dict(), "estimator": {"microbatch_size": 3},
+                            "objective": {"trainer": "trl", "loss_type": loss_type, "micro_batches": M,
+                                          "top_entropy_quantile": 0.5, "entropy_coef": 0.02}})
+    got = recipe.update_gradients(cfg, probe.policy, U, [list(range(U.num_prompts))]).total
+    for name, w in zip(names, want):
+        assert torch.allclose(got[name].double(), w.double(), rtol=1e-4, atol=1e-5 * w.abs().max().item()), name
+
+
+def test_adaptive_entropy_state_missing_or_malformed_is_one_line(tmp_path):
+    """use_adaptive_entropy without TRL's entropy_ctrl_state.json in the checkpoint, or with another file there:
+    one line naming the key and the file (exit 2 at the CLI), never a traceback."""
+    objective = {"trainer": "trl", "use_adaptive_entropy": True}
+    for content, words in ((None, "does not exist"), ("[1, 2]", "not TRL's entropy controller state"),
+                           ('{"entropy_coef": 0.1}', "last_world_entropy")):
+        if content is not None:
+            (tmp_path / "entropy_ctrl_state.json").write_text(content)
+        with pytest.raises(ConfigError) as exc:
+            config_from_dict({"checkpoint": {"checkpoint_path": str(tmp_path)}, "objective": objective})
+        line = str(exc.value)
+        assert "\n" not in line and words in line and "entropy_ctrl_state.json" in line, line
+    (tmp_path / "entropy_ctrl_state.json").write_text('{"entropy_coef": 0.1, "last_world_entropy": 0.05}')
+    options = config_from_dict({"checkpoint": {"checkpoint_path": str(tmp_path)},
+                                "objective": objective}).objective_options()
+    assert options.entropy_coef == 0.1  # 0.05 ≤ TRL's default entropy_target 0.2: the saved coefficient applies

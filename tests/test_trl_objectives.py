@@ -125,3 +125,49 @@ def test_trl_preset_is_trls_default_objective():
     assert options.max_completion_length == defaults.max_completion_length
     assert options.max_grad_norm == defaults.max_grad_norm
     assert options.use_bias_correction_kl == defaults.use_bias_correction_kl
+
+
+@pytest.mark.parametrize("quantile", [0.2, 0.5, 0.1])
+@pytest.mark.parametrize("loss_type,M,coef,beta", [("dapo", 1, 0.01, 0.0), ("grpo", 2, 0.0, 0.04),
+                                                   ("bnpo", 2, 0.03, 0.04), ("dr_grpo", 1, 0.02, 0.0)])
+def test_top_entropy_quantile_equals_trl(quantile, loss_type, M, coef, beta):
+    """TRL's 80/20 mask (top_entropy_quantile < 1), computed per micro-batch by TRL's own get_high_entropy_mask,
+    on the policy term and the entropy bonus (not the KL): the probe's gradient is TRL's, for ∂ℓ and ∂H."""
+    logps, mask, rewards, lengths, ref, entropies = random_loss_batch(B=B, G=G, seed=11)[0]
+    options = _trl_options(loss_type, M, top_entropy_quantile=quantile, entropy_coef=coef, kl_coef=beta)
+    adv = trl_advantages(rewards.reshape(-1), G, "group")
+    theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=M, loss_type=loss_type, beta=beta,
+                                         ref_per_token_logps=ref, entropies=entropies, entropy_coef=coef,
+                                         max_completion_length=12,
+                                         entropy_controls={"top_entropy_quantile": quantile})
+    ours = probe_loss(logps, rewards, lengths, options, ref=ref, entropies=entropies)
+    wrt = [logps, entropies] if coef else [logps]
+    assert_same_gradient(ours, theirs, wrt)
+    # the mask acts: without it, TRL's gradient is another
+    unmasked = probe_loss(logps, rewards, lengths, _trl_options(loss_type, M, entropy_coef=coef, kl_coef=beta),
+                          ref=ref, entropies=entropies)
+    g_ours, g_plain = (torch.autograd.grad(x, [logps], retain_graph=True)[0] for x in (ours, unmasked))
+    assert (g_ours - g_plain).abs().max() > 1e-3 * g_ours.abs().max()
+
+
+@pytest.mark.parametrize("last_entropy,applies", [(0.15, True), (0.2, True), (0.9, False), (float("inf"), False)])
+def test_adaptive_entropy_coefficient_equals_trl(last_entropy, applies):
+    """use_adaptive_entropy: TRL applies the saved coefficient only when the last window's entropy ≤ entropy_target;
+    the probe's coefficient (entropy_terms.adaptive_entropy_coef) gives TRL's gradient in both cases."""
+    from entropy_experiments.estimators.entropy_terms import adaptive_entropy_coef
+
+    logps, mask, rewards, lengths, _, entropies = random_loss_batch(B=B, G=G, seed=13)[0]
+    coef = adaptive_entropy_coef(0.035, last_entropy, 0.2)
+    assert (coef == 0.035) is applies and (coef == 0.0) is (not applies)
+    options = _trl_options("dapo", 1, entropy_coef=coef)
+    adv = trl_advantages(rewards.reshape(-1), G, "group")
+    theirs = trl_loss_over_micro_batches(logps, mask, adv, num_micro_batches=1, loss_type="dapo",
+                                         entropies=entropies, entropy_coef=0.035, max_completion_length=12,
+                                         entropy_controls={"use_adaptive_entropy": True,
+                                                           "last_world_entropy": last_entropy})
+    ours = probe_loss(logps, rewards, lengths, options, entropies=entropies)
+    if applies:
+        assert_same_gradient(ours, theirs, [logps, entropies])
+    else:
+        assert_same_gradient(ours, theirs, [logps])
+        assert torch.autograd.grad(theirs, [entropies], retain_graph=True)[0].abs().max() == 0

@@ -8,7 +8,8 @@ aggregation per loss_type, gradient-accumulation scaling, entropy bonus, and its
 runs unchanged without generation. Lines of grpo_trainer.py exercised (trl 1.16.0):
 
 - L3020–3047  inputs, `mask = completion_mask` (no tool_mask), the log-prob/entropy call (stand-in);
-- L3049–3052  `top_entropy_quantile == 1.0`: no entropy mask;
+- L3049–3052  the high-entropy mask by TRL's own `get_high_entropy_mask` (L1380–1416) when `top_entropy_quantile`
+  < 1 (one process: `pad_across_processes` and `gather` are the identity), else none;
 - L3054–3066  advantages [N] → [N, 1]; `old_per_token_logps` = `per_token_logps.detach()` when absent
   (on-policy: every ratio is 1, clipping inactive);
 - L3068–3095  off-policy mask skipped (`off_policy_mask_threshold=None`); token- or sequence-level
@@ -22,8 +23,9 @@ runs unchanged without generation. Lines of grpo_trainer.py exercised (trl 1.16.
   the micro-batch, ÷ GA), dr_grpo (Σ ÷ (rows · max_completion_length), ÷ GA), dapo (Σ ÷
   (num_items_in_batch / num_processes · GA / steps_per_generation)), luspo (per-sequence token sum,
   mean over rows, ÷ GA); GA = `current_gradient_accumulation_steps`;
-- L3189–3213, L3244–3245  entropy bonus `− entropy_coef · Σ H·m / Σ m / GA` (static coefficient, no
-  adaptive controller) and its logging; L3247–3251 (MoE aux loss) skipped (`aux_loss_enabled=False`);
+- L3189–3245  entropy bonus `− c · Σ H·m / Σ m / GA` (m: the mask times the high-entropy mask), c the static
+  coefficient or, with `use_adaptive_entropy`, the controller's gate on the given `_last_world_entropy`, and its
+  logging (the controller's update then runs on the stand-in and is discarded); L3247–3251 (MoE aux loss) skipped (`aux_loss_enabled=False`);
 - L3253–3290  metric logging (`_metrics`, `accelerator.reduce/gather`), then `return loss`.
 
 How the trainer feeds micro-batches (mirrored by `trl_loss_over_micro_batches`):
@@ -81,12 +83,22 @@ class _AcceleratorStandIn:
     def reduce(tensor, reduction="sum"):
         return tensor
 
+    @staticmethod
+    def pad_across_processes(tensor, dim=0, pad_index=0):
+        return tensor
+
 
 def _stand_in_self(per_token_logps, entropies, *, loss_type, beta, epsilon_low, epsilon_high,
                    importance_sampling_level, entropy_coef, max_completion_length,
-                   gradient_accumulation_steps, steps_per_generation, use_vllm=False, use_bias_correction_kl=True):
-    """The attributes of GRPOTrainer that `_compute_loss` reads, with the training model replaced."""
+                   gradient_accumulation_steps, steps_per_generation, use_vllm=False, use_bias_correction_kl=True,
+                   entropy_controls=None):
+    """The attributes of GRPOTrainer that `_compute_loss` reads, with the training model replaced; `entropy_controls`:
+    {top_entropy_quantile, use_adaptive_entropy, last_world_entropy, entropy_target} (TRL's names; off when None)."""
+    from trl import GRPOTrainer
+
     n_rows, n_tokens = per_token_logps.shape
+    controls = {"top_entropy_quantile": 1.0, "use_adaptive_entropy": False, "last_world_entropy": float("inf"),
+                "entropy_target": 0.2, **(entropy_controls or {})}
 
     def _get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs):
         if logits_to_keep != n_tokens or input_ids.shape[0] != n_rows:
@@ -94,17 +106,22 @@ def _stand_in_self(per_token_logps, entropies, *, loss_type, beta, epsilon_low, 
         return per_token_logps, entropies, None
 
     args = SimpleNamespace(delta=None, use_bias_correction_kl=use_bias_correction_kl,
-                           steps_per_generation=steps_per_generation)
-    return SimpleNamespace(
+                           steps_per_generation=steps_per_generation, entropy_target=controls["entropy_target"],
+                           entropy_coef_delta=0.005, entropy_coef_min=0.0, entropy_coef_max=1.0)
+    adaptive = controls["use_adaptive_entropy"]
+    stand_in = SimpleNamespace(
         _get_per_token_logps_and_entropies=_get_per_token_logps_and_entropies,
         loss_type=loss_type, beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
-        importance_sampling_level=importance_sampling_level, top_entropy_quantile=1.0,
+        importance_sampling_level=importance_sampling_level, top_entropy_quantile=controls["top_entropy_quantile"],
         off_policy_mask_threshold=None, use_vllm=use_vllm, vllm_importance_sampling_correction=use_vllm,
-        entropy_coef=entropy_coef, use_adaptive_entropy=False, _entropy_bonus_enabled=entropy_coef != 0.0,
+        entropy_coef=entropy_coef, use_adaptive_entropy=adaptive, _entropy_bonus_enabled=entropy_coef != 0.0 or adaptive,
+        _last_world_entropy=controls["last_world_entropy"], _entropy_window_stats=None,
         aux_loss_enabled=False, current_gradient_accumulation_steps=gradient_accumulation_steps,
         max_completion_length=max_completion_length, accelerator=_AcceleratorStandIn(), args=args,
         model=SimpleNamespace(training=True), _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
     )
+    stand_in.get_high_entropy_mask = lambda *a: GRPOTrainer.get_high_entropy_mask(stand_in, *a)  # TRL's own
+    return stand_in
 
 
 def _inputs(completion_mask, advantages, num_items_in_batch, ref_per_token_logps, old_per_token_logps,
@@ -132,7 +149,7 @@ def trl_loss(per_token_logps, completion_mask, advantages, *, loss_type, beta=0.
              entropies=None, entropy_coef=0.0, max_completion_length=None, gradient_accumulation_steps=1,
              steps_per_generation=None, num_items_in_batch=None, old_per_token_logps=None, epsilon=0.2,
              epsilon_high=None, importance_sampling_level="token", importance_sampling_ratio=None,
-             use_bias_correction_kl=True, return_metrics=False):
+             use_bias_correction_kl=True, entropy_controls=None, return_metrics=False):
     """TRL's loss for ONE micro-batch, from `GRPOTrainer._compute_loss` itself.
 
     Args:
@@ -151,6 +168,8 @@ def trl_loss(per_token_logps, completion_mask, advantages, *, loss_type, beta=0.
         old_per_token_logps: default none, i.e. on-policy (TRL uses per_token_logps.detach()).
         importance_sampling_ratio: [N, T] or [N, 1] vLLM IS ratio (`trl_vllm_importance_sampling_ratio`); given,
             the stand-in has `use_vllm` and `vllm_importance_sampling_correction` on; None: both off.
+        entropy_controls: {top_entropy_quantile, use_adaptive_entropy, last_world_entropy, entropy_target}: TRL's
+            high-entropy mask (`get_high_entropy_mask`, TRL's own method) and adaptive controller state.
         return_metrics: also return the `_metrics["train"]` dict TRL logged.
     """
     from trl import GRPOTrainer
@@ -175,7 +194,8 @@ def trl_loss(per_token_logps, completion_mask, advantages, *, loss_type, beta=0.
         importance_sampling_level=importance_sampling_level, entropy_coef=entropy_coef,
         max_completion_length=per_token_logps.shape[1] if max_completion_length is None else max_completion_length,
         gradient_accumulation_steps=gradient_accumulation_steps, steps_per_generation=steps_per_generation,
-        use_vllm=importance_sampling_ratio is not None, use_bias_correction_kl=use_bias_correction_kl)
+        use_vllm=importance_sampling_ratio is not None, use_bias_correction_kl=use_bias_correction_kl,
+        entropy_controls=entropy_controls)
     inputs = _inputs(completion_mask, advantages, num_items_in_batch, ref_per_token_logps, old_per_token_logps,
                      importance_sampling_ratio)
     loss = GRPOTrainer._compute_loss(stand_in, None, inputs)
@@ -312,13 +332,24 @@ def random_loss_batch(seed: int, B: int, G: int) -> tuple[tuple, torch.Generator
     return (logps.requires_grad_(True), mask, rewards, lengths, ref, entropies.requires_grad_(True)), gen
 
 
+def token_statistics(entropies, logps, lengths):
+    """The probe's `TokenStatistics` (no graph) of a padded [B·G, T] batch: what its no-grad pass over U gives."""
+    from entropy_experiments.estimators.entropy_terms import TokenStatistics
+
+    rows = [int(t) for t in lengths.reshape(-1)]
+    ents = tuple((torch.zeros(T) if entropies is None else entropies[n, :T]).detach() for n, T in enumerate(rows))
+    return TokenStatistics(ents, tuple(logps[n, :T].detach() for n, T in enumerate(rows)))
+
+
 def probe_loss(logps, rewards, lengths, options, ref=None, entropies=None, sampler=None):
     """The probe's objective (`estimators/objectives.sequence_loss`) summed over a padded [B·G, T] batch; with
-    `sampler` log-probs, TRL's vLLM importance-sampling ratios from `options.vllm_correction`."""
+    `sampler` log-probs, TRL's vLLM importance-sampling ratios from `options.vllm_correction`; the entropy controls'
+    per-token weights (when the options have any) from the batch's own entropies and log-probs."""
     from entropy_experiments.estimators import objectives
 
     B, G = lengths.shape
-    terms = objectives.batch_terms(rewards, lengths, options)
+    stats = token_statistics(entropies, logps, lengths) if options.needs_token_statistics else None
+    terms = objectives.batch_terms(rewards, lengths, options, stats)
     correction = options.vllm_correction
     total = 0.0
     for p in range(B):

@@ -47,7 +47,9 @@ HASHED_AS: dict[str, tuple[str, dict[str, str]]] = {
 HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
     "objective": {"kl_in_reward_coef": 0.0, "vllm_importance_sampling_mode": "sequence_mask",
                   "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0,
-                  "use_bias_correction_kl": False},
+                  "use_bias_correction_kl": False, "use_adaptive_entropy": False, "entropy_target": 0.2,
+                  "policy_loss": "vanilla", "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0,
+                  "kl_cov_ratio": 0.0002, "ppo_kl_coef": 1.0},
     "second_order": {"method": "jvp"},
     "variance": {"r_method": "backward", "r_eta": None},
     # gen_batch_size is hashed as before (an explicit integer keeps its hash; the default "auto" is a new value,
@@ -131,7 +133,17 @@ class ProbeConfig(_Section):
         """The resolved `objectives.ObjectiveOptions` (explicit keys > trainer preset > defaults)."""
         from ..estimators.objectives import resolve
 
-        return resolve(self.objective.explicit(), default_completion_length=self.generation.max_new_tokens)
+        explicit = self.objective.explicit()
+        if self.objective.use_adaptive_entropy:  # TRL's controller: the coefficient and gate saved with the checkpoint
+            from ..checkpoint.entropy_ctrl_state import read_entropy_ctrl_state
+            from ..estimators.entropy_terms import adaptive_entropy_coef
+
+            if self.objective.trainer != "trl":
+                raise ConfigError("objective.use_adaptive_entropy: true is TRL's adaptive entropy controller, "
+                                  f"objective.trainer is {self.objective.trainer or 'null'}: set objective.trainer: trl")
+            coef, last = read_entropy_ctrl_state(self.checkpoint.checkpoint_path)
+            explicit["entropy_coef"] = adaptive_entropy_coef(coef, last, self.objective.entropy_target)
+        return resolve(explicit, default_completion_length=self.generation.max_new_tokens)
 
     def entropy_options(self):
         """The E side's `entropy_gradient.EntropyOptions` (estimator.* and variance.directional)."""

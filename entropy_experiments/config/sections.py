@@ -259,7 +259,17 @@ class ObjectiveSection(_Section):
     # What a single first on-policy step cannot represent: accepted only at their neutral values.
     kl_in_reward_coef: float = 0.0   # OpenRLHF --algo.kl.init_coef without --algo.kl.use_loss; verl use_kl_in_reward
     off_policy_mask_threshold: float | None = None
-    top_entropy_quantile: float = 1.0
+    # Entropy controls (docs/objectives.md "Entropy controls"): TRL's high-entropy token mask and adaptive entropy
+    # coefficient (its state read from the checkpoint's entropy_ctrl_state.json), verl's policy_loss.loss_mode.
+    top_entropy_quantile: float = Field(1.0, ge=0, le=1)
+    use_adaptive_entropy: bool = False
+    entropy_target: float = 0.2
+    policy_loss: Literal["vanilla", "clip_cov", "kl_cov"] = "vanilla"
+    clip_cov_ratio: float = Field(0.0002, gt=0)
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = Field(0.0002, gt=0)   # no effect on the first on-policy step (docs/objectives.md)
+    ppo_kl_coef: float = 1.0
 
     @field_validator("kl_in_reward_coef")
     @classmethod
@@ -278,17 +288,11 @@ class ObjectiveSection(_Section):
             raise ValueError(f"off-policy sequence masks need old log-probs the probe does not have, got {value!r}")
         return value
 
-    @field_validator("top_entropy_quantile")
-    @classmethod
-    def _no_entropy_mask(cls, value: float) -> float:
-        if value != 1.0:
-            raise ValueError(f"high-entropy token masks are not represented, must be 1.0, got {value!r}")
-        return value
-
     def explicit(self) -> dict[str, Any]:
         """The keys that feed the objective (None = unset), for `objectives.resolve`."""
         return self.model_dump(exclude={"num_iterations", "kl_in_reward_coef", "off_policy_mask_threshold",
-                                        "top_entropy_quantile", "trainer_batch_completions"})
+                                        "trainer_batch_completions", "use_adaptive_entropy", "entropy_target",
+                                        "kl_cov_ratio", "ppo_kl_coef"})
 
 
 class ImportanceSection(_Section):

@@ -11,7 +11,7 @@ the policy it scores.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from ..errors import ConfigError, NumericsError
 from ..policy.engine import PolicyEngine
 from ..policy.sequences import BatchedSequences
 from . import objectives
+from .entropy_terms import TokenStatistics
 from .objectives import ObjectiveOptions, SequenceTerms
 
 NamedTensors = dict[str, Tensor]
@@ -88,10 +89,22 @@ def prompts_per_microbatch(microbatch_size: int, G: int) -> int:
     return max(1, microbatch_size // G)
 
 
-def u_terms(U_batch: Batch, options: ObjectiveOptions) -> list[list[SequenceTerms]]:
-    """Per prompt and response: the objective's advantage and normaliser (objectives.batch_terms)."""
+def u_terms(U_batch: Batch, options: ObjectiveOptions, stats: TokenStatistics | None = None) -> list[list[SequenceTerms]]:
+    """Per prompt and response: the objective's advantage and normalisers (objectives.batch_terms). Without `stats`,
+    the terms before the entropy controls' per-token weights (the same advantages; `objective_gradient_sums` adds
+    the weights from `u_token_statistics`)."""
+    if stats is None and options.needs_token_statistics:
+        options = replace(options, top_entropy_quantile=1.0, policy_loss="vanilla")
     return objectives.batch_terms(torch.tensor(U_batch.rewards, dtype=torch.float64),
-                                  torch.tensor(U_batch.gen_lens), options)
+                                  torch.tensor(U_batch.gen_lens), options, stats)
+
+
+def u_token_statistics(engine: PolicyEngine, U_batch: Batch) -> TokenStatistics:
+    """Every U response's trainer entropies and log-probs at θ (no graph), for the entropy controls' weights."""
+    lp = engine.teacher_force_logprobs(U_batch.as_sequences(), with_grad=False, compute_rb=False, phase=U_GRADIENT)
+    rows = [(b, g) for b in range(U_batch.num_prompts) for g in range(U_batch.num_responses_per_prompt)]
+    return TokenStatistics(tuple(lp.token_entropies_train[b][g].detach() for b, g in rows),
+                           tuple(lp.token_logps_train[b][g].detach() for b, g in rows))
 
 
 def u_work_items(terms: list[list[SequenceTerms]], groups: list[list[int]], options: ObjectiveOptions,
@@ -108,6 +121,8 @@ def objective_gradient_sums(engine: PolicyEngine, trainable: Trainable, U_batch:
     """Σ over the given work items of ∇(objective share), per group (float64), and Σ of the losses."""
     trainable.model.eval()
     group_grads = [trainable.zeros(torch.float64) for _ in range(n_groups)]
+    if options.needs_token_statistics:  # the weights depend on whole trainer micro-batches: one no-grad pass first
+        terms = u_terms(U_batch, options, u_token_statistics(engine, U_batch))
     total_loss = 0.0
     for k, idx in progress(items):
         loss = objective_loss(engine, trainable.model, U_batch.subset(idx), [terms[p] for p in idx], options)

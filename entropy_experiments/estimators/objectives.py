@@ -4,13 +4,14 @@ v must be the step the user's trainer takes next, so U's gradient is the gradien
 loss at its first, on-policy optimizer step after generation (ratio 1: clipping inactive). Every
 objective here has the form
 
-    L_U(θ) = Σ_pg w_pg Σ_t [ −ρ_pgt A_pg ℓ_pgt(θ) + β·kl_pgt(θ)·r_pgt(θ) ]  −  c · Σ_pg u_pg Σ_t H_pgt(θ)
+    L_U(θ) = Σ_pg w_pg Σ_t [ −ρ_pgt m_pgt A_pg ℓ_pgt(θ) + β·kl_pgt(θ)·r_pgt(θ) ]  −  c · Σ_pg u_pg Σ_t m'_pgt H_pgt(θ)
 
 with ℓ the TRAINER's per-token log-prob (logits / τ, no top-p), A the advantages, kl a per-token KL
 estimate against the reference (the base model: the same network with the adapter disabled), r TRL's
 KL importance weight exp(ℓ − sg ℓ) under `use_bias_correction_kl` (value 1 on-policy, gradient ∇ℓ; else 1), H the
 trainer's per-token entropy, ρ TRL's importance-sampling ratio to the sampler when U was drawn by another
-sampler and `vllm_importance_sampling_correction` is on (vllm_correction.py; else 1; no graph), and
+sampler and `vllm_importance_sampling_correction` is on (vllm_correction.py; else 1; no graph), m, m' the entropy
+controls' per-token weights (entropy_terms.py: TRL's high-entropy mask, verl's Clip-Cov; else 1; no graph), and
 per-sequence token weights w_pg, u_pg that depend only on the batch's lengths (no graph). So the loss of U is a sum of per-sequence terms and can be
 back-propagated one microbatch of prompts at a time.
 
@@ -42,6 +43,8 @@ from torch import Tensor
 
 from ..errors import ConfigError, closest_match
 from ..registry import registrar
+from .entropy_terms import TokenStatistics, control_refusal, control_weights
+from .trainer_presets import TRAINER_PRESETS
 from .vllm_correction import VllmCorrection, vllm_correction
 
 ADVANTAGE_SCALINGS = ("none", "group", "batch")
@@ -81,6 +84,18 @@ class ObjectiveOptions:
     # TRL's use_bias_correction_kl (TRL's name; True in the trl preset, TRL's default): the per-token KL is
     # multiplied by the token's importance ratio exp(ℓ − ℓ_old), 1 on-policy but differentiable (`sequence_loss`).
     use_bias_correction_kl: bool = False
+    # Entropy controls (entropy_terms.py): TRL's high-entropy token mask (1.0: off), verl's policy_loss.loss_mode
+    # with its Clip-Cov band (KL-Cov's penalty has no gradient on-policy: kl_cov is vanilla's gradient).
+    top_entropy_quantile: float = 1.0
+    policy_loss: str = "vanilla"
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+
+    @property
+    def needs_token_statistics(self) -> bool:
+        """Whether per-token weights need a no-grad pass over U first (TRL's entropy mask, verl's Clip-Cov)."""
+        return self.top_entropy_quantile < 1.0 or self.policy_loss == "clip_cov"
 
     @property
     def needs_reference(self) -> bool:
@@ -104,28 +119,6 @@ class ObjectiveOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-# Trainer presets: every key a trainer fixes by default (sources in docs/objectives.md: trl 1.16.0
-# grpo_config.py loss_type ≈ L801 "dapo", scale_rewards ≈ L789 "group", beta ≈ L681 0.0,
-# entropy_coef ≈ L876 0.0, max_completion_length ≈ L494 (TRL generates that many tokens, so the probe's
-# generation.max_new_tokens plays its part: `resolve` fills it from there), advantages ε = 1e-4 in grpo_trainer.py
-# ≈ L2787, max_grad_norm 1.0 from TrainingArguments; verl 0.9.1 core_algos.py GRPO ε = 1e-6,
-# FSDPActorConfig loss_agg_mode token-mean over the mini-batch's global token count, grad_clip 1.0,
-# use_kl_loss false (low_var_kl when on); OpenRLHF 0.11.2 group_norm ε = 1e-9, --actor.loss_agg_mode
-# token-mean: one token mean over the whole optimizer step (loss_utils.iter_grad_accum_global_norm), max_norm 1.0).
-# tests/test_framework_objectives.py checks verl's and OpenRLHF's against their own loss code.
-TRAINER_PRESETS: dict[str, dict[str, Any]] = {
-    "trl": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-4, "max_completion_length": None,
-            "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "entropy_aggregation": "token_mean",
-            "max_grad_norm": 1.0, "micro_batches": 1, "use_bias_correction_kl": True},
-    "verl": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-6, "max_completion_length": None,
-             "kl_coef": 0.0, "kl_estimator": "low_var_kl", "entropy_coef": 0.0, "entropy_aggregation": "loss",
-             "max_grad_norm": 1.0, "micro_batches": 1},
-    "openrlhf": {"loss_type": "dapo", "scale_rewards": "group", "advantage_eps": 1e-9, "max_completion_length": None,
-                 "kl_coef": 0.0, "kl_estimator": "k1", "entropy_coef": 0.0, "entropy_aggregation": "loss",
-                 "max_grad_norm": 1.0, "micro_batches": 1},
-}
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -299,6 +292,8 @@ class SequenceTerms:
     advantage: float
     weight: float
     entropy_weight: float
+    policy_mask: Tensor | None = None    # [T] per-token multiplier of the policy term (entropy_terms.py)
+    entropy_mask: Tensor | None = None   # [T] per-token multiplier of the entropy bonus
 
 
 def sequence_loss(logps: Tensor, terms: SequenceTerms, options: ObjectiveOptions, *,
@@ -312,6 +307,8 @@ def sequence_loss(logps: Tensor, terms: SequenceTerms, options: ObjectiveOptions
     value 1, ∇r_t = ∇ℓ_t, so the KL gradient gains kl_t·∇ℓ_t), else 1.
     """
     per_token = -terms.advantage * logps
+    if terms.policy_mask is not None:
+        per_token = per_token * terms.policy_mask.to(logps.device, logps.dtype)
     if sampler_ratios is not None:
         per_token = per_token * sampler_ratios.detach().to(logps.dtype)
     if options.needs_reference:
@@ -325,17 +322,34 @@ def sequence_loss(logps: Tensor, terms: SequenceTerms, options: ObjectiveOptions
     if options.needs_entropy:
         if entropies is None:
             raise ValueError("objective.entropy_coef != 0 needs the per-token entropies")
+        if terms.entropy_mask is not None:
+            entropies = entropies * terms.entropy_mask.to(entropies.device, entropies.dtype)
         loss = loss - options.entropy_coef * terms.entropy_weight * entropies.sum()
     return loss
 
 
-def batch_terms(rewards: Tensor, lengths: Tensor, options: ObjectiveOptions) -> list[list[SequenceTerms]]:
-    """SequenceTerms [B][G] of the whole U batch (rewards, lengths [B, G])."""
+def batch_terms(rewards: Tensor, lengths: Tensor, options: ObjectiveOptions,
+                stats: TokenStatistics | None = None) -> list[list[SequenceTerms]]:
+    """SequenceTerms [B][G] of the whole U batch (rewards, lengths [B, G]); `stats` (needed when
+    `options.needs_token_statistics`) gives the per-token weights of the entropy controls."""
     adv = advantages(rewards, options.scale_rewards, options.advantage_eps)
     w = token_weights(lengths, options)
     u = entropy_weights(lengths, options)
     B, G = lengths.shape
-    return [[SequenceTerms(float(adv[b, g]), float(w[b, g]), float(u[b, g])) for g in range(G)] for b in range(B)]
+    clip_cov = ((options.clip_cov_ratio, options.clip_cov_lb, options.clip_cov_ub)
+                if options.policy_loss == "clip_cov" else None)
+    masks = control_weights(adv.reshape(-1).tolist(), stats, micro_batches=options.micro_batches,
+                            quantile=options.top_entropy_quantile, clip_cov=clip_cov)
+    if masks.entropy_counts is not None and options.entropy_aggregation == "token_mean":
+        u = torch.tensor([1.0 / (options.micro_batches * max(c, 1.0)) for c in masks.entropy_counts],
+                         dtype=torch.float64).reshape(B, G) * float(options.needs_entropy)
+
+    def at(table: tuple[Tensor, ...] | None, n: int) -> Tensor | None:
+        return None if table is None else table[n]
+
+    return [[SequenceTerms(float(adv[b, g]), float(w[b, g]), float(u[b, g]), at(masks.policy, b * G + g),
+                           at(masks.entropy, b * G + g)) for g in range(G)] for b in range(B)]
+
 
 
 def contributes(terms_row: list[SequenceTerms], options: ObjectiveOptions) -> bool:
@@ -370,6 +384,9 @@ def resolve(explicit: dict[str, Any], *, default_completion_length: int) -> Obje
         raise ConfigError(f"objective.kl_coef: OpenRLHF aggregates its KL loss as a token mean over the step "
                           f"whatever the policy loss's aggregation; with loss_type {options.loss_type!r} that is "
                           "not the probe's objective (only token-mean / dapo is)")
+    refusal = control_refusal(trainer, options.top_entropy_quantile, options.policy_loss)
+    if refusal is not None:
+        raise ConfigError(refusal)
     if options.max_completion_length is None and (options.loss_type == "dr_grpo" or trainer == "trl"):
         options = replace(options, max_completion_length=default_completion_length)
     for key, allowed in (("scale_rewards", ADVANTAGE_SCALINGS), ("kl_estimator", KL_ESTIMATORS),

@@ -115,7 +115,7 @@ class EntropyProbeCallback(TrainerCallback):
         if reuses_rollouts(step, self.num_iterations, self.session_start):
             self._record({"step": step, "skipped": reuse_note(step, self.num_iterations, self.session_start)})
             return
-        config = self.config.model_copy(update={"seed": self.step_seed(step)})
+        config = view.step_objective(self.config.model_copy(update={"seed": self.step_seed(step)}), self.trainer)
         t0 = time.perf_counter()
         with untouched(self.policy.trainable.model):
             try:

@@ -4,7 +4,7 @@ Everything the offline probe takes from a config and a checkpoint, the callback 
 
 | probe                          | from the trainer                                                          |
 |--------------------------------|---------------------------------------------------------------------------|
-| `objective.*`                  | `args.loss_type`, `beta` (kl_coef), `scale_rewards`, `max_grad_norm`, `max_completion_length`, `gradient_accumulation_steps` (micro-batches), `num_iterations` (which steps are probed: the callback), `top_entropy_quantile`, `off_policy_mask_threshold`, `vllm_importance_sampling_correction`, `use_bias_correction_kl` |
+| `objective.*`                  | `args.loss_type`, `beta` (kl_coef), `scale_rewards`, `max_grad_norm`, `max_completion_length`, `gradient_accumulation_steps` (micro-batches), `num_iterations` (which steps are probed: the callback), `top_entropy_quantile`, `entropy_coef` (with `use_adaptive_entropy`: the live controller's, `step_objective`), `off_policy_mask_threshold`, `vllm_importance_sampling_correction`, `use_bias_correction_kl` |
 | `generation.*`                 | `temperature`, `top_p`, `max_completion_length`; no stop string (TRL stops at EOS only) |
 | prompts                        | `train_dataset` rows in TRL's column conventions, rendered with `args.chat_template_kwargs` |
 | rewards                        | `reward_funcs` with `reward_weights`, called as TRL calls them            |
@@ -28,6 +28,7 @@ from entropy_experiments.config.messages import config_error
 from entropy_experiments.data.datasets.hf import dataset_examples
 from entropy_experiments.data.rewards.weighted import RewardSet
 from entropy_experiments.errors import ConfigError
+from entropy_experiments.estimators.entropy_terms import adaptive_entropy_coef
 from entropy_experiments.estimators.objective_gradient import Trainable
 from entropy_experiments.estimators.objectives import unmirrored_loss_type
 from entropy_experiments.policy.engine import PolicyEngine
@@ -74,8 +75,6 @@ def unsupported_settings(args: Any) -> dict[str, tuple[bool, str]]:
             "importance_sampling_level": (args.importance_sampling_level != "token",
                                           "sequence-level ratios (GSPO) have another gradient"),
             "mask_truncated_completions": (bool(args.mask_truncated_completions), "the probe keeps truncated ones"),
-            "entropy_coef": (args.entropy_coef != 0 or bool(args.use_adaptive_entropy),
-                             "TRL's entropy term is not mirrored"),
             "multi_objective_aggregation": (args.multi_objective_aggregation != "sum_then_normalize",
                                             "the probe sums the weighted rewards, then normalises"),
             "steps_per_generation": (args.steps_per_generation != args.gradient_accumulation_steps,
@@ -90,10 +89,30 @@ def objective_keys(args: Any) -> dict[str, Any]:
             "kl_coef": float(args.beta), "max_grad_norm": args.max_grad_norm,
             "max_completion_length": args.max_completion_length, "micro_batches": args.gradient_accumulation_steps,
             "num_iterations": args.num_iterations, "top_entropy_quantile": args.top_entropy_quantile,
+            # the adaptive controller's coefficient changes every step: `step_objective` sets the live one
+            "entropy_coef": 0.0 if args.use_adaptive_entropy else float(args.entropy_coef),
             "off_policy_mask_threshold": args.off_policy_mask_threshold,
             "vllm_importance_sampling_correction": bool(args.use_vllm and args.vllm_importance_sampling_correction),
             # a TRL without the switch (before it existed) has no KL importance weight
             "use_bias_correction_kl": bool(getattr(args, "use_bias_correction_kl", False))}
+
+
+def live_entropy_coef(trainer: Any) -> float:
+    """The entropy coefficient the trainer's next step applies: `args.entropy_coef`, or with `use_adaptive_entropy`
+    the controller's current `entropy_coef` gated on its last window's entropy (`_last_world_entropy`, TRL's
+    attribute; estimators/entropy_terms.adaptive_entropy_coef)."""
+    args = trainer.args
+    if not args.use_adaptive_entropy:
+        return float(args.entropy_coef)
+    return adaptive_entropy_coef(trainer.entropy_coef, trainer._last_world_entropy, args.entropy_target)
+
+
+def step_objective(config: ProbeConfig, trainer: Any) -> ProbeConfig:
+    """`config` with the entropy coefficient of the trainer's next step (it moves under the adaptive controller)."""
+    coef = live_entropy_coef(trainer)
+    if config.objective.entropy_coef == coef:
+        return config
+    return config.model_copy(update={"objective": config.objective.model_copy(update={"entropy_coef": coef})})
 
 
 def trainer_batch(args: Any) -> int:
