@@ -136,7 +136,8 @@ def test_predictors_off_and_variance_off(tiny_model_dir, prompts_file):
     assert off["predictors"] is None and "phase6_predictors" not in off["timing"]
     no_bars = _run(make_probe(tiny_model_dir, prompts_file, {"variance": {"enabled": False}}))[0]["predictors"]
     for entry in no_bars.values():
-        assert math.isfinite(entry["delta_h1"]) and math.isnan(entry["se"])
+        assert math.isfinite(entry["delta_h1"])
+        assert entry["se"] is None if entry.get("scale_free") else math.isnan(entry["se"])  # proxies: no SE
 
 
 def test_predictors_on_the_enumerable_model(toy_dir, toy_prompts_file):  # noqa: F811
