@@ -214,6 +214,17 @@ TRAPS = [
          "recognised at load time by checkpoint.layout.resolve_checkpoint;",
          "recognised at load time by checkpoint_layout.resolve_checkpoint;",
          ("tests/test_docs_names.py::test_names_in_docstrings_comments_and_messages_exist",)),
+    # ---- the field's entropy proxies and their leave-one-out scale
+    Trap("proxy_covariance_ignores_the_weights", EE + "estimators/entropy_proxies.py",
+         "return _mean((x - _mean(x, weights)) * (y - _mean(y, weights)), weights)",
+         "return _mean((x - _mean(x, None)) * (y - _mean(y, None)), weights)",
+         ("tests/test_entropy_proxies.py::test_cui_forms_equal_the_exact_entropy_derivative_of_a_softmax_step[0]",)),
+    Trap("s_star_sign_of_log_p", EE + "estimators/entropy_proxies.py",
+         "return np.exp(logp) * (entropy + logp)", "return np.exp(logp) * (entropy - logp)",
+         ("tests/test_entropy_proxies.py::test_s_star_is_minus_the_entropy_derivative_along_the_sampled_logit",)),
+    Trap("loo_scale_keeps_the_left_out_pair", EE + "sweep/stats.py",
+         "c = fitted_scale(x[others], y[others], se[others])", "c = fitted_scale(x, y, se)",
+         ("tests/test_sweep_stats.py::test_loo_scale_against_a_brute_force_loop",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.

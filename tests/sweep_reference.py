@@ -42,7 +42,31 @@ def ref_bootstrap(x, y, fn):
         else [None, None]
 
 
-def ref_metrics(x, y, z, se):
+def _ok(e):
+    return e is not None and math.isfinite(e) and e > 0
+
+
+def ref_scale(pairs):
+    """Σxy/se² / Σx²/se² over (x, y, se) with a usable se, written out; None when the denominator is 0."""
+    num = sum(a * b / e ** 2 for a, b, e in pairs if _ok(e))
+    den = sum(a * a / e ** 2 for a, b, e in pairs if _ok(e))
+    return num / den if den > 0 else None
+
+
+def ref_loo_scale(x, y, se):
+    """The leave-one-pair-out scale's z by a plain loop over the pairs."""
+    pairs = list(zip(x, y, se))
+    zs = []
+    for i, (a, b, e) in enumerate(pairs):
+        c = ref_scale(pairs[:i] + pairs[i + 1:])
+        if _ok(e) and c is not None:
+            zs.append((c * a - b) / e)
+    return {"scale": ref_scale(pairs) if pairs else None,
+            "coverage": sum(abs(v) < 1.96 for v in zs) / len(zs) if zs else None,
+            "rms_z": math.sqrt(sum(v * v for v in zs) / len(zs)) if zs else None, "n": len(zs)}
+
+
+def ref_metrics(x, y, z, se, scale_free=False):
     def spear(a, b):
         return ref_pearson(ref_ranks(a), ref_ranks(b))
 
@@ -60,10 +84,12 @@ def ref_metrics(x, y, z, se):
             "pearson": {"r": ref_pearson(x, y), "ci95": ref_bootstrap(x, y, ref_pearson)},
             "spearman": {"r": spear(x, y), "ci95": ref_bootstrap(x, y, spear)},
             "coverage": {"value": sum(abs(v) < 1.96 for v in zs) / len(zs) if zs else None, "n": len(zs)},
-            "median_ratio": med}
+            "median_ratio": med,
+            "rms_z": math.sqrt(sum(v * v for v in zs) / len(zs)) if zs else None,
+            **({"scale_free": True, "loo_scale": ref_loo_scale(x, y, se)} if scale_free else {})}
 
 
-def ref_calibration(doc):
+def ref_calibration(doc, scale_free=()):
     names = list(dict.fromkeys(n for r in doc["rows"] for n in r["predictors"]))
     names = [n for n in names if n == "displacement"] + [n for n in names if n != "displacement"]
     out = {}
@@ -72,7 +98,8 @@ def ref_calibration(doc):
                 r["deltaH_true"]["se_scaled"]) for r in doc["rows"] if name in r["predictors"] and r["deltaH_true"]]
         real = [(r["predictors"][name]["dH_predicted"], r["dH_realised"], r["predictors"][name]["z"], r["se"])
                 for r in doc["realised"] if name in r["predictors"]]
-        out[name] = {k: ref_metrics([p[0] for p in v], [p[1] for p in v], [p[2] for p in v], [p[3] for p in v])
+        out[name] = {k: ref_metrics([p[0] for p in v], [p[1] for p in v], [p[2] for p in v], [p[3] for p in v],
+                                    name in scale_free)
                      for k, v in (("own", own), ("realised", real))}
     return out
 

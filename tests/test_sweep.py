@@ -31,6 +31,7 @@ from entropy_experiments import cli
 from entropy_experiments.checkpoint.layout import resolve_checkpoint
 from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import CheckpointError, ConfigError, OutputError
+from entropy_experiments.estimators.entropy_proxies import PROXIES
 from entropy_experiments.sweep import run_sweep
 from entropy_experiments.sweep.discovery import find_checkpoints, select_every
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
@@ -145,13 +146,17 @@ def test_lr_zero_checkpoint_is_measured_for_entropy_only(swept, trained):
 def test_sweep_calibration_matches_an_independent_implementation(swept):
     _, doc = swept
     assert {"adamw_step"} <= set(doc["calibration"])
-    assert_close(doc["calibration"], ref_calibration(doc), "calibration")
+    assert_close(doc["calibration"], ref_calibration(doc, scale_free=set(PROXIES)), "calibration")
+    assert set(PROXIES) <= set(doc["calibration"])  # the scale-free entropy proxies are scored too
     # the realised z of every predictor, recomputed
     for real in doc["realised"]:
         row = next(r for r in doc["rows"] if r["step"] == real["from_step"])
         for name, p in real["predictors"].items():
             if name == "displacement":  # its z is the first-order residual's: test_first_order_residual_...
                 assert p["z"] == real["first_order"]["z"] and p["dH_predicted"] == real["displacement"]["value"]
+                continue
+            if name in PROXIES:  # no SE, no z: scored by the leave-one-out scale (test_sweep_stats.py)
+                assert p["z"] is None
                 continue
             se = math.sqrt(real["se"] ** 2 + row["predictors"][name]["se"] ** 2 + row["se_U"] ** 2)
             assert p["z"] == pytest.approx((real["dH_realised"] - row["predictors"][name]["delta_h1"]) / se)

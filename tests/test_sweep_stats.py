@@ -13,9 +13,12 @@ from entropy_experiments.sweep.calibration import calibration
 from entropy_experiments.sweep.stats import (
     bootstrap_ci,
     entropy_with_se,
+    fitted_scale,
+    loo_scale_z,
     paired_difference,
     pearson,
     rank_average,
+    rms,
     spearman,
 )
 from tests.sweep_reference import assert_close, jackknife, ref_bootstrap, ref_calibration, ref_pearson
@@ -30,19 +33,47 @@ def test_calibration_on_many_rows_matches_an_independent_implementation():
     for i, t in enumerate(truth):
         preds = {"adamw_step": {"delta_h1": float(t + rng.normal(0, 3e-3)), "z_own": float(rng.normal())},
                  "sgd_same_norm": {"delta_h1": float(round(t * 300) / 300), "z_own": None},
-                 "displacement": {"delta_h1": float(t + rng.normal(0, 2e-3)), "z_own": None}}
+                 "displacement": {"delta_h1": float(t + rng.normal(0, 2e-3)), "z_own": None},
+                 "cui_npg": {"delta_h1": float(40 * t + rng.normal(0, 0.1)), "z_own": None}}  # scale-free
         rows.append({"predictors": preds, "deltaH_true": {"scaled": float(t), "se_scaled": 4e-3 if i % 3 else None}})
         realised.append({"dH_realised": float(t + rng.normal(0, 5e-3)), "se": float(rng.uniform(1e-3, 8e-3)),
-                         "predictors": {k: {"dH_predicted": v["delta_h1"], "z": float(rng.normal(0, 1.5))}
+                         "predictors": {k: {"dH_predicted": v["delta_h1"],
+                                            "z": None if k == "cui_npg" else float(rng.normal(0, 1.5))}
                                         for k, v in preds.items()}})
     doc = {"rows": rows, "realised": realised}
     mine = calibration(rows, realised)
-    assert_close(mine, ref_calibration(doc))
+    assert_close(mine, ref_calibration(doc, scale_free={"cui_npg"}))
+    loo = mine["cui_npg"]["realised"]["loo_scale"]
+    assert mine["cui_npg"]["realised"]["coverage"]["n"] == 0 and loo["n"] == 12  # no z of its own; 12 LOO z
+    assert 0 < loo["scale"] < 0.05 and loo["rms_z"] > 0
+    assert "loo_scale" not in mine["adamw_step"]["own"] and mine["adamw_step"]["own"]["rms_z"] > 0
     assert next(iter(mine)) == "displacement"
     assert 0 < mine["displacement"]["realised"]["n_resolved"] < 12
     assert 0.5 < mine["adamw_step"]["own"]["pearson"]["r"] < 1.0
     lo, hi = mine["adamw_step"]["own"]["pearson"]["ci95"]
     assert lo < mine["adamw_step"]["own"]["pearson"]["r"] < hi
+
+
+def test_loo_scale_against_a_brute_force_loop():
+    """The scale fitted without each pair (closed form of min Σ (y − c·x)²/se²) is checked
+    against numpy's lstsq on the weighted rows, refitted in a loop; pairs without a usable SE give NaN."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=9)
+    y = 0.02 * x + rng.normal(0, 5e-3, size=9)
+    se = rng.uniform(2e-3, 6e-3, size=9)
+    se[4] = np.nan
+    z = loo_scale_z(x, y, se)
+    for i in range(9):
+        keep = [j for j in range(9) if j != i and np.isfinite(se[j])]
+        c = np.linalg.lstsq((x[keep] / se[keep])[:, None], y[keep] / se[keep], rcond=None)[0][0]
+        if i == 4:
+            assert math.isnan(z[i])
+        else:
+            assert z[i] == pytest.approx((c * x[i] - y[i]) / se[i], rel=1e-10)
+    ok = np.isfinite(se)
+    c_all = np.linalg.lstsq((x[ok] / se[ok])[:, None], y[ok] / se[ok], rcond=None)[0][0]
+    assert fitted_scale(x, y, se) == pytest.approx(c_all, rel=1e-12)
+    assert rms([3.0, 4.0, float("nan")]) == pytest.approx(math.sqrt(12.5))
 
 
 def test_correlations_against_scipy():

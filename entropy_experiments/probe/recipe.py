@@ -42,6 +42,7 @@ from ..estimators.entropy_gradient import (
     sampler_weights,
     surrogate_gradient_rows,
 )
+from ..estimators.entropy_proxies import u_proxy_entries
 from ..estimators.error_bars import ErrorBars, error_bars
 from ..estimators.objective_gradient import (
     Trainable,
@@ -351,6 +352,7 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     timing.update(estimates.timing)
     later = beyond_first_order_phase(work, policy, E, res, bars, dist, estimates.truth)
     timing.update(later.timing)
+    predictors = None if later.predictors is None else {**later.predictors, **u_proxy_entries(policy.engine, U)}
     t0 = time.perf_counter()
     attribution, e_tokens = attribution_phase(work, policy, E, U, res, bars,
                                               partial(score_E, work, policy, E, res.v, dist))
@@ -362,7 +364,7 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
                      model=policy.trainable.model, checkpoint_info=policy.checkpoint_info, world_size=dist.world_size,
                      backend=dist.backend, warnings=list(notes.messages), sampling_warnings=list(sampling_warnings),
                      zero_advantage_prompts=n_zero, plan=samples.plan)
-    outcome = assemble_results(E, U, res, bars, later.truth, later.residuals, later.second_order, later.predictors,
+    outcome = assemble_results(E, U, res, bars, later.truth, later.residuals, later.second_order, predictors,
                                timing, facts)
     outcome.results["attribution"], outcome.e_tokens = attribution, e_tokens
     # what drew E and U, then the estimators' correction diagnostics (assemble_results)

@@ -272,6 +272,7 @@ PREDICTOR_MEANINGS = {
     "sgd_same_norm": "−g rescaled to ‖v‖",
     "direct_only": "Σ_k D_v H_k alone",
 }
+SCALE_FREE_MEANING = "scale-free proxy on U: per unit logit step, not nats (maths §13)"
 
 
 def _predictors_table(predictors: dict[str, dict[str, Any]], entries: list[dict[str, Any]], unit: str) -> Any:
@@ -289,7 +290,7 @@ def _predictors_table(predictors: dict[str, dict[str, Any]], entries: list[dict[
         table.add_row(name, format_number(entry.get("delta_h1"), "+.4g"), format_number(entry.get("se"), ".2g"),
                       f"{format_number(entry.get('se_E'), '.2g')} / {format_number(entry.get('se_U'), '.2g')}",
                       format_number(_ratio(1.0, entry.get("ratio_to_measured")), ".3f"),
-                      PREDICTOR_MEANINGS.get(name, ""))
+                      PREDICTOR_MEANINGS.get(name, SCALE_FREE_MEANING if entry.get("scale_free") else ""))
     return table
 
 

@@ -10,7 +10,13 @@ Each: n, sign agreement (over all pairs, and `sign_agreement_resolved` over the 
 value is resolved, |measured| > 2·SE), Pearson and Spearman r with 95 % percentile-bootstrap intervals (pairs that
 share a checkpoint share its E: the bootstrap over pairs is approximate), coverage (the fraction of finite z with
 |z| < 1.96, i.e. of ±1.96·SE intervals that cover the measured value, with the number of finite z) and the median
-of predicted / measured. The `displacement` predictor comes first; its realised z is the first-order residual's.
+of predicted / measured, and `rms_z` = √(mean z²) over the finite z (1 for honest error bars). The `displacement`
+predictor comes first; its realised z is the first-order residual's.
+
+The scale-free entropy proxies (estimators/entropy_proxies.py: `scale_free: true` in results.json) have no SE and
+no scale, so no z: they carry `loo_scale` instead — {scale: the one scale c fitted on all pairs (weighted least
+squares of measured on c·proxy through 0, weights 1/SE² of the measured value), coverage and rms_z of z_i =
+(c₍₋ᵢ₎·proxy_i − measured_i)/SE_i with c₍₋ᵢ₎ fitted without pair i, n: the number of finite z_i}.
 
 `decomposition` (sweep.json): the coverage of the realised intervals' first-order, second-order and U-noise z
 (sweep/decomposition.py).
@@ -20,7 +26,18 @@ from __future__ import annotations
 
 import math
 
-from .stats import bootstrap_ci, coverage, median_ratio, pearson, sign_agreement, spearman
+from ..estimators.entropy_proxies import PROXIES
+from .stats import (
+    bootstrap_ci,
+    coverage,
+    fitted_scale,
+    loo_scale_z,
+    median_ratio,
+    pearson,
+    rms,
+    sign_agreement,
+    spearman,
+)
 
 __all__ = ["calibration", "decomposition_coverage", "metrics"]
 
@@ -29,8 +46,21 @@ def _finite_or_none(x: float) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
+def _none_nan(xs: list[float | None]) -> list[float]:
+    return [float("nan") if v is None else v for v in xs]
+
+
+def loo_scale(predicted: list[float], measured: list[float], se_measured: list[float | None]) -> dict:
+    """{scale, coverage, rms_z, n} of a scale-free predictor (see the module docstring)."""
+    se = _none_nan(se_measured)
+    zs = loo_scale_z(predicted, measured, se) if predicted else []
+    return {"scale": _finite_or_none(fitted_scale(predicted, measured, se)) if predicted else None,
+            "coverage": _finite_or_none(coverage(zs)), "rms_z": _finite_or_none(rms(zs)),
+            "n": sum(1 for v in zs if math.isfinite(v))}
+
+
 def metrics(predicted: list[float], measured: list[float], z: list[float | None],
-            se_measured: list[float | None]) -> dict:
+            se_measured: list[float | None], scale_free: bool = False) -> dict:
     """The calibration summary of one comparison (see the module docstring); None where undefined."""
     zs = [float("nan") if v is None else v for v in z]
     resolved = [i for i, (y, se) in enumerate(zip(measured, se_measured, strict=True))
@@ -44,7 +74,10 @@ def metrics(predicted: list[float], measured: list[float], z: list[float | None]
         out[name] = {"r": _finite_or_none(fn(predicted, measured)),
                      "ci95": [_finite_or_none(lo), _finite_or_none(hi)]}
     out["coverage"] = {"value": _finite_or_none(coverage(zs)), "n": sum(1 for v in zs if math.isfinite(v))}
+    out["rms_z"] = _finite_or_none(rms(zs))
     out["median_ratio"] = _finite_or_none(median_ratio(predicted, measured))
+    if scale_free:
+        out["scale_free"], out["loo_scale"] = True, loo_scale(predicted, measured, se_measured)
     return out
 
 
@@ -80,7 +113,8 @@ def calibration(rows: list[dict], realised: list[dict]) -> dict:
     for row in rows:
         names += [n for n in row["predictors"] if n not in names]
     names.sort(key=lambda n: n != "displacement")  # stable: the displacement first, the others as found
-    return {name: {"own": metrics(*_own_pairs(rows, name)), "realised": metrics(*_realised_pairs(realised, name))}
+    return {name: {"own": metrics(*_own_pairs(rows, name), scale_free=name in PROXIES),
+                   "realised": metrics(*_realised_pairs(realised, name), scale_free=name in PROXIES)}
             for name in names}
 
 

@@ -9,7 +9,10 @@ prompt drawn from the pool with its response(s), the probe's own unit (`prompt_i
 - `paired_difference`: Ĥ(to) − Ĥ(from) on two E batches, with the jackknife over the units of either batch,
   the difference of the two ratios recomputed in every replicate (paired where a unit is in both).
 - `pearson`, `spearman` (Pearson of average ranks), `bootstrap_ci` (percentile bootstrap over rows), and
-  the calibration summaries `sign_agreement`, `coverage`, `median_ratio`.
+  the calibration summaries `sign_agreement`, `coverage`, `rms`, `median_ratio`;
+- `fitted_scale`, `loo_scale_z`: for a scale-free predictor x (no units of its own), the one scale c that
+  best maps it onto the measured y (weighted least squares through 0, weights 1/SE²), and the z of each pair
+  under the scale fitted without it.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from ..estimators.jackknife import Estimate, as_float64, jackknife_estimate, sam
 from ..estimators.realised_change import paired_change_replicates
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "PairedDifference", "bootstrap_ci", "coverage",
-           "entropy_with_se", "median_ratio", "paired_difference", "pearson", "rank_average", "sign_agreement",
-           "spearman"]
+           "entropy_with_se", "fitted_scale", "loo_scale_z", "median_ratio", "paired_difference", "pearson",
+           "rank_average", "rms", "sign_agreement", "spearman"]
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -138,3 +141,34 @@ def median_ratio(predicted: Sequence[float], measured: Sequence[float]) -> float
     p, m = as_float64(predicted), as_float64(measured)
     keep = m != 0
     return float(np.median(p[keep] / m[keep])) if keep.any() else float("nan")
+
+
+def rms(z: Sequence[float]) -> float:
+    """√(mean z²) over the finite z (NaN when none): 1 for well-calibrated error bars."""
+    z = as_float64(z)
+    z = z[np.isfinite(z)]
+    return float(np.sqrt(np.mean(z * z))) if z.size else float("nan")
+
+
+def fitted_scale(x: Sequence[float], y: Sequence[float], se: Sequence[float]) -> float:
+    """c minimising Σ (y − c·x)²/se² over the pairs with finite x, y and se > 0: Σxy/se² / Σx²/se² (NaN when
+    Σx²/se² = 0); units of y per unit of x."""
+    x, y, se = as_float64(x), as_float64(y), as_float64(se)
+    keep = np.isfinite(x) & np.isfinite(y) & np.isfinite(se) & (se > 0)
+    w = 1.0 / se[keep] ** 2
+    den = float(np.sum(w * x[keep] ** 2))
+    return float(np.sum(w * x[keep] * y[keep]) / den) if den > 0 else float("nan")
+
+
+def loo_scale_z(x: Sequence[float], y: Sequence[float], se: Sequence[float]) -> np.ndarray:
+    """z_i = (c₍₋ᵢ₎·x_i − y_i)/se_i with c₍₋ᵢ₎ = `fitted_scale` without pair i (NaN where se_i is not a finite
+    positive number or c₍₋ᵢ₎ is undefined). Only the measured SE enters: the scale-free predictor has none."""
+    x, y, se = as_float64(x), as_float64(y), as_float64(se)
+    z = np.full(x.size, np.nan)
+    for i in range(x.size):
+        if not (np.isfinite(se[i]) and se[i] > 0 and np.isfinite(x[i]) and np.isfinite(y[i])):
+            continue
+        others = np.arange(x.size) != i
+        c = fitted_scale(x[others], y[others], se[others])
+        z[i] = (c * x[i] - y[i]) / se[i]
+    return z

@@ -24,6 +24,12 @@ def _z(entry: dict | None, key: str = "z") -> str:
     return _f(None if not entry else entry.get(key), "+.2f")
 
 
+def _loo(m: dict) -> str:
+    """'c (coverage)' of a scale-free predictor's leave-one-out scale (sweep/calibration.py); '' otherwise."""
+    loo = m.get("loo_scale")
+    return f"{_f(loo['scale'], '.3g')} ({_f(loo['coverage'], '.2f')})" if loo else ""
+
+
 def _reuse_mark(interval: dict) -> str:
     """'  reuse: steps 2, 4' for an interval holding steps that reused rollouts (objective.num_iterations > 1)."""
     steps = interval.get("rollout_reuse_steps") or []
@@ -71,12 +77,12 @@ def print_sweep_summary(doc: dict) -> None:
               f"{_pm(r['dH_predicted'], r['se_predicted']):>22} {_f(r['z'], '+.2f'):>6}{_reuse_mark(r)}")
     _print_decomposition(doc)
     print(f"\n{'predictor':>14} {'vs':>9} {'n':>3} {'sign':>5} {'resolved':>12} {'Pearson r [95% CI]':>24} "
-          f"{'Spearman r [95% CI]':>24} {'coverage':>9} {'median pred/meas':>16}")
+          f"{'Spearman r [95% CI]':>24} {'coverage':>9} {'median pred/meas':>16} {'rms z':>6} {'LOO scale (cov.)':>18}")
     for name, both in doc["calibration"].items():
         for which, m in both.items():
             resolved = f"{_f(m.get('sign_agreement_resolved'), '.2f')} ({m.get('n_resolved', 0)})"
             print(f"{name:>14} {which:>9} {m['n']:>3} {_f(m['sign_agreement'], '.2f'):>5} {resolved:>12} "
                   f"{_ci(m['pearson']):>24} {_ci(m['spearman']):>24} {_f(m['coverage']['value'], '.2f'):>9} "
-                  f"{_f(m['median_ratio'], '.3g'):>16}")
+                  f"{_f(m['median_ratio'], '.3g'):>16} {_f(m.get('rms_z'), '.2f'):>6} {_loo(m):>18}")
     for message in doc.get("warnings") or []:
         print(f"warning: {message}")
