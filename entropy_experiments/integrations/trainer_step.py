@@ -24,6 +24,7 @@ drawn from the policy whose entropy is reported.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,12 +89,22 @@ class PendingTrainerStep:
     se_E: float
     seconds: float
     warnings: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # further row fields (the autopilot's)
 
     def prediction(self) -> dict:
         """The row's numbers known before the step."""
         return {"step": self.step, "predict": TRAINER_STEP, "H": self.H, "delta_h_next": self.delta_h_next,
                 "se_E": self.se_E, "lr": self.next_step.lr, "lrs": list(self.next_step.lrs),
-                "step_norm": self.next_step.norm}
+                "step_norm": self.next_step.norm, **self.extra}
+
+    def scaled(self, multiplier: float, **extra) -> PendingTrainerStep:
+        """The same prediction for the step taken with every group's lr × `multiplier` (an AdamW step is linear
+        in its lr: Δθ, the pieces, δH_next and SE_E all scale by it), with `extra` row fields."""
+        m = float(multiplier)
+        upcoming = NextStep({n: m * s for n, s in self.next_step.step.items()}, tuple(m * lr for lr in self.next_step.lrs))
+        return dataclasses.replace(self, pieces=(m * self.pieces[0], m * self.pieces[1]), next_step=upcoming,
+                                   delta_h_next=m * self.delta_h_next, se_E=abs(m) * self.se_E,
+                                   extra={**self.extra, **extra})
 
 
 def sample_E(config: ProbeConfig, policy: Policy, examples: list) -> Batch:
