@@ -114,7 +114,8 @@ def test_the_autopilot_steers_the_real_step_and_survives_a_resume(tmp_path, tiny
     assert max(watcher.errors) < 1e-6            # the step taken is the prediction × m
     scheduler = [h["learning_rate"] for h in plain.state.log_history if "learning_rate" in h]
     logged = [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h]
-    assert logged == scheduler                    # the scheduler's lr put back after every step
+    assert logged == scheduler                    # the trainer's log: the scheduler's lr
+    assert [set(lrs) for lrs in watcher.lrs_after] == [{lr} for lr in scheduler]  # put back in every group
     for row, lr in zip(rows, scheduler):
         assert row["lr"] == pytest.approx(lr * row["lr_multiplier"], rel=1e-6)
         assert 0.1 <= row["lr_multiplier"] <= 2.0 and row["H_target"] == 10.0

@@ -35,7 +35,7 @@ class StepWatcher(TrainerCallback):
     probe, so it runs after the prediction)."""
 
     def __init__(self, trainer, probe):
-        self.trainer, self.probe, self.errors, self.before = trainer, probe, [], None
+        self.trainer, self.probe, self.errors, self.before, self.lrs_after = trainer, probe, [], None, []
 
     def _params(self):
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
@@ -48,6 +48,7 @@ class StepWatcher(TrainerCallback):
         predicted = self.probe.pending.next_step.step
         after = self._params()
         self.errors.append(max(float((after[n] - self.before[n] - predicted[n]).abs().max()) for n in after))
+        self.lrs_after.append([g["lr"] for g in self.trainer.optimizer.param_groups])  # before the scheduler's step
 
 
 def _train(out, model_dir, probe: bool, **overrides):
