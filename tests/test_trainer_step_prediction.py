@@ -71,9 +71,11 @@ def test_next_step_is_the_step_adamw_takes(amsgrad, max_grad_norm):
     print("max |Δθ − lr·v_next| =", max(e for e, _ in errors))
 
 
-def test_next_step_of_the_foreach_implementation_and_a_parameter_without_grad():
+@pytest.mark.parametrize("implementation", [{"foreach": True}, {"fused": True}])
+def test_next_step_of_the_foreach_and_fused_implementations_and_a_parameter_without_grad(implementation):
+    """foreach and fused (transformers' default optim, adamw_torch_fused) round in their own order."""
     model = _model(1)
-    optimizer = torch.optim.AdamW(_groups(model, (5e-3, 2e-2), (0.01, 0.3)), foreach=True)
+    optimizer = torch.optim.AdamW(_groups(model, (5e-3, 2e-2), (0.01, 0.3)), **implementation)
     errors = _max_step_error(model, optimizer, steps=3, max_grad_norm=0.5, frozen_bias=True)
     assert all(err < TOL for err, _ in errors), errors
     assert optimizer.state.get(model[2].bias) in (None, {})  # torch never stepped it; the prediction was 0
