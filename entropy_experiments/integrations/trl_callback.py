@@ -40,6 +40,14 @@ from entropy_experiments.checkpoint.rollouts import reuse_note, reuses_rollouts
 from entropy_experiments.errors import ConfigError, ProbeError
 from entropy_experiments.integrations import trl_trainer_view as view
 from entropy_experiments.integrations.live_state import untouched
+from entropy_experiments.integrations.trainer_step import (
+    PREDICT_MODES,
+    TRAINER_STEP,
+    check_trainer_step,
+    check_trainer_step_trainer,
+    predict_trainer_step,
+    trainer_step_config,
+)
 from entropy_experiments.integrations.trl_step_probe import check_step, predict_step
 from entropy_experiments.io_utils import atomic_write
 
@@ -61,11 +69,14 @@ class CallbackOptions:
     microbatch_size: int = 4    # sequences per backward microbatch
     save_batches: bool = False  # keep each probed step's E and U in OUTPUT_DIR/entropy_probe/step_N/ (offline
                                 # re-analysis: `torch.load(..., weights_only=True)`, the run directory's format)
+    predict: str = "probe_U"    # probe_U: the step of the probe's own U; trainer_step: the trainer's next step
 
     def check(self) -> None:
         """ConfigError naming the option unless every size can give an error bar."""
         if not isinstance(self.every, int) or self.every < 1:
             raise ConfigError(f"{view.KEY}: every must be an integer >= 1, got {self.every!r}")
+        if self.predict not in PREDICT_MODES:
+            raise ConfigError(f"{view.KEY}: predict must be one of {', '.join(PREDICT_MODES)}, got {self.predict!r}")
         if self.B_E < 4:
             raise ConfigError(f"{view.KEY}: B_E must be >= 4 (the jackknife SE_E needs several E units), "
                               f"got {self.B_E}")
@@ -81,11 +92,15 @@ class EntropyProbeCallback(TrainerCallback):
     def __init__(self, trainer: Any, every: int = 5, **options: Any):
         self.options = CallbackOptions(every=every, **options)
         self.options.check()
-        view.check_trainer(trainer)
+        self.trainer_step = self.options.predict == TRAINER_STEP
+        (check_trainer_step_trainer if self.trainer_step else view.check_trainer)(trainer)
         self.trainer = trainer
         args = trainer.args
-        self.config = view.probe_config(args, B_E=self.options.B_E, B_U=self.options.B_U, G=self.options.G,
-                                        seed=self.options.seed, microbatch_size=self.options.microbatch_size)
+        o = self.options
+        self.config = (trainer_step_config(args, B_E=o.B_E, seed=o.seed, microbatch_size=o.microbatch_size)
+                       if self.trainer_step else
+                       view.probe_config(args, B_E=o.B_E, B_U=o.B_U, G=o.G, seed=o.seed,
+                                         microbatch_size=o.microbatch_size))
         self.examples = view.trainer_examples(trainer)
         self.rewards = view.trainer_rewards(trainer)
         bc = self.config.batch_config
@@ -109,7 +124,7 @@ class EntropyProbeCallback(TrainerCallback):
         self.policy = view.live_policy(self.trainer, self.config)
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step % self.options.every:
+        if self.trainer_step or state.global_step % self.options.every:
             return
         step = state.global_step + 1
         if reuses_rollouts(step, self.num_iterations, self.session_start):
@@ -126,13 +141,28 @@ class EntropyProbeCallback(TrainerCallback):
             self._save_batches(step, self.pending)
         self.probe_seconds += time.perf_counter() - t0
 
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        """trainer_step: after clipping, before `optimizer.step()` — predict the step about to be taken."""
+        if not self.trainer_step or state.global_step % self.options.every:
+            return
+        step = state.global_step + 1
+        config = self.config.model_copy(update={"seed": self.step_seed(step)})
+        t0 = time.perf_counter()
+        with untouched(self.policy.trainable.model):
+            try:
+                self.pending = predict_trainer_step(config, self.policy, self.examples, step)
+            except ProbeError as exc:
+                self._record({"step": step, "error": str(exc)})
+        self.probe_seconds += time.perf_counter() - t0
+
     def on_step_end(self, args, state, control, **kwargs):
         if self.pending is None:
             return None
         pending, self.pending = self.pending, None
         t0 = time.perf_counter()
         with untouched(self.policy.trainable.model):
-            row = check_step(self.config, self.policy, pending, self.u_batch_ratio)
+            row = (check_trainer_step(self.config, self.policy, pending) if self.trainer_step else
+                   check_step(self.config, self.policy, pending, self.u_batch_ratio))
         self.probe_seconds += time.perf_counter() - t0
         self._record(row)
         self._report(row, control)
@@ -141,7 +171,7 @@ class EntropyProbeCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         total = time.perf_counter() - (self.train_start or time.perf_counter())
         share = self.probe_seconds / total if total > 0 else float("nan")
-        probed = sum("delta_h1" in r for r in self.rows)
+        probed = sum("realised" in r for r in self.rows)
         skipped = sum("skipped" in r for r in self.rows)
         reuse = f", {skipped} skipped (rollout reuse, num_iterations = {self.num_iterations})" if skipped else ""
         print(f"[entropy probe] {probed} probed step(s){reuse}: {self.probe_seconds:.1f} s of {total:.1f} s "

@@ -39,17 +39,8 @@ KEY = "EntropyProbeCallback"
 
 def check_trainer(trainer: Any) -> None:
     """ConfigError (one line) unless `trainer` is a single-process TRL GRPOTrainer the probe can mirror."""
-    try:
-        from trl import GRPOTrainer
-    except ImportError:  # pragma: no cover - the callback is only useful with trl installed
-        raise ConfigError(f"{KEY}: needs trl (pip install trl) — it probes a trl.GRPOTrainer") from None
-    if not isinstance(trainer, GRPOTrainer):
-        raise ConfigError(f"{KEY}: supports trl.GRPOTrainer only, got {type(trainer).__name__}")
+    check_single_grpo(trainer)
     args = trainer.args
-    if args.world_size > 1:
-        raise ConfigError(f"{KEY}: {args.world_size} processes: the callback probes a single process only "
-                          "(under DDP each rank would sample and back-propagate its own probe batch; "
-                          "probe saved checkpoints with `entropy-probe run/sweep` under torchrun instead)")
     unmirrored = unmirrored_loss_type(args.loss_type)
     if unmirrored is not None:
         raise ConfigError(f"{KEY}: GRPOConfig.loss_type: {unmirrored}")
@@ -61,6 +52,21 @@ def check_trainer(trainer: Any) -> None:
         if not callable(fn) or isinstance(fn, torch.nn.Module):
             raise ConfigError(f"{KEY}: reward models are not supported (reward {type(fn).__name__}); "
                               "pass reward functions")
+
+
+def check_single_grpo(trainer: Any) -> None:
+    """ConfigError (one line) unless `trainer` is a trl.GRPOTrainer in a single process."""
+    try:
+        from trl import GRPOTrainer
+    except ImportError:  # pragma: no cover - the callback is only useful with trl installed
+        raise ConfigError(f"{KEY}: needs trl (pip install trl) — it probes a trl.GRPOTrainer") from None
+    if not isinstance(trainer, GRPOTrainer):
+        raise ConfigError(f"{KEY}: supports trl.GRPOTrainer only, got {type(trainer).__name__}")
+    args = trainer.args
+    if args.world_size > 1:
+        raise ConfigError(f"{KEY}: {args.world_size} processes: the callback probes a single process only "
+                          "(under DDP each rank would sample and back-propagate its own probe batch; "
+                          "probe saved checkpoints with `entropy-probe run/sweep` under torchrun instead)")
 
 
 def unsupported_settings(args: Any) -> dict[str, tuple[bool, str]]:
@@ -120,10 +126,13 @@ def trainer_batch(args: Any) -> int:
     return int(args.per_device_train_batch_size * args.gradient_accumulation_steps)
 
 
-def probe_config(args: Any, *, B_E: int, B_U: int, G: int | None, seed: int, microbatch_size: int) -> ProbeConfig:
-    """A ProbeConfig mirroring the trainer (`objective_keys`, its sampling) at the callback's batch sizes."""
+def probe_config(args: Any, *, B_E: int, B_U: int, G: int | None, seed: int, microbatch_size: int,
+                 objective: dict | None = None) -> ProbeConfig:
+    """A ProbeConfig mirroring the trainer (`objective_keys`, its sampling) at the callback's batch sizes;
+    `objective` replaces the mirrored objective section (a mode that takes the trainer's own gradients)."""
     G = G or args.num_generations
-    keys = {**objective_keys(args), "trainer_batch_completions": trainer_batch(args)}
+    keys = objective if objective is not None else {**objective_keys(args),
+                                                    "trainer_batch_completions": trainer_batch(args)}
     data = {"seed": seed,
             "batch_config": {"B_E": B_E, "B_U": B_U, "G": G, "chat_template_kwargs": args.chat_template_kwargs or {}},
             "generation": {"temperature": args.temperature, "top_p": args.top_p, "stop_strings": [],
