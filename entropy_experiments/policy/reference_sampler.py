@@ -1,6 +1,6 @@
 """The plain reference sampler: one prompt, one response at a time, no batching tricks.
 
-Used for the parity path (`sampler.batched: false`) and as the
+Used for the parity path (`sampler.batched: false`, as a `Sampler`: `ReferenceSampler`) and as the
 benchmark's one-at-a-time baseline. It reuses the policy engine's own pieces — the logits
 processor, the stop rule and the packer — so only the batching differs.
 """
@@ -14,9 +14,21 @@ from torch import nn
 
 from entropy_experiments.policy.engine import PolicyEngine
 from entropy_experiments.policy.generation_config import parse_settings
+from entropy_experiments.policy.samplers import Drawn, DrawRequest
 from entropy_experiments.policy.sequences import BatchedSequences
 
-__all__ = ["sample_one_at_a_time", "sample_with_engine"]
+__all__ = ["ReferenceSampler", "sample_one_at_a_time", "sample_with_engine"]
+
+
+class ReferenceSampler:
+    """`Sampler` that draws each response alone (`sample_with_engine`); it keeps no chunks, makes no early
+    first-group check and leaves no generation record."""
+
+    def __init__(self, engine: PolicyEngine):
+        self.engine = engine
+
+    def draw(self, request: DrawRequest) -> Drawn:
+        return Drawn(sample_with_engine(self.engine, request.prompt_tokens, request.G, seed=request.seed), None)
 
 
 def sample_with_engine(engine: PolicyEngine, prompts: Sequence[str], G: int, seed: int | None = None

@@ -2,7 +2,8 @@
 
 The index plan is drawn once from the config seed — E prompts WITH replacement (G = 1) or distinct,
 U prompts distinct — so that a distributed run can draw it on rank 0 and broadcast it (probe.py), and
-a resumed run can check it. Generation itself is the policy engine's (`policy/engine.py`); `sample_batch`
+a resumed run can check it. `choose_sampler` picks how the rows are drawn (a `policy/samplers.py` Sampler:
+the one-at-a-time reference sampler, or the batched one the generation settings choose); `sample_batch`
 turns a list of prompt indices into one packed batch (rewards by the reward registry, advantages by the
 objective's rule); `saved_batches` validates a resumed run's; `prompt_examples`
 loads the prompt pool; `draw_plan` and `sample_sharded` are the same over a torchrun job's ranks, and
@@ -25,7 +26,8 @@ from ..data.rewards.weighted import RewardSet
 from ..errors import ProbeError
 from ..estimators.objectives import batch_advantages
 from ..policy.engine import PolicyEngine
-from ..policy.reference_sampler import sample_with_engine
+from ..policy.reference_sampler import ReferenceSampler
+from ..policy.samplers import DrawRequest, Sampler
 from ..policy.sequences import completion_ids
 from ..report.results_dict import sampler_block
 from .parallel import SINGLE, DistContext, rank_seed
@@ -33,7 +35,7 @@ from .results import Samples
 
 log = logging.getLogger("entropy_experiments.sampling")
 
-__all__ = ["IndexPlan", "draw_index_plan", "draw_plan", "prompt_examples", "sample_batch", "sample_phase", "sample_sharded", "saved_batches",
+__all__ = ["IndexPlan", "choose_sampler", "draw_index_plan", "draw_plan", "prompt_examples", "sample_batch", "sample_phase", "sample_sharded", "saved_batches",
            "warn_zero_advantages"]
 
 
@@ -51,21 +53,18 @@ def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int]
     """
     chosen = [examples[i] for i in prompt_indices]
     rendered = render_prompts(engine.tokenizer, chosen, chat_template_kwargs)
-    token_ids = [list(r.token_ids) for r in rendered]
+    token_ids = engine.tokenize_prompts([list(r.token_ids) for r in rendered])
     first_check = None
     if rewards is not None and chosen:
         def first_check(rows: list[list[int]]) -> None:
             texts = engine.tokenizer.batch_decode(rows, skip_special_tokens=True)
             rewards.score(rendered[0].text, texts, chosen[0], completion_ids=rows, where=where_of(chosen, 0))
+    sampler = choose_sampler(engine, reference=reference, memory_budget_gb=memory_budget_gb)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if reference:
-            seqs = sample_with_engine(engine, token_ids, G, seed=seed)
-        else:
-            # Each chunk seeded from (seed, chunk index): chunks saved by a killed run can be reused.
-            seqs = engine.generate_batched(token_ids, G, seed=seed, seed_per_chunk=True, on_first_group=first_check,
-                                           memory_budget_gb=memory_budget_gb)
-    generation = None if reference else engine.last_generation
+        # keep_chunks: each chunk seeded from (seed, chunk index), so chunks saved by a killed run can be reused
+        drawn = sampler.draw(DrawRequest(token_ids, G, seed=seed, keep_chunks=True, on_first_group=first_check))
+    seqs, generation = drawn.sequences, drawn.record
     seqs.examples = chosen
     seqs.prompts = [r.text for r in rendered]
     seqs.prompt_ids = [int(ex.meta["global_prompt_id"]) for ex in chosen]
@@ -81,6 +80,15 @@ def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int]
     batch.reward_weights = dict(zip(rewards.names, rewards.weights, strict=True))
     batch.generation = generation
     return batch
+
+
+def choose_sampler(engine: PolicyEngine, *, reference: bool, memory_budget_gb: float | None = None) -> Sampler:
+    """How E and U are drawn: the one-at-a-time reference sampler (`sampler.batched: false`), else the batched
+    sampler the generation settings choose (`PolicyEngine.sampler`: chunk-seeded, row-keyed or continuous
+    batching; `memory_budget_gb` caps what gen_batch_size auto plans for)."""
+    if reference:
+        return ReferenceSampler(engine)
+    return engine.sampler(memory_budget_gb=memory_budget_gb)
 
 
 def where_of(examples: list, b: int) -> str:
