@@ -17,6 +17,7 @@ The seed API (`compat.SequenceProcessor`) is this class plus prompt pools and re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -235,8 +236,9 @@ class PolicyEngine:
         in error messages. A with-grad caller that fixes `tf_batch_size` gets each of its batches in ONE
         forward (the backward row hooks count rows per forward): such a pass is never split after an OOM.
         """
-        lp, _ = self._teacher_force(sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features,
-                                    params_override, buffers_override, diagnostics=False, phase=phase)
+        request = score.ScoreRequest(with_grad, params_override, buffers_override, tf_batch_size, compute_rb,
+                                     return_baseline_features, diagnostics=False, phase=phase)
+        lp, _ = self._teacher_force(sequences, request)
         return lp
 
     def teacher_force_logprobs_with_diagnostics(self, sequences: BatchedSequences, with_grad: bool = False,
@@ -247,18 +249,18 @@ class PolicyEngine:
                                                 phase: str = TEACHER_FORCING
                                                 ) -> tuple[LogprobResults, DiagnosticsResults]:
         """As `teacher_force_logprobs`, plus per-sequence `DiagnosticsPack`s from the same pass."""
-        return self._teacher_force(sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features,
-                                   params_override, buffers_override, diagnostics=True, phase=phase)
+        request = score.ScoreRequest(with_grad, params_override, buffers_override, tf_batch_size, compute_rb,
+                                     return_baseline_features, diagnostics=True, phase=phase)
+        return self._teacher_force(sequences, request)
 
-    def _teacher_force(self, sequences, with_grad, tf_batch_size, compute_rb, baseline, params, buffers, *,
-                       diagnostics: bool, phase: str) -> tuple[LogprobResults, DiagnosticsResults | None]:
-        if with_grad and (params is not None or buffers is not None):
+    def _teacher_force(self, sequences: BatchedSequences, request: score.ScoreRequest
+                       ) -> tuple[LogprobResults, DiagnosticsResults | None]:
+        if request.grad and (request.params is not None or request.buffers is not None):
             raise ValueError("teacher_force_logprobs: with_grad=True evaluates the live module; "
                              "params_override/buffers_override are for the no-grad path")
-        return score.score(self.policy, sequences, grad=with_grad, params=params, buffers=buffers,
-                           tf_batch_size=tf_batch_size, compute_rb=compute_rb, baseline=baseline,
-                           diagnostics=diagnostics, phase=phase,
-                           can_split=not (with_grad and tf_batch_size is not None), logits_fn=self._forward_logits)
+        # a with-grad caller that fixes tf_batch_size gets each of its batches in ONE forward
+        request = dataclasses.replace(request, can_split=not (request.grad and request.tf_batch_size is not None))
+        return score.score(self.policy, sequences, request, logits_fn=self._forward_logits)
 
     def teacher_force_directional(self, sequences: BatchedSequences, v_named: Mapping[str, Tensor], *,
                                   tf_batch_size: int | None = None, phase: str = JVP, order: int = 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from entropy_experiments.policy.sequences import (
 )
 from entropy_experiments.policy.tf_batches import TFBatch, run_with_oom_retry, tf_batches
 
-__all__ = ["eager_attention", "forward_logits", "jvp", "located_numerics_error", "score", "token_stats"]
+__all__ = ["ScoreRequest", "eager_attention", "forward_logits", "jvp", "located_numerics_error", "score", "token_stats"]
 
 # (batch, mapping or None, profile) -> logits [R, K, V]
 LogitsFn = Callable[[TFBatch, Mapping[str, Tensor] | None, ForwardProfile], Tensor]
@@ -79,19 +80,35 @@ def token_stats(policy: PolicyModel, logits: Tensor, batch: TFBatch, *, diagnost
         raise located_numerics_error(batch, exc, phase) from None
 
 
-def score(policy: PolicyModel, sequences: BatchedSequences, *, grad: bool = False,
-          params: Mapping[str, Tensor] | None = None, buffers: Mapping[str, Tensor] | None = None,
-          tf_batch_size: int | None = None, compute_rb: bool = False, baseline: bool = False,
-          diagnostics: bool = False, phase: str = "teacher forcing", can_split: bool = True,
+@dataclass(frozen=True)
+class ScoreRequest:
+    """What a teacher-forcing pass computes and how.
+
+    grad: the live module under precision.tf_withgrad, outputs carrying the graph (no overrides). Otherwise
+    `functional_call` at `params` (θ + η·v; forward under precision.func_override) or at the η = 0 mapping of
+    live views (precision.tf_nograd), `buffers` on top. tf_batch_size: rows per forward (None: the settings');
+    compute_rb: the RB entropies; baseline: the baseline features; diagnostics: the per-sequence DiagnosticsPacks;
+    phase: the pass's name in error messages; can_split=False: a batch that runs out of memory is not split."""
+
+    grad: bool = False
+    params: Mapping[str, Tensor] | None = None
+    buffers: Mapping[str, Tensor] | None = None
+    tf_batch_size: int | None = None
+    compute_rb: bool = False
+    baseline: bool = False
+    diagnostics: bool = False
+    phase: str = "teacher forcing"
+    can_split: bool = True
+
+
+def score(policy: PolicyModel, sequences: BatchedSequences, request: ScoreRequest = ScoreRequest(), *,
           logits_fn: LogitsFn | None = None) -> tuple[LogprobResults, DiagnosticsResults | None]:
     """Score every generated token; both paths share batching and token maths, only logits differ.
 
-    No grad: `functional_call` with `params` (θ + η·v) or the η = 0 mapping of live views (+ `buffers`);
-    forward under precision.func_override when `params` is given, else precision.tf_nograd; outputs
-    detached on CPU. With grad: the live module under precision.tf_withgrad; `logprobs` / `token_logqs`
-    (and `rb_entropies_torch` when compute_rb and rb_requires_grad) carry the graph; chunk maths is
-    checkpointed. `can_split=False`: a batch that runs out of memory is not split (DeviceError).
+    No grad: outputs detached on CPU. With grad: `logprobs` / `token_logqs` (and `rb_entropies_torch` when
+    compute_rb and rb_requires_grad) carry the graph; chunk maths is checkpointed (see `ScoreRequest`).
     """
+    grad, params, buffers, phase = request.grad, request.params, request.buffers, request.phase
     logits_fn = logits_fn or (lambda batch, m, prof: forward_logits(policy, batch, m, prof))
     if grad:
         mapping, profile = None, policy.precision.tf_withgrad
@@ -100,9 +117,9 @@ def score(policy: PolicyModel, sequences: BatchedSequences, *, grad: bool = Fals
         if buffers is not None:
             mapping.update(buffers)
         profile = policy.precision.func_override if params is not None else policy.precision.tf_nograd
-    want_diag = diagnostics or baseline
+    want_diag = request.diagnostics or request.baseline
     per_seq: dict[tuple[int, int], dict[str, Tensor]] = {}
-    size = int(tf_batch_size or policy.config.tf_batch_size)
+    size = int(request.tf_batch_size or policy.config.tf_batch_size)
     batches = list(tf_batches(sequences, size, policy.device))
     state: dict = {}
 
@@ -112,19 +129,18 @@ def score(policy: PolicyModel, sequences: BatchedSequences, *, grad: bool = Fals
 
     with torch.enable_grad() if grad else torch.no_grad():
         for batch in progress(batches, "teacher forcing" + (" (grad)" if grad else "")):
-            for sub, stats in run_with_oom_retry(sequences, batch, run, phase=phase, can_split=can_split,
+            for sub, stats in run_with_oom_retry(sequences, batch, run, phase=phase, can_split=request.can_split,
                                                  state=state, device=policy.device, logger=policy.logger):
                 split = {k: torch.split(v, sub.lengths) for k, v in stats.items()}
                 for r, pair in enumerate(sub.pairs):
                     per_seq[pair] = {k: split[k][r] for k in split}
-    return assemble(policy, per_seq, sequences, grad=grad, compute_rb=compute_rb, baseline=baseline,
-                    diagnostics=diagnostics)
+    return assemble(policy, per_seq, sequences, request)
 
 
 def assemble(policy: PolicyModel, per_seq: dict[tuple[int, int], dict[str, Tensor]], sequences: BatchedSequences,
-             *, grad: bool, compute_rb: bool, baseline: bool, diagnostics: bool
-             ) -> tuple[LogprobResults, DiagnosticsResults | None]:
+             request: ScoreRequest) -> tuple[LogprobResults, DiagnosticsResults | None]:
     """Per-sequence token statistics → LogprobResults [b][g] (+ DiagnosticsResults)."""
+    grad, compute_rb, baseline, diagnostics = request.grad, request.compute_rb, request.baseline, request.diagnostics
     B, G = sequences.num_prompts, sequences.num_responses_per_prompt
     config = policy.config
 
