@@ -24,7 +24,11 @@ from entropy_experiments.policy.param_overrides import live_params_mapping, reso
 from entropy_experiments.policy.policy_model import PolicyModel
 from entropy_experiments.policy.precision_utils import ForwardProfile, forward_precision_ctx
 from entropy_experiments.policy.progress import progress
-from entropy_experiments.policy.sampling_policy import NonFiniteLogitsError, policy_token_stats
+from entropy_experiments.policy.sampling_policy import (
+    NonFiniteLogitsError,
+    TokenStatsRequest,
+    policy_token_stats,
+)
 from entropy_experiments.policy.sequences import (
     BatchedSequences,
     DiagnosticsResults,
@@ -72,10 +76,10 @@ def token_stats(policy: PolicyModel, logits: Tensor, batch: TFBatch, *, diagnost
     """Chunked policy statistics of the batch's scored tokens; NumericsError names (batch, b, g)."""
     config = policy.config
     try:
-        return policy_token_stats(logits, batch.tokens, config.temperature, config.top_p,
-                                  fp64=policy.precision.entropy_fp64, chunk_size=config.token_chunk_size,
-                                  rows=batch.rows, diagnostics=diagnostics, eos_token_id=policy.eos_token_id,
-                                  checkpoint=checkpoint)
+        request = TokenStatsRequest(config.temperature, config.top_p, fp64=policy.precision.entropy_fp64,
+                                    chunk_size=config.token_chunk_size, diagnostics=diagnostics,
+                                    eos_token_id=policy.eos_token_id, checkpoint=checkpoint)
+        return policy_token_stats(logits, batch.tokens, request, rows=batch.rows)
     except NonFiniteLogitsError as exc:
         raise located_numerics_error(batch, exc, phase) from None
 
@@ -228,12 +232,12 @@ def jvp(policy: PolicyModel, sequences: BatchedSequences, v_named: Mapping[str, 
     out: list[list[dict[str, Tensor] | None]] = [[None] * sequences.num_responses_per_prompt
                                                   for _ in range(sequences.num_prompts)]
     profile, config, state = policy.precision.func_override, policy.config, {}
+    stats_request = TokenStatsRequest(config.temperature, config.top_p, fp64=True, chunk_size=config.token_chunk_size)
 
     def run(batch: TFBatch) -> tuple:
         def scores(p: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
             logits = logits_fn(batch, {**base, **p}, profile)
-            st = policy_token_stats(logits, batch.tokens, config.temperature, config.top_p,
-                                    fp64=True, chunk_size=config.token_chunk_size, rows=batch.rows)
+            st = policy_token_stats(logits, batch.tokens, stats_request, rows=batch.rows)
             return st["logq"], st["rb_entropy"]
 
         def first(p: dict[str, Tensor]) -> tuple:
