@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.policy import generate, score
 from entropy_experiments.policy.cb_generation import CB_DRAWS, ContinuousBatchingSampler
 from entropy_experiments.policy.chunk_seeded import ChunkSeededSampler, generate_span
@@ -40,7 +41,7 @@ from entropy_experiments.policy.precision_utils import (
 from entropy_experiments.policy.row_generation import RowKeyedSampler
 from entropy_experiments.policy.sampler_setup import plan_sampler
 from entropy_experiments.policy.samplers import DrawRequest, Sampler, SamplerContext
-from entropy_experiments.policy.sequences import BatchedSequences, DiagnosticsResults, LogprobResults
+from entropy_experiments.policy.sequences import DiagnosticsResults, LogprobResults
 from entropy_experiments.policy.stop_rule import response_length
 from entropy_experiments.policy.tf_batches import TFBatch, tf_batches
 
@@ -129,7 +130,7 @@ class PolicyEngine:
                                       output_scores=output_scores)
 
     def pack(self, prompt_tokens: Sequence[Sequence[int]], responses: Sequence[Sequence[Sequence[int]]],
-             prompts: Sequence[str] | None = None) -> BatchedSequences:
+             prompts: Sequence[str] | None = None) -> Batch:
         """Packed layout from per-prompt token ids [B] and responses [B][G] (token id lists)."""
         return generate.pack(self.policy, prompt_tokens, responses, prompts)
 
@@ -161,7 +162,7 @@ class PolicyEngine:
                          done_chunks: Mapping[int, Sequence[Sequence[int]]] | None = None,
                          on_chunk: Callable[[int, list[list[int]]], None] | None = None,
                          on_first_group: Callable[[list[list[int]]], None] | None = None,
-                         memory_budget_gb: float | None = None) -> BatchedSequences:
+                         memory_budget_gb: float | None = None) -> Batch:
         """G responses per prompt: all prompts left-padded to one length, rows generated in chunks.
 
         Rows are ordered prompt-major (row = b·G + g) and generated `gen_batch_size` at a time; the
@@ -214,7 +215,7 @@ class PolicyEngine:
         return build_params_override(self.policy.module, v_named, eta, dtype=str_to_dtype(profile.dtype),
                                      cast_params=profile.cast_params)
 
-    def _tf_batches(self, sequences: BatchedSequences, tf_batch_size: int | None) -> Iterator[TFBatch]:
+    def _tf_batches(self, sequences: Batch, tf_batch_size: int | None) -> Iterator[TFBatch]:
         """Seam: the teacher-forcing forwards of `sequences` (tf_batch_size rows each)."""
         return tf_batches(sequences, int(tf_batch_size or self.config.tf_batch_size), self.device)
 
@@ -223,7 +224,7 @@ class PolicyEngine:
         """Seam: logits [R, K, V] at the batch's needed positions; live module when `mapping` is None."""
         return score.forward_logits(self.policy, batch, mapping, profile)
 
-    def teacher_force_logprobs(self, sequences: BatchedSequences, with_grad: bool = False,
+    def teacher_force_logprobs(self, sequences: Batch, with_grad: bool = False,
                                tf_batch_size: int | None = None, compute_rb: bool = False,
                                return_baseline_features: bool = False,
                                params_override: Mapping[str, Tensor] | None = None,
@@ -241,7 +242,7 @@ class PolicyEngine:
         lp, _ = self._teacher_force(sequences, request)
         return lp
 
-    def teacher_force_logprobs_with_diagnostics(self, sequences: BatchedSequences, with_grad: bool = False,
+    def teacher_force_logprobs_with_diagnostics(self, sequences: Batch, with_grad: bool = False,
                                                 tf_batch_size: int | None = None, compute_rb: bool = False,
                                                 return_baseline_features: bool = False,
                                                 params_override: Mapping[str, Tensor] | None = None,
@@ -253,7 +254,7 @@ class PolicyEngine:
                                      return_baseline_features, diagnostics=True, phase=phase)
         return self._teacher_force(sequences, request)
 
-    def _teacher_force(self, sequences: BatchedSequences, request: score.ScoreRequest
+    def _teacher_force(self, sequences: Batch, request: score.ScoreRequest
                        ) -> tuple[LogprobResults, DiagnosticsResults | None]:
         if request.grad and (request.params is not None or request.buffers is not None):
             raise ValueError("teacher_force_logprobs: with_grad=True evaluates the live module; "
@@ -262,7 +263,7 @@ class PolicyEngine:
         request = dataclasses.replace(request, can_split=not (request.grad and request.tf_batch_size is not None))
         return score.score(self.policy, sequences, request, logits_fn=self._forward_logits)
 
-    def teacher_force_directional(self, sequences: BatchedSequences, v_named: Mapping[str, Tensor], *,
+    def teacher_force_directional(self, sequences: Batch, v_named: Mapping[str, Tensor], *,
                                   tf_batch_size: int | None = None, phase: str = JVP, order: int = 1
                                   ) -> list[list[dict[str, Tensor]]]:
         """Per [b][g]: `logq`, `rb_entropy`, `d_logq`, `d_rb_entropy` (with order 2 also `d2_logq`,

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.errors import ConfigError, DataError
 from entropy_experiments.policy.policy_model import PolicyModel
 from entropy_experiments.policy.precision_utils import forward_precision_ctx
 from entropy_experiments.policy.sampling_policy import SamplingPolicyLogitsProcessor
-from entropy_experiments.policy.sequences import BatchedSequences
 from entropy_experiments.policy.stop_rule import StopStringCriterion, response_length
 
 __all__ = ["chunk_seed", "generate_chunk", "generate_rows", "left_pad", "pack", "seeded", "tokenize_prompts"]
@@ -229,7 +229,7 @@ def generate_chunk(policy: PolicyModel, ids: Tensor, mask: Tensor, prompt_index:
 
 
 def pack(policy: PolicyModel, prompt_tokens: Sequence[Sequence[int]], responses: Sequence[Sequence[Sequence[int]]],
-         prompts: Sequence[str] | None = None) -> BatchedSequences:
+         prompts: Sequence[str] | None = None) -> Batch:
     """Packed layout from per-prompt token ids [B] and responses [B][G] (token id lists)."""
     B, G = len(prompt_tokens), len(responses[0]) if responses else 0
     Lp = max(len(p) for p in prompt_tokens)
@@ -245,6 +245,6 @@ def pack(policy: PolicyModel, prompt_tokens: Sequence[Sequence[int]], responses:
             seqs[b, g, Lp:Lp + len(resp)] = torch.tensor(list(resp), dtype=torch.long)
             masks[b, g, Lp:Lp + len(resp)] = 1
     texts = [policy.tokenizer.batch_decode([list(r) for r in row], skip_special_tokens=True) for row in responses]
-    return BatchedSequences(sequences=seqs, prompt_lens=[Lp] * B, gen_lens=[[len(r) for r in row] for row in responses],
-                            attention_masks=masks, responses_text=texts,
-                            prompts=list(prompts) if prompts is not None else None)
+    return Batch(sequences=seqs, attention_masks=masks, prompt_lens=[Lp] * B,
+                 gen_lens=[[len(r) for r in row] for row in responses], responses_text=texts,
+                 prompts=list(prompts) if prompts is not None else None)

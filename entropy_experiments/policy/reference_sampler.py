@@ -12,10 +12,10 @@ from typing import Any
 
 from torch import nn
 
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.policy.engine import PolicyEngine
 from entropy_experiments.policy.generation_config import parse_settings
 from entropy_experiments.policy.samplers import Drawn, DrawRequest
-from entropy_experiments.policy.sequences import BatchedSequences
 
 __all__ = ["ReferenceSampler", "sample_one_at_a_time", "sample_with_engine"]
 
@@ -32,7 +32,7 @@ class ReferenceSampler:
 
 
 def sample_with_engine(engine: PolicyEngine, prompts: Sequence[str], G: int, seed: int | None = None
-                       ) -> BatchedSequences:
+                       ) -> Batch:
     """G responses per prompt, each generated alone from the unpadded prompt; same packed layout."""
     prompt_tokens = engine.tokenize_prompts(prompts)
     responses = []
@@ -44,7 +44,7 @@ def sample_with_engine(engine: PolicyEngine, prompts: Sequence[str], G: int, see
 
 
 def sample_one_at_a_time(model: nn.Module, tokenizer, prompts: Sequence[str], G: int, gen_config: Any,
-                         seed: int | None = None) -> BatchedSequences:
+                         seed: int | None = None) -> Batch:
     """`sample_with_engine` on a fresh engine for `model`; `gen_config`: a GenerationConfig, PolicySettings,
     dict or ProbeConfig (`parse_settings`). The process-wide precision switches are left as they are."""
     engine = PolicyEngine(model, tokenizer, parse_settings(gen_config), apply_precision=False)

@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.errors import ConfigError
 from entropy_experiments.policy.policy_model import PolicyModel
 from entropy_experiments.policy.sampler_setup import SamplerPlan
-from entropy_experiments.policy.sequences import BatchedSequences
 
 __all__ = ["DrawRequest", "Drawn", "Sampler", "SamplerContext", "generation_record"]
 
@@ -57,7 +57,7 @@ class DrawRequest:
 class Drawn:
     """A sampler's answer: the packed sequences and the generation record (None for the reference sampler)."""
 
-    sequences: BatchedSequences
+    sequences: Batch
     record: dict | None
 
 
@@ -83,7 +83,7 @@ class SamplerContext:
     memory_budget_gb: float | None = None
 
 
-def generation_record(plan: SamplerPlan, rows: dict, seqs: BatchedSequences, started: float) -> dict:
+def generation_record(plan: SamplerPlan, rows: dict, seqs: Batch, started: float) -> dict:
     """What a draw did: the plan, the rows per call (`rows`), the new tokens, the seconds since `started`."""
     seconds = time.perf_counter() - started
     tokens = int(sum(sum(row) for row in seqs.gen_lens))

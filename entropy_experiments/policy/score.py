@@ -1,4 +1,4 @@
-"""Teacher forcing: score the generated tokens of a BatchedSequences under the sampling policy q_θ.
+"""Teacher forcing: score the generated tokens of a Batch under the sampling policy q_θ.
 
 `score` runs the batches of `tf_batches.py` through the model — the live module (with grad), or
 `torch.func.functional_call` with a parameter mapping (θ + η·v, or the η = 0 mapping of live views) —
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.errors import ConfigError, NumericsError
 from entropy_experiments.policy.distribution_diagnostics import DistributionDiagnostics, baseline_features
 from entropy_experiments.policy.param_overrides import live_params_mapping, resolve_param_names
@@ -30,7 +31,6 @@ from entropy_experiments.policy.sampling_policy import (
     policy_token_stats,
 )
 from entropy_experiments.policy.sequences import (
-    BatchedSequences,
     DiagnosticsResults,
     LogprobResults,
     response_tokens,
@@ -105,7 +105,7 @@ class ScoreRequest:
     can_split: bool = True
 
 
-def score(policy: PolicyModel, sequences: BatchedSequences, request: ScoreRequest = ScoreRequest(), *,
+def score(policy: PolicyModel, sequences: Batch, request: ScoreRequest = ScoreRequest(), *,
           logits_fn: LogitsFn | None = None) -> tuple[LogprobResults, DiagnosticsResults | None]:
     """Score every generated token; both paths share batching and token maths, only logits differ.
 
@@ -141,7 +141,7 @@ def score(policy: PolicyModel, sequences: BatchedSequences, request: ScoreReques
     return assemble(policy, per_seq, sequences, request)
 
 
-def assemble(policy: PolicyModel, per_seq: dict[tuple[int, int], dict[str, Tensor]], sequences: BatchedSequences,
+def assemble(policy: PolicyModel, per_seq: dict[tuple[int, int], dict[str, Tensor]], sequences: Batch,
              request: ScoreRequest) -> tuple[LogprobResults, DiagnosticsResults | None]:
     """Per-sequence token statistics → LogprobResults [b][g] (+ DiagnosticsResults)."""
     grad, compute_rb, baseline, diagnostics = request.grad, request.compute_rb, request.baseline, request.diagnostics
@@ -213,7 +213,7 @@ def _primals_and_tangents(base: Mapping[str, Tensor], v_named: Mapping[str, Tens
 JVP_KEYS = ("logq", "rb_entropy", "d_logq", "d_rb_entropy", "d2_logq", "d2_rb_entropy")
 
 
-def jvp(policy: PolicyModel, sequences: BatchedSequences, v_named: Mapping[str, Tensor], *,
+def jvp(policy: PolicyModel, sequences: Batch, v_named: Mapping[str, Tensor], *,
         tf_batch_size: int | None = None, phase: str = "teacher forcing (jvp)",
         logits_fn: LogitsFn | None = None, order: int = 1) -> list[list[dict[str, Tensor]]]:
     """Per [b][g]: `logq`, `rb_entropy`, `d_logq`, `d_rb_entropy` (and with order 2 `d2_logq`,
