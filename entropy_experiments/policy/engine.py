@@ -1,7 +1,8 @@
 """PolicyEngine: the policy under probe — generation and teacher forcing under one sampling policy q_θ.
 
-It holds the model, tokenizer and settings (`PolicyModel`) and runs: generation (`generate.py`: tokenise,
-left-pad, HF generate under the sampling policy, the stop rule, chunks seeded on their own), teacher forcing
+It holds the model, tokenizer and settings (`PolicyModel`) and runs: generation (`sampler` picks the `Sampler`
+of `samplers.py` the settings choose — chunk-seeded, row-keyed or continuous batching — and `generate_batched`
+draws with it; the pieces are `generate.py`'s: tokenise, left-pad, HF generate, the stop rule), teacher forcing
 with and without grad at θ or at a parameter mapping θ + η·v (`score.py`), the exact directional derivatives
 along v by forward-mode AD (`score.jvp`), and seeding. It knows no data set, reward or estimator: the probe,
 training, the sweep and the estimators call it with sequences and parameter directions, and each names what
