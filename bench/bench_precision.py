@@ -63,21 +63,21 @@ def main() -> int:
     args = parser.parse_args()
     from entropy_experiments.config import load_config, packaged_config_path
     from entropy_experiments.make_checkpoint.trained import ensure_demo_checkpoint
-    from entropy_experiments.probe import recipe as probe
+    from entropy_experiments.probe import recipe
 
     logging.basicConfig(level=logging.WARNING)
     checkpoint = args.checkpoint or str(ensure_demo_checkpoint(load_config(packaged_config_path("demo"))))
     batches = {}
-    fp32 = probe.run(probe_config(checkpoint, "fp32", args.lr, args),
+    fp32 = recipe.run(probe_config(checkpoint, "fp32", args.lr, args),
                      on_batches=lambda E, U: batches.update(E=E, U=U)).results
     assert abs(fp32["learning_rate"] - args.lr) <= 1e-12 * args.lr, (fp32["learning_rate"], args.lr)
-    bf16 = probe.run(probe_config(checkpoint, "bf16", args.lr, args), batches=(batches["E"], batches["U"])).results
+    bf16 = recipe.run(probe_config(checkpoint, "bf16", args.lr, args), batches=(batches["E"], batches["U"])).results
     table = {"fp32": summary(fp32), "bf16": summary(bf16), "lr": args.lr, "checkpoint": checkpoint,
              "sizes": {"B_E": args.B_E, "B_U": args.B_U, "G": args.G, "T": args.T},
              "seconds": {"fp32": phase_seconds(fp32), "bf16": phase_seconds(bf16)}}
     print_table(table)
     if args.tf32:
-        tf32 = probe.run(probe_config(checkpoint, "fp32", args.lr, args, allow_tf32=True),
+        tf32 = recipe.run(probe_config(checkpoint, "fp32", args.lr, args, allow_tf32=True),
                          batches=(batches["E"], batches["U"])).results
         table["fp32_tf32"], table["seconds"]["fp32_tf32"] = summary(tf32), phase_seconds(tf32)
         print_table({**table, "bf16": table["fp32_tf32"]}, "fp32 + TF32")

@@ -11,7 +11,7 @@ checkpoint (made once and cached, as `entropy-probe demo` does), on `--device`.
 - baseline: one Dr-GRPO training step over every E ∪ U sequence — microbatched forward + backward of
   the Dr-GRPO loss (E sequences given advantage 1 so that they carry gradient), gradient clipping and
   `torch.optim.AdamW.step()` (on a copy of the optimizer; parameters restored afterwards);
-- ours: the probe's phases as `probe.run` times them, sampling and loading apart (the batches and the loaded
+- ours: the probe's phases as `recipe.run` times them, sampling and loading apart (the batches and the loaded
   model are handed in): phases 1–3 (U gradient, v from the AdamW state, X̂ on E, δH₁ with SE_E, SE_U,
   SE_total), ΔH(η) on E at ±η (`--etas`), the second order by each `second_order.method` (jvp: the nested
   forward-over-forward pass; finite_difference: the second difference of the ΔH(±η) passes), the predictors
@@ -55,10 +55,10 @@ TARGET = 1.2
 
 @dataclass
 class DemoProbe:
-    """The checkpoint loaded for the probe (`probe.load_phase`) and the config it was loaded with."""
+    """The checkpoint loaded for the probe (`recipe.load_phase`) and the config it was loaded with."""
 
     config: Any      # ProbeConfig
-    policy: Any      # phase_results.Policy: engine, trainable, optimizer
+    policy: Any      # probe.results.Policy: engine, trainable, optimizer
 
 
 def demo_probe(args) -> DemoProbe:
@@ -66,7 +66,7 @@ def demo_probe(args) -> DemoProbe:
     config's phases on (importance at ±`--etas`, second order, predictors) and the demo's data and reward."""
     from entropy_experiments.config import config_from_dict, load_config, packaged_config_path
     from entropy_experiments.make_checkpoint.trained import ensure_demo_checkpoint
-    from entropy_experiments.probe import recipe as probe
+    from entropy_experiments.probe import recipe
     from entropy_experiments.probe.parallel import SINGLE
 
     defaults = load_config(packaged_config_path("default")).to_dict()
@@ -83,14 +83,14 @@ def demo_probe(args) -> DemoProbe:
         d["checkpoint"]["checkpoint_path"] = str(ensure_demo_checkpoint(config_from_dict(d)))
     d["checkpoint"].update({"adapter_path": None, "optimizer_path": None})
     config = config_from_dict(d)
-    return DemoProbe(config, probe.load_phase(config, SINGLE, probe.WarningLog()))
+    return DemoProbe(config, recipe.load_phase(config, SINGLE, recipe.WarningLog()))
 
 
 def sample_E_U(demo: DemoProbe) -> tuple[Batch, Batch]:
-    """E and U as the probe samples them (`probe.sample_phase`) for the demo's batch_config."""
-    from entropy_experiments.probe import recipe as probe
+    """E and U as the probe samples them (`probe.sampling.sample_phase`) for the demo's batch_config."""
+    from entropy_experiments.probe import recipe
 
-    samples = probe.sample_phase(demo.config, demo.policy.engine)
+    samples = recipe.sample_phase(demo.config, demo.policy.engine)
     return samples.E, samples.U
 
 
@@ -137,14 +137,14 @@ def training_step_seconds(demo: DemoProbe, E: Batch, U: Batch) -> dict[str, floa
 
 
 def probe_run(demo: DemoProbe, E: Batch, U: Batch, **sections: dict) -> dict:
-    """results.json of `probe.run` on the given batches and loaded model, with `sections` merged into the config."""
+    """results.json of `recipe.run` on the given batches and loaded model, with `sections` merged into the config."""
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.probe import recipe as probe
+    from entropy_experiments.probe import recipe
 
     d = demo.config.to_dict()
     for section, values in sections.items():
         d[section].update(values)
-    return probe.run(config_from_dict(d), policy=demo.policy, batches=(E, U)).results
+    return recipe.run(config_from_dict(d), policy=demo.policy, batches=(E, U)).results
 
 
 def phases_1_3_seconds(demo: DemoProbe, E: Batch, U: Batch, directional: str = "auto",

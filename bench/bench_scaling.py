@@ -5,7 +5,7 @@ and model size, on random models of the real architectures (entropy_experiments/
     .venv/bin/python bench/bench_scaling.py                    # the full sweep, ≈ 46 min (README "Scaling")
     .venv/bin/python bench/bench_scaling.py --checkpoint qwen2.5-1.5b=DIR   # reuse a make-checkpoint output
 
-Every point (model, E, T) runs in a fresh subprocess: the probe (`probe.run`) with B_U = 2, G = 2, one η
+Every point (model, E, T) runs in a fresh subprocess: the probe (`recipe.run`) with B_U = 2, G = 2, one η
 (±), second order and predictors on, and each phase function wrapped to record its wall time and its peak
 resident memory (VmHWM reset at the phase's start; on CUDA also torch's peak allocated bytes). Random
 weights give near-uniform next-token distributions, so every response runs to exactly T tokens.
@@ -105,7 +105,7 @@ def worker(checkpoint: str, E: int, T: int, device: str, budget_gb: float | None
     """Subprocess body: one probe run with every phase wrapped; the record as a dict."""
     import logging
 
-    from entropy_experiments.probe import recipe as probe
+    from entropy_experiments.probe import recipe
 
     logging.getLogger("entropy_experiments").setLevel(logging.WARNING)
     record: dict = {}
@@ -114,7 +114,7 @@ def worker(checkpoint: str, E: int, T: int, device: str, budget_gb: float | None
         if hasattr(module, name):  # names may move: a missing one is reported as absent
             setattr(module, name, _wrap(label, getattr(module, name), record))
     t0, shapes = time.perf_counter(), {}
-    outcome = probe.run(point_config(checkpoint, E, T, device, budget_gb),
+    outcome = recipe.run(point_config(checkpoint, E, T, device, budget_gb),
                         on_batches=lambda e, u: shapes.update(E=e["sequences"].shape[-1], U=u["sequences"].shape[-1]))
     total = time.perf_counter() - t0
     record["estimate"] = budget_estimate(outcome.policy.trainable.model, shapes, T)

@@ -1,4 +1,4 @@
-"""Benchmarks of the SequenceProcessor: memory of the chunked token maths, teacher-forcing
+"""Benchmarks of the policy engine: memory of the chunked token maths, teacher-forcing
 throughput and generation throughput, each printed as a ratio measured side by side with PASS/FAIL.
 
     .venv/bin/python bench/bench_sequence_processor.py [--threads N] [--skip-memory | --memory-only]
@@ -162,15 +162,16 @@ def bench_prompts(n: int) -> list[str]:
 
 # ------------------------------------------------------------------------------------ 2. teacher forcing
 def bench_teacher_forcing(model, tok, rounds: int) -> bool:
-    from entropy_experiments.compat.sequence_processor import SequenceProcessor
+    from entropy_experiments.policy.engine import PolicyEngine
+    from entropy_experiments.policy.generation_config import parse_settings
 
     B, T = 8, 64
-    sp = SequenceProcessor(model, tok, {"generation": {"max_new_tokens": T, "tf_batch_size": B},
-                                        "precision": {"entropy_fp64": True}})
+    sp = PolicyEngine(model, tok, parse_settings({"generation": {"max_new_tokens": T, "tf_batch_size": B},
+                                                  "precision": {"entropy_fp64": True}}))
     prompts = bench_prompts(B)
     g = torch.Generator().manual_seed(0)
     responses = [[torch.randint(0, len(tok), (T - 8 * (b % 3),), generator=g).tolist()] for b in range(B)]
-    seqs = sp._pack(sp._tokenize_prompts(prompts), responses, prompts)
+    seqs = sp.pack(sp.tokenize_prompts(prompts), responses, prompts)
     ids = seqs.sequences[:, 0]
     mask = seqs.attention_masks[:, 0]
     n_tokens = sum(sum(r) for r in seqs.gen_lens)
@@ -199,13 +200,14 @@ def bench_teacher_forcing(model, tok, rounds: int) -> bool:
 
 # ------------------------------------------------------------------------------------ 3. generation
 def bench_generation(model, tok, rounds: int) -> list[bool]:
-    from entropy_experiments.compat.sequence_processor import GenerationConfig, SequenceProcessor
+    from entropy_experiments.policy.engine import PolicyEngine
+    from entropy_experiments.policy.generation_config import GenerationConfig, parse_settings
     from entropy_experiments.policy.reference_sampler import sample_one_at_a_time
 
     n_prompts, G, T = 4, 4, 48
     prompts = bench_prompts(n_prompts)
     cfg = GenerationConfig(max_new_tokens=T, gen_batch_size=n_prompts * G)
-    sp = SequenceProcessor(model, tok, cfg)
+    sp = PolicyEngine(model, tok, parse_settings(cfg))
     enc = tok(prompts, padding=True, return_tensors="pt")
     ids, mask = enc["input_ids"].repeat_interleave(G, 0), enc["attention_mask"].repeat_interleave(G, 0)
     counts = {}
@@ -214,7 +216,7 @@ def bench_generation(model, tok, rounds: int) -> list[bool]:
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                              max_new_tokens=T, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                              stop_strings=["</answer>"], tokenizer=tok)
-        counts["raw"] = sum(sp._response_length(row) for row in out[:, ids.shape[1]:].tolist())
+        counts["raw"] = sum(sp.response_length(row) for row in out[:, ids.shape[1]:].tolist())
 
     def batched():
         counts["batched"] = sum(map(sum, sp.generate_batched(prompts, G).gen_lens))
@@ -241,7 +243,7 @@ def main() -> int:
         mode, chunk, tau, top_p, out = sys.argv[2:7]
         memory_worker(mode, int(chunk), float(tau), float(top_p), out)
         return 0
-    from entropy_experiments.compat.sequence_processor import GenerationConfig
+    from entropy_experiments.policy.generation_config import GenerationConfig
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")

@@ -24,7 +24,7 @@ from entropy_experiments.checkpoint.learning_rate import resolve_learning_rate
 from entropy_experiments.config import config_from_dict, load_config
 from entropy_experiments.data.batch import Batch
 from entropy_experiments.estimators import update_direction as adam
-from entropy_experiments.probe import recipe as probe
+from entropy_experiments.probe import recipe
 from entropy_experiments.probe.parallel import SINGLE
 from entropy_experiments.report.run_dir import RunDirectory
 
@@ -51,16 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.run_dir} holds no saved E/U batches", file=sys.stderr)
         return 2
     E, U = Batch.from_dict(E, "E_batch"), Batch.from_dict(U, "U_batch")
-    policy = probe.load_phase(config, SINGLE, probe.WarningLog())
+    policy = recipe.load_phase(config, SINGLE, recipe.WarningLog())
     t0 = time.perf_counter()
-    X = probe.one_pass_phase(config, policy, E, {}).X_hat
+    X = recipe.one_pass_phase(config, policy, E, {}).X_hat
     lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
     print(f"X̂ on E ({E.num_prompts} sequences) in {time.perf_counter() - t0:.1f} s; lr = {lr:.3g}")
     directions = {}
     for spec in specs:
         t0 = time.perf_counter()
         cfg = config_from_dict({**config.to_dict(), "objective": parse_objective(spec)})
-        update = probe.update_phase(cfg, policy, U, None)
+        update = recipe.update_phase(cfg, policy, U, None)
         v, info = update.v, update.info
         directions[spec] = v
         obj = info["objective"]

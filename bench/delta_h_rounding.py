@@ -30,7 +30,7 @@ import torch
 def tiny_run(folder: Path, B_E: int, max_new_tokens: int, etas: list[float]):
     """The CPU probe of tests/test_cuda.py: (outcome, config, E)."""
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.probe import recipe as probe
+    from entropy_experiments.probe import recipe
     from entropy_experiments.testing.tiny_model import build_tiny_model_dir
     from tests.run_helpers import make_run_setup
 
@@ -40,7 +40,7 @@ def tiny_run(folder: Path, B_E: int, max_new_tokens: int, etas: list[float]):
                           importance={"eta_list": etas})
     config = config_from_dict(d)
     batches = {}
-    outcome = probe.run(config, on_batches=lambda E, U: batches.update(E=E, U=U))
+    outcome = recipe.run(config, on_batches=lambda E, U: batches.update(E=E, U=U))
     return outcome, config, batches["E"]
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/project_gpu.py [--E 512] [--T 256] [--prompt 200] [--util 0.4]
 
-FLOP and byte counts per phase from the architecture (testing/synthetic.py, parameter counts exact) and the
+FLOP and byte counts per phase from the architecture (models/synthetic.py, parameter counts exact) and the
 probe's passes (default config: 3 η evaluated at ±η, second order and predictors on, U = 8 prompts × 4):
   sampling     prefill 2P per prompt token, decode 2P per response token; decode reads the weights once per
                step per generation batch (memory bound) and the KV cache

@@ -53,10 +53,10 @@ def compare(config, policy, E, U, etas: list[float]) -> list[str]:
     """The lines of the comparison on one E, U."""
     from entropy_experiments.estimators.central_difference import pieces_from_rows
     from entropy_experiments.estimators.jackknife import se_E
-    from entropy_experiments.probe import recipe as probe
+    from entropy_experiments.probe import recipe
 
     t0 = time.perf_counter()
-    res = probe.delta_h1_phase(config, policy, E, U, per_sequence_pieces=True)
+    res = recipe.delta_h1_phase(config, policy, E, U, per_sequence_pieces=True)
     exact_seconds = res.timings["E_backward"]
     lean = lean_pieces(config, policy, E, res.v, etas)
     a, r = res.pieces
@@ -84,7 +84,7 @@ def compare(config, policy, E, U, etas: list[float]) -> list[str]:
 def setup(args, folder: Path):
     """(config, policy, E, U) of the chosen checkpoint."""
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.probe import recipe as probe
+    from entropy_experiments.probe import recipe
     from entropy_experiments.probe.results import WarningLog
 
     if args.tiny:
@@ -94,13 +94,13 @@ def setup(args, folder: Path):
         _, d = make_run_setup(folder, build_tiny_model_dir(folder / "tiny"), estimator={"microbatch_size": 4},
                               batch_config={"B_E": args.B_E})
         config = config_from_dict(d)
-        policy = probe.load_phase(config, probe.SINGLE, WarningLog())
+        policy = recipe.load_phase(config, recipe.SINGLE, WarningLog())
     else:
         from bench.bench_probe import demo_probe
         args.B_U, args.G, args.max_new_tokens, args.device = 2, 2, 24, "cpu"
         demo = demo_probe(args)
         config, policy = demo.config, demo.policy
-    samples = probe.sample_phase(config, policy.engine)
+    samples = recipe.sample_phase(config, policy.engine)
     return config, policy, samples.E, samples.U
 
 

@@ -1,4 +1,4 @@
-"""`entropy-probe` command line: run, sweep, demo, make-checkpoint, report.
+"""`entropy-probe` command line: run, sweep, demo, make-checkpoint, report, config.
 
 Every user mistake ends as ONE line on stderr and exit code 2 (a `ProbeError`); bugs keep their traceback.
 """
@@ -106,7 +106,7 @@ def cmd_sweep(args) -> None:
 
 def cmd_make_checkpoint(args) -> None:
     config = _load(args)
-    if args.synthetic:  # a random model of a real architecture as the base (synthetic_checkpoint.py)
+    if args.synthetic:  # a random model of a real architecture as the base (make_checkpoint/synthetic.py)
         config = with_synthetic_base(config, synthetic_base_dir(args.out, args.synthetic, seed=config.seed))
     make_checkpoint(args.out, config, steps=args.steps, save_every=args.save_every)
 
@@ -129,6 +129,12 @@ def cmd_report(args) -> None:
     run_dir = run_dir.parent if run_dir.is_file() else run_dir
     plot_delta_h(results, run_dir / "delta_h_vs_eta.png")
     log.info("report: %s", write_html_report(run_dir))
+
+
+def cmd_config(args) -> None:
+    """Print a config shipped with the package, comments included (`--path`: where it is installed)."""
+    path = packaged_config_path(args.name)
+    sys.stdout.write(f"{path}\n" if args.path else path.read_text(encoding="utf-8"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the embedded default model end to end")
     demo.add_argument("--out")
     demo.add_argument("--steps", type=int, default=None,
-                      help="Dr-GRPO steps for the cached demo checkpoint (default: training.DEMO_CHECKPOINT_STEPS)")
+                      help=f"Dr-GRPO steps for the cached demo checkpoint (default: {DEMO_CHECKPOINT_STEPS})")
     demo.add_argument("--set", action="append", metavar="KEY=VALUE")
     demo.add_argument("--overwrite", action="store_true")
     demo.set_defaults(func=cmd_demo)
@@ -182,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="re-render the summary, plot and report.html from RUN_DIR")
     report.add_argument("run_dir")
     report.set_defaults(func=cmd_report)
+
+    config = sub.add_parser("config", help="print the default config: every key, its default and what it does")
+    config.add_argument("name", nargs="?", default="default", help="default (every key) or demo (the demo's)")
+    shown = config.add_mutually_exclusive_group()
+    shown.add_argument("--show", action="store_true", help="print the file with its comments (what it does anyway)")
+    shown.add_argument("--path", action="store_true", help="print where the file is installed instead")
+    config.set_defaults(func=cmd_config)
     return parser
 
 

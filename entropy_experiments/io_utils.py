@@ -1,4 +1,4 @@
-"""Atomic file and directory writes, shared by the run directory (`report`) and checkpoints (`model_loader`).
+"""Atomic file and directory writes, shared by the run directory (`report`) and checkpoints (`checkpoint/writer.py`).
 
 The one pattern: write to a temp name in the *same* directory (so the final rename never crosses a
 file system), fsync, then `os.replace` / `os.rename` onto the final name, so that a reader — or a run

@@ -1,16 +1,5 @@
-"""Legacy import path of the original (seed) API: `ProbeComponents` and the names the seeds imported with it.
+"""Legacy import path of the original (seed) API: `ProbeComponents`, a thin re-export of
+`entropy_experiments.compat.probe_components`. New code calls the phase functions of `entropy_experiments.probe.recipe`."""
 
-A thin re-export of `entropy_experiments.compat.probe_components`, where the code lives. New code calls the
-phase functions of `entropy_experiments.probe.recipe` directly.
-"""
-
-from .compat.probe_components import (
-    DeltaH1Result,
-    EScores,
-    ProbeComponents,
-    UGradients,
-    chunked,
-    split_into_groups,
-)
-
-__all__ = ["DeltaH1Result", "EScores", "ProbeComponents", "UGradients", "chunked", "split_into_groups"]
+from .compat.probe_components import *  # every legacy name: the list is compat.probe_components.__all__
+from .compat.probe_components import __all__  # noqa: F401

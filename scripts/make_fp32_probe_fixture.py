@@ -6,8 +6,11 @@
 It runs `entropy-probe make-checkpoint` and `entropy-probe run` in process on the tiny random Qwen2
 (entropy_experiments/testing/tiny_model.py), every phase on, with the config sections in SECTIONS (an integer
 gen_batch_size: the chunk-seeded fp32 draws), and writes the sections, results.json less its timings and
-environment, per_sequence.jsonl and the E / U token ids. tests/test_sampler_e2e.py reruns the same sections
-with the current code (and `generation.sampler_dtype: fp32`) and requires every number to be equal.
+environment, per_sequence.jsonl and the E / U token ids, with the CPU kernel set torch dispatched to
+(`cpu_capability`). tests/test_sampler_e2e.py reruns the same sections with the current code (and
+`generation.sampler_dtype: fp32`) on whatever CPU runs the tests: the token ids must be equal, every number
+within its fp32 rounding measured on that run's E (tests/recorded_run.py). The shipped fixture was recorded
+with AVX2 kernels (`ATEN_CPU_CAPABILITY=avx2` reproduces it bit for bit).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def main(out: Path) -> None:
         folder = Path(tmp)
         config, _ = make_run_setup(folder / "setup", build_tiny_model_dir(folder / "tiny"), **SECTIONS)
         assert cli.main(["run", "--config", str(config), "--out", str(folder / "run")]) == 0
-        record = {"sections": SECTIONS, "torch": torch.__version__, **run_record(folder / "run")}
+        record = {"sections": SECTIONS, "torch": torch.__version__,
+                  "cpu_capability": torch.backends.cpu.get_cpu_capability(), **run_record(folder / "run")}
     out.write_text(json.dumps(record, indent=1, allow_nan=False) + "\n", encoding="utf-8")
 
 

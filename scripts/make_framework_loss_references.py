@@ -15,7 +15,7 @@ its own `FSDPActorConfig`.
 OpenRLHF (0.11.2) cannot be installed without CUDA (flash-attn, deepspeed): DIR is the `purelib` folder of its
 unzipped wheel (`pip download --no-deps openrlhf==0.11.2`), from which only `openrlhf/models/loss.py`,
 `openrlhf/models/utils.py` and `openrlhf/utils/loss_utils.py` are loaded, with an empty stand-in for the
-`import deepspeed` line of models/utils.py (no function called here uses it). The loss is `PolicyLoss` +
+`import deepspeed` line of openrlhf/models/utils.py (no function called here uses it). The loss is `PolicyLoss` +
 `compute_approx_kl` as a KL loss + the entropy term, composed as `PPOActor.training_step` does, normalised by
 `iter_grad_accum_global_norm` and scaled by DeepSpeed's 1/gradient-accumulation-steps.
 

@@ -52,6 +52,7 @@ class Trap:
 
 
 EE = "entropy_experiments/"
+SWEEP_REALISED = "tests/test_sampler_sweep_paths.py::test_checkpoint_entropy_and_independent_and_paired_realised_change"
 TRAPS = [
     # ---- U side (estimators/objectives.py): caught by tests/test_objectives.py's written-out loops
     Trap("dr_grpo_without_G", EE + "estimators/objectives.py",
@@ -109,10 +110,73 @@ TRAPS = [
     Trap("u_gradient_in_train_mode", EE + "estimators/objective_gradient.py",
          "trainable.model.eval()\n    group_grads", "trainable.model.train()\n    group_grads",
          ("tests/test_traps_targets.py::test_u_gradient_is_taken_in_eval_mode_even_with_dropout",)),
+    # ---- SNIS (estimators/snis.py): against numpy written out in tests/test_stats.py
+    Trap("snis_denominator_unweighted", EE + "estimators/snis.py",
+         'denom = np.dot(w, t) if normalize == "per_token" else w.sum()',
+         'denom = t.sum() if normalize == "per_token" else float(w.size)',
+         ("tests/test_stats.py::test_snis_matches_direct_numpy_and_is_shift_invariant",)),
+    Trap("snis_delta_h_length_column_unweighted", EE + "estimators/snis.py",
+         "columns = sampler_weighted([w * hn, w * d, hh, d], sampler_weights)",
+         "columns = sampler_weighted([w * hn, d, hh, d], sampler_weights)",
+         ("tests/test_stats.py::test_snis_delta_h_value_and_se_vs_brute_force[per_token]",)),
+    # ---- the sampler correction (estimators/sampler_correction.py)
+    Trap("sampler_log_weight_sign_flipped", EE + "estimators/sampler_correction.py",
+         "out[i] = lq.sum() - ls.sum()", "out[i] = ls.sum() - lq.sum()",
+         ("tests/test_sampler_correction.py::test_log_weights_are_the_sequence_log_ratio",)),
+    Trap("sampler_kl_direction_reversed", EE + "estimators/sampler_correction.py",
+         "deltas = [as_float64(ls) - as_float64(lq) for",
+         "deltas = [as_float64(lq) - as_float64(ls) for",
+         ("tests/test_sampler_correction.py::test_mean_token_kl_estimates_the_sampler_policy_kl",)),
+    # ---- the sampling policy (policy/sampling_policy.py): against the brute-force rule of tests/test_sp_policy.py
+    Trap("nucleus_drops_crossing_token", EE + "policy/sampling_policy.py",
+         "return 1 + torch.count_nonzero(cum[:, :-1] < top_p, dim=-1)",
+         "return 1 + torch.count_nonzero(cum[:, 1:] < top_p, dim=-1)",
+         ("tests/test_sp_policy.py::test_nucleus_rule_keeps_crossing_token_and_at_least_one",)),
+    Trap("rb_entropy_with_untruncated_normaliser", EE + "policy/sampling_policy.py",
+         '"rb_entropy": log_z - mean_a,', '"rb_entropy": log_z_full - mean_a,',
+         ("tests/test_sp_policy.py::test_token_stats_match_brute_force[1.0-0.9]",)),
+    Trap("bf16_sampler_log_q_unnormalised", EE + "policy/row_keyed.py",
+         "self.recorded.append((chosen - torch.logsumexp(a, dim=-1)).float())", "self.recorded.append(chosen.float())",
+         ("tests/test_sampler.py::test_bf16_sampler_records_log_q_of_its_own_logits",)),
+    # ---- second order (estimators/second_order.py, second_difference.py): against finite differences
+    Trap("second_order_curvature_without_s_squared", EE + "estimators/second_order.py",
+         "curv = s2 + s ** 2", "curv = s2",
+         ("tests/test_second_order.py::test_jackknife_se_matches_a_written_out_loop_of_finite_differences[False]",)),
+    Trap("second_order_prediction_without_half", EE + "estimators/second_order.py",
+         "eta * x_hat_dot_v + 0.5 * eta ** 2 * d2.value", "eta * x_hat_dot_v + eta ** 2 * d2.value",
+         ("tests/test_second_order.py::test_report_gives_eta_star_and_the_second_order_prediction",)),
+    Trap("second_difference_over_two_eta_squared", EE + "estimators/second_difference.py",
+         "return float((a / b + c / e - 2 * f / g) / eta ** 2)",
+         "return float((a / b + c / e - 2 * f / g) / (2 * eta ** 2))",
+         ("tests/test_second_difference.py::test_jackknife_se_written_out_by_hand",)),
+    # ---- the competing predictors (estimators/predictors.py): against the SNIS slope along a hand-built direction
+    Trap("sgd_same_norm_unit_length", EE + "estimators/predictors.py",
+         "scale = named_norm(ctx.probe_direction(grads)) / g_norm if g_norm > 0 else 0.0",
+         "scale = 1.0 / g_norm if g_norm > 0 else 0.0",
+         ("tests/test_predictors.py::test_direction_predictors_equal_the_snis_slope_along_their_direction[per_token]",)),
+    # ---- the sweep's realised change (sweep/realised.py): against a brute-force weighted jackknife
+    Trap("sweep_realised_change_sign_flipped", EE + "sweep/realised.py",
+         "return b.value - a.value, math.hypot(a.se, b.se)", "return a.value - b.value, math.hypot(a.se, b.se)",
+         (SWEEP_REALISED + "[unweighted-per_token]",)),
+    Trap("sweep_independent_se_added_linearly", EE + "sweep/realised.py",
+         "return b.value - a.value, math.hypot(a.se, b.se)", "return b.value - a.value, a.se + b.se",
+         (SWEEP_REALISED + "[weighted-per_token]",)),
+    # ---- the TRL callback (integrations/): against TRL's own batch accounting
+    Trap("trl_trainer_batch_without_accumulation", EE + "integrations/trl_trainer_view.py",
+         "return int(args.per_device_train_batch_size * args.gradient_accumulation_steps)",
+         "return int(args.per_device_train_batch_size)",
+         ("tests/test_trl_trainer_view.py::test_the_callback_mirrors_the_trainers_batch_and_accumulation[2]",)),
+    Trap("trl_u_batch_ratio_without_G", EE + "integrations/trl_callback.py",
+         "self.u_batch_ratio = bc.B_U * bc.G / view.trainer_batch(args)",
+         "self.u_batch_ratio = bc.B_U / view.trainer_batch(args)",
+         ("tests/test_trl_trainer_view.py::test_the_callback_mirrors_the_trainers_batch_and_accumulation[1]",)),
+    Trap("trl_kl_coefficient_dropped", EE + "integrations/trl_trainer_view.py",
+         '"kl_coef": float(args.beta),', '"kl_coef": 0.0,',
+         ("tests/test_trl_callback.py::test_the_callback_takes_the_trainers_kl_bias_correction[True]",)),
     # ---- rewards silently zero
     Trap("gold_answers_dropped_with_replacement_sampling", EE + "compat/sequence_processor.py",
          "examples=examples, **kwargs)", "**kwargs)",
-         ("tests/test_sp_generation.py::test_replacement_sampling_keeps_gold_answers_and_counts",)),
+         ("tests/test_seed_sequence_processor.py::test_replacement_sampling_keeps_gold_answers_and_counts",)),
     Trap("gold_answers_dropped_in_probe_batches", EE + "probe/sampling.py",
          "list(seqs.responses_text[b]), ex, completion_ids",
          "list(seqs.responses_text[b]), chosen[0], completion_ids",
@@ -121,6 +185,28 @@ TRAPS = [
          "raise RewardError(f\"reward '{name}' raised {exception_line(exc)}{where}\") from exc",
          "values = [0.0] * len(responses)",
          ("tests/test_rewards.py::test_a_raising_reward_is_one_line_naming_reward_exception_and_prompt[probe]",)),
+    # ---- tolerances that survive another CPU's kernels must still see a bug: a run recorded on another CPU
+    # (compared within fp32 rounding) and the calibration bounds on z (rms in [0.4, 1.8], every |z| < 4.5)
+    Trap("jackknife_without_n_minus_1_over_n", EE + "estimators/jackknife.py",
+         "return float(math.sqrt((n - 1) / n * np.sum((theta - theta.mean()) ** 2)))",
+         "return float(math.sqrt(np.sum((theta - theta.mean()) ** 2)))",
+         ("tests/test_sampler_e2e.py::test_fp32_sampler_with_integer_rows_reproduces_the_code_before_the_correction",)),
+    Trap("realised_change_without_importance_weights", EE + "estimators/realised_change.py",
+         "w, t = weights_from_log(side.logw), as_float64(side.T)",
+         "w, t = np.ones_like(as_float64(side.logw)), as_float64(side.T)",
+         ("tests/test_realised_change.py::test_importance_realised_change_is_calibrated_against_enumeration",)),
+    Trap("realised_change_ignores_sampler_weights", EE + "estimators/realised_change.py",
+         "[w * as_float64(side.h_other), w * d, as_float64(side.h_own), d], side.sampler_weights)",
+         "[w * as_float64(side.h_other), w * d, as_float64(side.h_own), d], None)",
+         ("tests/test_sampler_realised.py::test_corrected_realised_change_is_calibrated_and_uncorrected_is_not",)),
+    Trap("adamw_step_without_weight_decay", EE + "estimators/update_direction.py",
+         "v = v.sub_(_as(theta, gn, dtype), alpha=h.weight_decay)", "v = v",
+         ("tests/test_framework_checkpoints.py::test_probe_load_rebuilds_verls_next_adamw_step",)),
+    # ---- docs that no longer match the code: a comment naming a module that was renamed
+    Trap("stale_module_name_in_a_comment", EE + "config/sections.py",
+         "recognised at load time by checkpoint.layout.resolve_checkpoint;",
+         "recognised at load time by checkpoint_layout.resolve_checkpoint;",
+         ("tests/test_docs_names.py::test_names_in_docstrings_comments_and_messages_exist",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.

@@ -1,18 +1,5 @@
 """Legacy import path of the original (seed) API: SequenceProcessor and its result types, a thin re-export of
-`entropy_experiments.compat.sequence_processor` (where the façade lives)."""
+`entropy_experiments.compat.sequence_processor` (one implementation behind both paths)."""
 
-from entropy_experiments.compat.sequence_processor import (
-    BatchedSequences,
-    DiagnosticsPack,
-    DiagnosticsResults,
-    GenerationConfig,
-    LogprobResults,
-    SequenceDiagnostics,
-    SequenceProcessor,
-    TokenStepDiagnostics,
-)
-
-__all__ = [
-    "BatchedSequences", "DiagnosticsPack", "DiagnosticsResults", "GenerationConfig", "LogprobResults",
-    "SequenceDiagnostics", "SequenceProcessor", "TokenStepDiagnostics",
-]
+from entropy_experiments.compat.sequence_processor import *  # every legacy name: compat's __all__
+from entropy_experiments.compat.sequence_processor import __all__  # noqa: F401

@@ -123,6 +123,13 @@ def draw_E(theta, n_draws: int, seed: int) -> DrawnE:
 
 INDEX = {y: i for i, y in enumerate(RESPONSES)}
 
+# Bounds on n z-scores of a calibrated estimator (z ~ N(0, 1)) that it breaks with negligible probability:
+# rms within RMS_16 for 16 z: P(χ²₁₆ < 16·0.4²) = 6e-5, P(χ²₁₆ > 16·1.8²) = 1.2e-5; every |z| < MAX_Z: P(some
+# |z| ≥ 4.5) = 1.1e-4 for 16 z, 2.7e-4 for 40 (scipy.stats.chi2 / norm). An overconfident estimate (rms z > 2)
+# still breaks RMS_16.
+RMS_16 = (0.4, 1.8)
+MAX_Z = 4.5
+
 
 def cross_scored(E: DrawnE, own, other) -> CrossScored:
     """E scored at its own policy and at the other: log w from per-token differences summed in float64."""

@@ -41,6 +41,7 @@ def _delta_h1_from_scratch(probe, E: Batch, U: Batch) -> float:
     return recipe.delta_h1_phase(probe.config, probe.policy, E, U).delta_h1
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("u_groups", [None, 2])
 def test_u_influence_is_delta_h1_minus_delta_h1_without_the_group(tiny_model_dir, prompts_file, u_groups):
     probe = make_probe(tiny_model_dir, prompts_file, {
@@ -112,6 +113,7 @@ def _prefix_entropies(model64, params: dict, E: dict, n: int) -> torch.Tensor:
     return -(logq.exp() * logq).sum(-1)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("directional", ["auto", "jvp"])
 def test_token_dH_is_the_exact_derivative_of_each_prefix_entropy(toy_dir, toy_prompts_file, directional):  # noqa: F811
     probe = make_probe(toy_dir, toy_prompts_file, {
@@ -147,6 +149,7 @@ def test_token_dH_is_the_exact_derivative_of_each_prefix_entropy(toy_dir, toy_pr
     assert top["token"] == probe.tokenizer.decode([top["token_id"]])
 
 
+@pytest.mark.e2e
 def test_u_influences_sum_to_zero_when_the_step_is_linear_in_g(tiny_model_dir, prompts_file):
     """v = −g (update_direction sgd) and the prompt-averaging Dr-GRPO loss over equal groups: influence_k =
     (c_k − mean_{j≠k} c_j)/K, so Σ_k influence_k = 0 — the sum is a measure of Adam's nonlinearity only."""

@@ -105,6 +105,7 @@ def e_side_runs(setup):
     return runs
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_se_E_matches_the_spread_over_E_batches(e_side_runs):
     values, ses = [run["delta_h1"] for run in e_side_runs], [run["se_E"] for run in e_side_runs]
@@ -113,6 +114,7 @@ def test_se_E_matches_the_spread_over_E_batches(e_side_runs):
     assert 1 / BAND <= ratio <= BAND, f"E-side spread / mean SE_E = {ratio:.3f}"
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_paired_residual_se_matches_the_spread_over_E_batches(e_side_runs):
     # ρ(η) = ΔH(η) − η·D_v H on the same E: the spread of ρ over independent E batches against its mean
@@ -124,6 +126,7 @@ def test_paired_residual_se_matches_the_spread_over_E_batches(e_side_runs):
     assert 1 / 1.5 <= ratio <= 1.5, f"residual spread / mean paired SE = {ratio:.3f}"
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_se_U_matches_the_spread_over_U_batches(setup):
     probe, examples = setup

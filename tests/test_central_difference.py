@@ -23,7 +23,7 @@ from entropy_experiments.estimators.entropy_gradient import (
 )
 from entropy_experiments.estimators.jackknife import se_E
 from entropy_experiments.estimators.sequence_scores import score_sequences
-from entropy_experiments.probe import recipe as probe
+from entropy_experiments.probe import recipe
 from entropy_experiments.probe.results import WarningLog
 from tests.run_helpers import make_run_setup
 
@@ -36,10 +36,10 @@ def both(tmp_path_factory, tiny_model_dir):
     _, d = make_run_setup(tmp_path_factory.mktemp("cd"), tiny_model_dir, estimator={"microbatch_size": 4},
                           batch_config={"B_E": 12})
     config = config_from_dict(d)
-    policy = probe.load_phase(config, probe.SINGLE, WarningLog())
-    samples = probe.sample_phase(config, policy.engine)
+    policy = recipe.load_phase(config, recipe.SINGLE, WarningLog())
+    samples = recipe.sample_phase(config, policy.engine)
     E = samples.E
-    res = probe.delta_h1_phase(config, policy, E, samples.U, per_sequence_pieces=True)
+    res = recipe.delta_h1_phase(config, policy, E, samples.U, per_sequence_pieces=True)
     assert res.pieces_method == "backward_hooks"
     options = config.entropy_options()
     scores = score_sequences(policy.engine, E)

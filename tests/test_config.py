@@ -108,7 +108,7 @@ def test_yaml_round_trip_gives_equal_config_and_hash(tmp_path):
 
 
 def test_checkpoint_paths_are_left_to_the_layout_resolver():
-    """The config keeps what the user wrote; checkpoint_layout.resolve_checkpoint finds the files at load
+    """The config keeps what the user wrote; checkpoint.layout.resolve_checkpoint finds the files at load
     time (tests/test_checkpoint_layouts.py), so the saved config.yaml reloads to the same config."""
     cfg = config_from_dict({"checkpoint": {"checkpoint_path": "ckpts/step_40/"}})
     assert (cfg.checkpoint.adapter_path, cfg.checkpoint.optimizer_path) == (None, None)
@@ -241,6 +241,7 @@ def test_config_hash_is_taken_over_the_sections_pre_rename_spelling(batched):
         del d["objective"][key]
     del d["objective"]["use_bias_correction_kl"]  # a later key, hashed only where it acts (trl with β > 0)
     d["probe_rework"] = {"use_sequence_processor_sampling": batched}
+    d["batch_config"]["pool_size"] = 500  # null: the default data set's own 500 problems, hashed as the 500 it was
     del d["second_order"]["method"]  # a later key, hashed only when changed (HASHED_WHEN_CHANGED)
     for key in ("r_method", "r_eta"):  # later keys, hashed only when changed (HASHED_WHEN_CHANGED)
         del d["variance"][key]
@@ -435,3 +436,28 @@ def test_errors_from_dicts(raw, message):
 def test_non_mapping_input():
     with pytest.raises(ConfigError, match="^config must be a mapping of sections, got list$"):
         config_from_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_config_command_prints_the_installed_default_config_with_its_comments(tmp_path, capsys):
+    """`entropy-probe config --show` prints default.yaml as installed, comments included; saved, it loads to the
+    defaults. `--path` prints where it lies; `config demo` the demo's; an unknown name is one line, exit 2."""
+    from entropy_experiments import cli
+    from tests.run_helpers import logging_restored
+
+    with logging_restored():
+        _config_command_checks(cli, tmp_path, capsys)
+
+
+def _config_command_checks(cli, tmp_path: Path, capsys) -> None:
+    assert cli.main(["config", "--show"]) == 0
+    shown = capsys.readouterr().out
+    assert "# Every configuration key" in shown and "  pool_size: null" in shown
+    assert load_config(_write(tmp_path, shown), []) == ProbeConfig()
+    assert cli.main(["config"]) == 0 and capsys.readouterr().out == shown  # --show is what it does anyway
+    assert cli.main(["config", "--path"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path == packaged_config_path("default") and path.read_text(encoding="utf-8") == shown
+    assert cli.main(["config", "demo"]) == 0
+    assert capsys.readouterr().out == packaged_config_path("demo").read_text(encoding="utf-8")
+    assert cli.main(["config", "nope"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["error: no packaged config 'nope'; available: default, demo"]

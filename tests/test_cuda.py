@@ -24,7 +24,7 @@ from entropy_experiments.config import config_from_dict
 from entropy_experiments.estimators.sequence_scores import log_weights, score_sequences
 from entropy_experiments.make_checkpoint.trained import make_checkpoint
 from entropy_experiments.policy.oom import oom_reason, release_memory, unless_out_of_memory
-from entropy_experiments.probe import recipe as probe
+from entropy_experiments.probe import recipe
 from entropy_experiments.probe.results import WarningLog
 from tests.device_comparison import differences, rounding_floor, token_rounding
 from tests.run_helpers import make_run_setup
@@ -52,13 +52,14 @@ def _config(base: dict, **sections):
     return config_from_dict(d)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("method", ["jvp", "finite_difference"])
 @pytest.mark.parametrize("variance", [True, False], ids=["backward_hooks", "surrogate_backward"])
 def test_probe_on_cuda_matches_cpu_on_the_same_batches(tiny_config, variance, method):
     sections = {"variance": {"enabled": variance}, "second_order": {"method": method}}
     batches = {}
-    cpu = probe.run(_config(tiny_config, **sections), on_batches=lambda E, U: batches.update(E=E, U=U))
-    cuda = probe.run(_config(tiny_config, checkpoint={"device_map": "cuda"}, **sections),
+    cpu = recipe.run(_config(tiny_config, **sections), on_batches=lambda E, U: batches.update(E=E, U=U))
+    cuda = recipe.run(_config(tiny_config, checkpoint={"device_map": "cuda"}, **sections),
                      batches=(batches["E"], batches["U"])).results
     floor = rounding_floor(cpu.policy, batches["E"], _config(tiny_config))
     assert cuda["environment"] and cuda["second_order"]["method"] == method
@@ -66,19 +67,20 @@ def test_probe_on_cuda_matches_cpu_on_the_same_batches(tiny_config, variance, me
     assert differences(cpu.results, cuda, floor) == []
 
 
+@pytest.mark.e2e
 def test_sweep_step_cross_scores_on_cuda_match_cpu(tiny_config):
     """The sweep's realised change scores E_N at θ_{N+1} (the adapter of the next checkpoint): log w_i and h'_i
     on CUDA equal the CPU's within the rounding of two scorings per device: SDs 2·σ_ℓ·√T_i and √2·σ_H·√T_i
     (σ: the per-token fp32 − fp64 rounding on the CPU), z = 4."""
     nxt = tiny_config["predictors"]["next_checkpoint"]
     batches, scored, policies = {}, {}, {}
-    probe.run(_config(tiny_config, second_order={"enabled": False}, predictors={"enabled": False,
+    recipe.run(_config(tiny_config, second_order={"enabled": False}, predictors={"enabled": False,
                                                                                  "next_checkpoint": None}),
               on_batches=lambda E, U: batches.update(E=E, U=U))
     for device in SWEEP_DEVICES:
         own_config = _config(tiny_config, checkpoint={"device_map": device})
         next_config = _config(tiny_config, checkpoint={"device_map": device, "checkpoint_path": nxt})
-        own, other = (probe.load_phase(c, probe.process_context(c), WarningLog()) for c in (own_config, next_config))
+        own, other = (recipe.load_phase(c, recipe.process_context(c), WarningLog()) for c in (own_config, next_config))
         s_own, s_other = (score_sequences(p.engine, batches["E"]) for p in (own, other))
         scored[device], policies[device] = (log_weights(s_other, s_own), s_other.seq_entropies, s_own.lengths), own
     var_h, var_l, _ = token_rounding(policies[SWEEP_DEVICES[0]], batches["E"], _config(tiny_config))
@@ -88,8 +90,9 @@ def test_sweep_step_cross_scores_on_cuda_match_cpu(tiny_config):
     assert (abs(h_b - h_a).numpy() <= 4 * math.sqrt(2 * var_h) * root_T + 1e-12).all()
 
 
+@pytest.mark.e2e
 def test_bf16_base_on_cuda(tiny_config):
-    outcome = probe.run(_config(tiny_config, checkpoint={"device_map": "cuda"}, precision={"runtime_dtype": "bf16"}))
+    outcome = recipe.run(_config(tiny_config, checkpoint={"device_map": "cuda"}, precision={"runtime_dtype": "bf16"}))
     model = outcome.policy.trainable.model
     assert {(p.requires_grad, p.dtype) for p in model.parameters()} == {(True, torch.float32),
                                                                           (False, torch.bfloat16)}

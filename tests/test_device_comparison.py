@@ -22,7 +22,7 @@ from entropy_experiments.config import config_from_dict
 from entropy_experiments.estimators import snis
 from entropy_experiments.estimators.rounding_floor import delta_h_rounding_floor, delta_h_tolerance
 from entropy_experiments.make_checkpoint.trained import make_checkpoint
-from entropy_experiments.probe import recipe as probe
+from entropy_experiments.probe import recipe
 from entropy_experiments.probe.results import WarningLog
 from tests.device_comparison import Z, differences, rounding_floor
 from tests.run_helpers import make_run_setup
@@ -63,14 +63,15 @@ def two_orders(tmp_path_factory, tiny_model_dir):
         d2 = copy.deepcopy(d)
         d2["second_order"]["method"] = method
         config, batches = config_from_dict(d2), {}
-        eager = probe.run(config, on_batches=lambda E, U, kept=batches: kept.update(E=E, U=U))
-        twin = probe.load_phase(config, probe.process_context(config), WarningLog())
+        eager = recipe.run(config, on_batches=lambda E, U, kept=batches: kept.update(E=E, U=U))
+        twin = recipe.load_phase(config, recipe.process_context(config), WarningLog())
         twin.trainable.model.set_attn_implementation("sdpa")
-        sdpa = probe.run(config, policy=twin, batches=(batches["E"], batches["U"]))
+        sdpa = recipe.run(config, policy=twin, batches=(batches["E"], batches["U"]))
         out[method] = (eager.results, sdpa.results, rounding_floor(eager.policy, batches["E"], config))
     return out
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("method", ["jvp", "finite_difference"])
 def test_two_reduction_orders_agree_within_the_derived_tolerances(two_orders, method):
     a, b, F = two_orders[method]
@@ -79,6 +80,7 @@ def test_two_reduction_orders_agree_within_the_derived_tolerances(two_orders, me
     assert differences(a, b, F) == []
 
 
+@pytest.mark.e2e
 def test_a_planted_discrepancy_is_caught(two_orders):
     a, b, F = two_orders["jvp"]
     planted = copy.deepcopy(b)
@@ -91,6 +93,7 @@ def test_a_planted_discrepancy_is_caught(two_orders):
     assert differences(a, planted, F) == [f"predictors.direct_only.delta_h1: {was} vs {now}"]
 
 
+@pytest.mark.e2e
 def test_at_small_eta_the_floor_exceeds_a_fixed_relative_tolerance(two_orders):
     a, _, F = two_orders["jvp"]
     small = next(x for x in a["true"] if x["eta"] == 1.0e-4)

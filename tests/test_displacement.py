@@ -32,7 +32,7 @@ from tests.run_helpers import logging_restored
 from tests.sweep_helpers import MAX_NEW, train_run
 from tests.test_probe import _enumerated, _shifted
 
-pytestmark = pytest.mark.xdist_group("test_displacement")
+pytestmark = [pytest.mark.xdist_group("test_displacement"), pytest.mark.e2e]
 
 
 @pytest.fixture(scope="module")

@@ -174,6 +174,7 @@ def fresh_two_rank_run(dist_config, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.e2e
 def test_fresh_sampling_on_two_ranks_follows_the_plan(fresh_two_rank_run, dist_config):
     from entropy_experiments.data.datasets import load_examples
     from entropy_experiments.data.plan import draw_index_plan
@@ -217,6 +218,7 @@ def _assert_parity(a: dict, b: dict, rel: float = 1e-6) -> None:
         assert b[key] == pytest.approx(value, rel=rel, abs=0), (key, value, b[key])
 
 
+@pytest.mark.e2e
 def test_two_ranks_match_one_process_from_the_same_batches(fresh_two_rank_run, tmp_path):
     one = Path(shutil.copytree(fresh_two_rank_run, tmp_path / "one"))
     two = Path(shutil.copytree(fresh_two_rank_run, tmp_path / "two"))
@@ -270,6 +272,7 @@ def _address_in_use(stderr: str) -> bool:
     return "address already in use" in text or "eaddrinuse" in text or "errno: 98" in text
 
 
+@pytest.mark.e2e
 def test_a_killed_rank_makes_the_other_exit_with_the_timeout_message(dist_config, tmp_path):
     path, _ = dist_config
     # The port is picked free and then bound by rank 0: another process may take it in between. Such a

@@ -204,6 +204,7 @@ def _in_process(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_one_clean_line_and_exit_2(case, setup, tmp_path):
     config_file, config = setup

@@ -161,6 +161,7 @@ def test_bad_inputs_are_one_line_naming_path_row_and_column(tmp_path, tokenizers
     assert "no chat template" in message
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", ["no_prompt_column", "reward_signature"])
 def test_data_and_reward_errors_come_before_the_model_loads(tmp_path, monkeypatch, case):
     import contextlib
@@ -169,13 +170,13 @@ def test_data_and_reward_errors_come_before_the_model_loads(tmp_path, monkeypatc
     import yaml
 
     from entropy_experiments import cli
-    from entropy_experiments.probe import recipe as probe
+    from entropy_experiments.probe import recipe
     from tests.run_helpers import logging_restored
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model must not load before the data set and rewards are checked")
 
-    monkeypatch.setattr(probe, "load_phase", no_model)
+    monkeypatch.setattr(recipe, "load_phase", no_model)
     columns = {"question": QUESTIONS} if case == "no_prompt_column" else standard_rows()
     datasets.Dataset.from_dict(columns).to_parquet(str(tmp_path / "train.parquet"))
     reward = {"functions": ["zero", "math:sqrt"]} if case == "reward_signature" else {"name": "zero"}
@@ -201,3 +202,37 @@ def test_a_pool_smaller_than_the_split_is_a_warning(tmp_path):
     assert [e.prompt for e in two] == QUESTIONS[:2]
     assert "first 2 of the split's 3 rows" in pool_warning(two, 2)
     assert pool_warning(load_hf(tmp_path / "ds"), 500) is None
+
+
+def test_a_large_split_is_sampled_whole_unless_the_user_caps_it(tmp_path):
+    """The default config (pool_size null) draws from every row of a 7,000-row split, not its first 500; a
+    pool_size the user writes keeps that many first rows; the default data set still makes its 500 problems."""
+    from entropy_experiments.config import config_from_dict
+    from entropy_experiments.probe.parallel import SINGLE
+    from entropy_experiments.probe.sampling import draw_plan, prompt_examples
+
+    rows = 7000
+    datasets.Dataset.from_dict({"prompt": [f"question {i}" for i in range(rows)],
+                                "answer": [str(i) for i in range(rows)]}).save_to_disk(str(tmp_path / "ds"))
+    section = {"dataset_name": "hf", "dataset_path": str(tmp_path / "ds"), "B_E": 64, "B_U": 8}
+    config = config_from_dict({"batch_config": section})
+    examples = prompt_examples(config.batch_config)
+    assert len(examples) == rows and examples[-1].prompt == f"question {rows - 1}"
+    plan = draw_plan(config, len(examples), SINGLE)  # the probe's own draw: E with replacement, U distinct
+    drawn = plan.E_prompt_indices + plan.U_prompt_indices
+    assert max(drawn) >= 500 and sum(i >= 500 for i in drawn) > len(drawn) / 2  # ~93 % of the split lies there
+    capped = config_from_dict({"batch_config": {**section, "pool_size": 300}})
+    assert [e.prompt for e in prompt_examples(capped.batch_config)] == [f"question {i}" for i in range(300)]
+    assert len(prompt_examples(config_from_dict({}).batch_config)) == 500
+
+
+def test_the_default_pool_keeps_its_config_hash(tmp_path):
+    """pool_size null hashes as the 500 it was for the generated default data set, not for a read split."""
+    from entropy_experiments.config import config_from_dict
+
+    def config_hash(batch_config: dict) -> str:
+        return config_from_dict({"batch_config": batch_config}).config_hash()
+
+    assert config_hash({}) == config_hash({"pool_size": 500}) != config_hash({"pool_size": 400})
+    hf = {"dataset_name": "hf", "dataset_path": str(tmp_path)}
+    assert config_hash(hf) != config_hash({**hf, "pool_size": 500})

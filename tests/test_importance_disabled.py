@@ -18,7 +18,7 @@ from entropy_experiments.report.summary import render_summary
 from tests.run_helpers import logging_restored, make_run_setup
 
 # Costly module fixtures: one worker runs this whole file (scripts/test.sh distributes by xdist_group).
-pytestmark = pytest.mark.xdist_group("test_importance_disabled")
+pytestmark = [pytest.mark.xdist_group("test_importance_disabled"), pytest.mark.e2e]
 
 NOTE = "ΔH(η) not measured (importance.enabled: false)"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -23,6 +23,8 @@ from entropy_experiments import cli
 from tests.hooked_cli import HOLD_ENV, HOLD_FILE_ENV, hooked_command
 from tests.run_helpers import make_run_setup, numbers, results, subprocess_env
 
+pytestmark = pytest.mark.e2e  # runs whole probes (scripts/test.sh -m "not e2e" skips them)
+
 # (signal, hold point, what must be on disk when it is killed)
 CASES = [
     (signal.SIGTERM, "chunk_saved:1", "first E chunk saved"),

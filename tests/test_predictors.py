@@ -66,6 +66,7 @@ def _snis_slope(probe, E, direction: dict, eps: float) -> float:
     return (hi - lo) / (2 * eps)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("normalize", ["per_token", "per_sequence"])
 def test_direction_predictors_equal_the_snis_slope_along_their_direction(tiny_model_dir, prompts_file, normalize):
     probe = make_probe(tiny_model_dir, prompts_file, {
@@ -97,6 +98,7 @@ def _jackknife_ratio(num: np.ndarray, den: np.ndarray) -> float:
     return float(np.sqrt((n - 1) / n * ((reps - reps.mean()) ** 2).sum()))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("directional", ["backward_hooks", "jvp"])
 def test_direct_only_against_finite_differences_of_the_entropies(tiny_model_dir, prompts_file, directional):
     probe = make_probe(tiny_model_dir, prompts_file, {"batch_config": {"B_E": 12},
@@ -116,6 +118,7 @@ def test_direct_only_against_finite_differences_of_the_entropies(tiny_model_dir,
     assert entry["se_U"] > 0 and entry["ratio_to_measured"] is None  # importance off: nothing to compare with
 
 
+@pytest.mark.e2e
 def test_hook_pieces_equal_jvp_pieces_for_every_predictor(tiny_model_dir, prompts_file):
     by_method = {}
     for directional in ("backward_hooks", "jvp"):
@@ -128,6 +131,7 @@ def test_hook_pieces_equal_jvp_pieces_for_every_predictor(tiny_model_dir, prompt
             assert hooks[key] == pytest.approx(jvp[key], rel=1e-4), (name, key, hooks[key], jvp[key])
 
 
+@pytest.mark.e2e
 def test_predictors_off_and_variance_off(tiny_model_dir, prompts_file):
     off = _run(make_probe(tiny_model_dir, prompts_file, {"predictors": {"enabled": False}}))[0]
     assert off["predictors"] is None and "phase6_predictors" not in off["timing"]
@@ -136,6 +140,7 @@ def test_predictors_off_and_variance_off(tiny_model_dir, prompts_file):
         assert math.isfinite(entry["delta_h1"]) and math.isnan(entry["se"])
 
 
+@pytest.mark.e2e
 def test_predictors_on_the_enumerable_model(toy_dir, toy_prompts_file):  # noqa: F811
     """Each prediction/lr against the exact derivative along its direction of the exact entropy (enumeration);
     direct_only against the exact E_q[Σ_k D_v H_k] / E_q[T] (per-token entropies differentiated at fixed y)."""
@@ -174,6 +179,7 @@ def test_predictors_on_the_enumerable_model(toy_dir, toy_prompts_file):  # noqa:
     assert abs(entry["delta_h1"] / lr - exact) < 4 * entry["se_E"] / lr, (entry, exact)
 
 
+@pytest.mark.e2e
 def test_no_momentum_is_unavailable_on_a_fresh_optimizer_state(tiny_model_dir, prompts_file):
     probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False}})
     probe.policy.optimizer = torch.optim.AdamW([p for p in probe.model.parameters() if p.requires_grad], lr=1e-3)
@@ -191,6 +197,7 @@ def test_zero_second_moment_caveat_counts_the_entries_that_divide_by_eps():
     assert zero_second_moment_caveat(g, {"a": torch.ones(3), "b": torch.ones(1, 2)}) is None
 
 
+@pytest.mark.e2e
 def test_no_momentum_warns_where_the_saved_second_moment_is_zero(tiny_model_dir, prompts_file):
     probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False}})
     params = [p for group in probe.optimizer.param_groups for p in group["params"]]

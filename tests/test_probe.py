@@ -56,6 +56,7 @@ def _update_direction(probe, U) -> tuple[dict, dict, dict]:
     return g, v, info
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("normalize", ["per_token", "per_sequence"])
 def test_full_return_identity_matches_snis_slope(tiny_model_dir, prompts_file, normalize):
     # η = 1e-3: larger η adds curvature (2.7% off at 1e-2), smaller η adds fp32 forward noise.
@@ -69,6 +70,7 @@ def test_full_return_identity_matches_snis_slope(tiny_model_dir, prompts_file, n
     assert abs(slope - results["x_hat_dot_v"]) <= 1e-3 * abs(results["x_hat_dot_v"]), (slope, results["x_hat_dot_v"])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("baseline,directional,method", [("none", "auto", "backward_hooks"), ("none", "jvp", "jvp"),
                                                          ("loo_position", "auto", "jvp")])
 def test_per_sequence_pieces_sum_to_backward(tiny_model_dir, prompts_file, baseline, directional, method):
@@ -82,6 +84,7 @@ def test_per_sequence_pieces_sum_to_backward(tiny_model_dir, prompts_file, basel
     assert np.isfinite(results["se"]["U"]) and results["se"]["U"] > 0
 
 
+@pytest.mark.e2e
 def test_without_error_bars_one_backward_gives_the_same_delta_h1(tiny_model_dir, prompts_file):
     """variance off: E scored without grad, then ONE backward with Ĥ known — the same δH₁ as the two-backward
     path the error bars use, on the same batches."""
@@ -97,6 +100,7 @@ def test_without_error_bars_one_backward_gives_the_same_delta_h1(tiny_model_dir,
     assert abs(without["deltaH1"] - with_bars["deltaH1"]) <= 1e-5 * abs(with_bars["deltaH1"])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("normalize,x_mode", [("per_token", "causal"), ("per_sequence", "causal"),
                                               ("per_token", "full_return")])
 def test_one_pass_backward_matches_forward_mode_and_two_pass(tiny_model_dir, prompts_file, normalize, x_mode):
@@ -127,6 +131,7 @@ def test_one_pass_backward_matches_forward_mode_and_two_pass(tiny_model_dir, pro
         assert torch.count_nonzero(r) == 0  # β ≡ 0: the second backward is skipped
 
 
+@pytest.mark.e2e
 def test_real_step_matches_param_override(tiny_model_dir, prompts_file):
     probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False},
                                                       "variance": {"enabled": False},
@@ -155,6 +160,7 @@ def test_real_step_matches_param_override(tiny_model_dir, prompts_file):
             assert torch.equal(torch.as_tensor(after["state"][k][key]), torch.as_tensor(val))
 
 
+@pytest.mark.e2e
 def test_update_direction_is_the_real_adamw_step(tiny_model_dir, prompts_file):
     probe = make_probe(tiny_model_dir, prompts_file, {"estimator": {"max_grad_norm": 0.1},
                                                       "importance": {"enabled": False},
@@ -214,6 +220,7 @@ def _shifted(params: dict, v: dict, s: float) -> dict:
     return {n: (p + s * v[n].double()) if n in v else p for n, p in params.items()}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("normalize,tau,x_mode,baseline", [
     ("per_token", 1.0, "causal", "none"), ("per_sequence", 1.0, "causal", "none"), ("per_token", 0.7, "causal", "none"),
     ("per_token", 1.0, "causal", "loo_position"), ("per_token", 1.0, "full_return", "none")])
@@ -250,6 +257,7 @@ def test_exact_on_enumerable_model(toy_dir, toy_prompts_file, normalize, tau, x_
     assert abs(row["deltaH_true"] - exact_change) < 4 * row["se"], (row["deltaH_true"], exact_change, row["se"])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("normalize", ["per_token", "per_sequence"])
 def test_second_order_on_enumerable_model(toy_dir, toy_prompts_file, normalize):
     """d2 = D²_v H from forward-over-forward mode on E against the exact second difference of H(θ + εv)."""
@@ -278,6 +286,7 @@ def test_second_order_on_enumerable_model(toy_dir, toy_prompts_file, normalize):
         row["eta"] * results["x_hat_dot_v"] + 0.5 * row["eta"] ** 2 * so["d2"])
 
 
+@pytest.mark.e2e
 def test_error_bars_are_calibrated(toy_dir, toy_prompts_file):
     """Over 20 seeds (fresh E and U each time) the spread of δH₁ matches the reported SE_total within 1.5×."""
     values, ses = [], []
@@ -295,6 +304,7 @@ def test_error_bars_are_calibrated(toy_dir, toy_prompts_file):
     assert 1 / 1.5 <= spread / reported <= 1.5, (spread, reported)
 
 
+@pytest.mark.e2e
 def test_same_seed_gives_identical_results(tiny_model_dir, prompts_file):
     r1, _, _, _ = _run(make_probe(tiny_model_dir, prompts_file, {"seed": 7}))
     r2, _, _, _ = _run(make_probe(tiny_model_dir, prompts_file, {"seed": 7}))
@@ -302,6 +312,7 @@ def test_same_seed_gives_identical_results(tiny_model_dir, prompts_file):
     assert [t["deltaH_true"] for t in r1["true"]] == [t["deltaH_true"] for t in r2["true"]]
 
 
+@pytest.mark.e2e
 def test_delta_h_reuses_the_phase_1_scores_without_a_pass_at_theta(tiny_model_dir, prompts_file):
     """ΔH(η) scores E only at θ + ηv, in phase 1's batch layout (microbatches of 2 prompts here, tf batches of
     64): the result equals a recomputation that scores θ itself in that layout, and log w = 0 at η = 0."""

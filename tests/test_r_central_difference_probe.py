@@ -62,6 +62,7 @@ def _assert_close_to_exact(exact: dict, lean: dict, eta: float) -> None:
     assert lean["se"]["U"] == pytest.approx(exact["se"]["U"], rel=1e-4)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sampler", [False, True], ids=["policy_E", "sampler_E"])
 def test_central_difference_pieces_match_the_exact_pieces(tiny, sampler):
     E = tiny[4] if sampler else None
@@ -75,6 +76,7 @@ def test_central_difference_pieces_match_the_exact_pieces(tiny, sampler):
         assert l_row["residual"]["se"] == pytest.approx(e_row["residual"]["se"], rel=1e-2)
 
 
+@pytest.mark.e2e
 def test_a_pair_of_its_own_when_the_eta_is_no_delta_h_pass(tiny):
     off = {"predictors": {"enabled": False}}
     exact = _results(tiny, variance={"r_method": "backward"}, **off)
@@ -87,6 +89,7 @@ def test_a_pair_of_its_own_when_the_eta_is_no_delta_h_pass(tiny):
     assert alone["true"] == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sampler", [False, True], ids=["policy_E", "sampler_E"])
 def test_predictors_keep_the_exact_pieces(tiny, sampler):
     E = tiny[4] if sampler else None

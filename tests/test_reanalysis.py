@@ -14,6 +14,8 @@ import yaml
 
 from tests.run_helpers import logging_restored, make_run_setup, results
 
+pytestmark = pytest.mark.e2e  # runs whole probes (scripts/test.sh -m "not e2e" skips them)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 LIGHT = {"importance": {"enabled": False}, "second_order": {"enabled": False}, "predictors": {"enabled": False}}

@@ -158,6 +158,7 @@ def data(tmp_path):
     return write_prompts(tmp_path / "prompts.jsonl", SHORT_PROMPTS)
 
 
+@pytest.mark.e2e
 def test_non_finite_in_generation_names_chunk_and_sequence(tiny_model_dir, data):
     probe = make_probe(tiny_model_dir, data, {"batch_config": {"B_E": 2, "B_U": 2}})
     with torch.no_grad():
@@ -167,6 +168,7 @@ def test_non_finite_in_generation_names_chunk_and_sequence(tiny_model_dir, data)
     assert str(info.value) == "non-finite logits in generation: chunk 0, sequence b=0 g=0, token 0"
 
 
+@pytest.mark.e2e
 def test_non_finite_in_the_u_gradient_names_phase_batch_and_sequence(tiny_model_dir, data):
     probe = make_probe(tiny_model_dir, data, {"batch_config": {"B_E": 2, "B_U": 2}})
     sp, examples = probe.engine, prompt_examples(probe.config.batch_config)
@@ -180,6 +182,7 @@ def test_non_finite_in_the_u_gradient_names_phase_batch_and_sequence(tiny_model_
         probe.run(batches=(E, U))
 
 
+@pytest.mark.e2e
 def test_non_finite_in_delta_h_scoring_names_the_phase(tiny_model_dir, data, monkeypatch):
     probe = make_probe(tiny_model_dir, data, {"batch_config": {"B_E": 2, "B_U": 2}})
     real = PolicyEngine.build_params_override
@@ -199,6 +202,7 @@ def test_non_finite_in_delta_h_scoring_names_the_phase(tiny_model_dir, data, mon
 
 # ------------------------------------------------------------------------------- warnings in results.json
 
+@pytest.mark.e2e
 def test_result_changing_warnings_reach_results_json(tiny_model_dir, tmp_path):
     """No gold answers → zero rewards → all-zero advantages; no optimizer.pt + allow_fresh_optimizer.
     All three are in results.json `warnings`, and a resumed run keeps them."""

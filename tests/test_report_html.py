@@ -73,6 +73,7 @@ def _assert_inert(page: str) -> None:
         assert raw not in page, repr(raw)
 
 
+@pytest.mark.e2e
 def test_a_run_writes_the_token_table_and_the_report(tiny_run):
     results = json.loads((tiny_run / "results.json").read_text())
     table = read_token_table(tiny_run)
@@ -93,6 +94,7 @@ def test_a_run_writes_the_token_table_and_the_report(tiny_run):
     assert "مرحبا" in page
 
 
+@pytest.mark.e2e
 def test_entropy_probe_report_rerenders_the_page(tiny_run, tmp_path):
     copy = Path(shutil.copytree(tiny_run, tmp_path / "copy"))
     before = (copy / "report.html").read_text(encoding="utf-8")
@@ -127,6 +129,7 @@ def _chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+@pytest.mark.e2e
 @needs_chromium
 def test_chromium_shows_the_table_and_the_coloured_tokens(tiny_run, tmp_path):
     from PIL import Image

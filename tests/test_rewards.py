@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -103,15 +101,13 @@ def test_bad_gold_scores_zero_with_exactly_one_warning(caplog, gold, key):
     assert reward_warnings() == []
 
 
-def test_tag_pref_call_is_fast():
+def test_tag_pref_gives_the_same_score_on_repeated_calls():
+    """Warm caches change nothing (the call's speed is measured by bench/bench_rewards.py, not asserted here)."""
     response = "</think> <answer>1234.5</answer>"
-    score_response(response, "1234.5")  # first call imports sympy and warms caches
-    durations = []
-    for _ in range(15):
-        start = time.perf_counter()
-        score_response(response, "1234.5")
-        durations.append(time.perf_counter() - start)
-    assert statistics.median(durations) < 0.05
+    first = score_response(response, "1234.5")  # first call imports sympy and warms caches
+    assert first == 1.0
+    assert [score_response(response, "1234.5") for _ in range(5)] == [first] * 5
+    assert score_response(response, "1234.6") == 0.0
 
 
 def test_tag_pref_works_off_the_main_thread():
@@ -402,6 +398,7 @@ def generate_calls(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.e2e
 def test_raising_reward_is_exit_2_one_line_and_resume_reuses_the_samples(
         run_setup, tmp_path, monkeypatch, plugins_importable, generate_calls):
     import json
@@ -442,6 +439,7 @@ def test_raising_reward_is_exit_2_one_line_and_resume_reuses_the_samples(
     assert not list((out / "partial").glob("gen_*.pt"))
 
 
+@pytest.mark.e2e
 def test_all_zero_trl_reward_keeps_the_loud_warning(run_setup, tmp_path, plugins_importable):
     import json
 
@@ -471,6 +469,7 @@ def test_meta_key_that_shadows_a_trl_argument():
     assert compute_rewards(lambda p, r, e: [2.0], "q", ["a"], bad) == [2.0]  # probe style: meta not unpacked
 
 
+@pytest.mark.e2e
 def test_a_raising_reward_stops_at_the_first_u_prompts_responses(run_setup, tmp_path, monkeypatch, plugins_importable,
                                                                  generate_calls):
     """One generation chunk per U prompt (gen_batch_size = G = 2): the reward raises on the first prompt's

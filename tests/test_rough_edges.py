@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from entropy_experiments.config import config_from_dict
@@ -204,6 +205,7 @@ def test_clear_partial_removes_the_folder(tmp_path):
     assert "sampling_warnings" not in fresh.read_meta()
 
 
+@pytest.mark.e2e
 def test_tiny_run_failed_config_then_corrected_config_completes_without_partial(tmp_path, tiny_model_dir, capsys):
     """A real run: a data-set error leaves a failed directory the corrected config reuses (no --overwrite); the
     completed run keeps no partial/ and prints its objective."""
@@ -278,6 +280,7 @@ def test_consistent_only_with_small_z_and_an_informative_interval():
 
 # ---- j. an interrupted --dryrun does not suggest --resume ------------------------------------------------
 
+@pytest.mark.e2e
 def test_interrupted_dryrun_says_there_is_nothing_to_resume(monkeypatch, capsys):
     """The interrupt reaches cli.main as a real SIGINT would (lifecycle.RunInterrupted raised inside the run)."""
     import signal

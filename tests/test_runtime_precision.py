@@ -24,7 +24,7 @@ from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError, DeviceError
 from entropy_experiments.estimators.objective_gradient import Trainable
 from entropy_experiments.policy.memory_budget import ModelShape, grad_row_bytes, microbatch_within_budget
-from entropy_experiments.probe import recipe as probe
+from entropy_experiments.probe import recipe
 from entropy_experiments.probe.results import Policy
 from entropy_experiments.probe.runner import run_probe
 from entropy_experiments.testing.tiny_model import add_random_lora, build_tiny_model
@@ -51,12 +51,13 @@ def test_a_bf16_adapter_is_refused_in_every_mode():
         assert "trainable parameter" in precision_refusal(model, runtime)
 
 
+@pytest.mark.e2e
 def test_a_bf16_model_handed_to_the_probe_is_refused_before_any_work():
     model = _tiny_peft().to(torch.bfloat16)
     params = [p for p in model.parameters() if p.requires_grad]
     policy = Policy(engine=None, trainable=Trainable.of(model), optimizer=torch.optim.AdamW(params, lr=1e-5))
     with pytest.raises(ConfigError, match="lora"):
-        probe.run(config_from_dict({}), policy=policy)
+        recipe.run(config_from_dict({}), policy=policy)
 
 
 def test_bf16_delta_h_warning_names_the_etas_below_the_threshold():
@@ -93,6 +94,7 @@ def _run(config: dict, tmp_path, **sections) -> dict:
     return run_probe(config_from_dict(d), out=str(tmp_path / "run"))
 
 
+@pytest.mark.e2e
 def test_memory_budget_lowers_the_microbatch_and_keeps_the_result(tiny_run, tmp_path):
     plain = _run(tiny_run, tmp_path / "a")
     shape = ModelShape(layers=2, hidden=64, intermediate=128, heads=4, vocab=384)
@@ -104,6 +106,7 @@ def test_memory_budget_lowers_the_microbatch_and_keeps_the_result(tiny_run, tmp_
     assert math.isclose(budgeted["se"]["total"], plain["se"]["total"], rel_tol=1e-4)
 
 
+@pytest.mark.e2e
 def test_bf16_runtime_end_to_end_records_the_delta_h_warning(tiny_run, tmp_path):
     results = _run(tiny_run, tmp_path, precision={"runtime_dtype": "bf16"})
     assert any("precision.runtime_dtype bf16: ΔH(η)" in w for w in results["warnings"])

@@ -31,6 +31,8 @@ from tests.test_probe import (  # noqa: F401  (fixtures)
     toy_prompts_file,
 )
 
+pytestmark = pytest.mark.e2e  # runs whole probes (scripts/test.sh -m "not e2e" skips them)
+
 MAX_NEW, ETA, SAMPLER_TEMPERATURE = 3, 2e-2, 5.0
 
 

@@ -3,11 +3,12 @@ checkpoint, every phase on (error bars, ΔH at ±η, second order, predictors, t
 
 - an explicit integer gen_batch_size with `sampler_dtype: fp32` (the chunk-seeded draws, no weights) gives every
   number of tests/fixtures/probe_fp32_run.json, written by the code before the sampler correction existed
-  (scripts/make_fp32_probe_fixture.py);
+  (scripts/make_fp32_probe_fixture.py), within fp32 rounding measured on the run's own E (recorded on another
+  CPU: tests/recorded_run.py), token ids exact;
 - `sampler_dtype: bf16`: results.json carries `sampler` (dtype, engine, draws, rows per call, tokens/s) and
   `sampler.correction` (k̂, mean token KL, max |Δlog q|, ESS/E: > 0.99 on the tiny model at a realistic init
   scale, > 0.95 at the wide one, see BF16_ESS_FLOOR), per_sequence.jsonl `sampler_log_weight`; Ĥ, δH₁ and ΔH(±η)
-  are within one SE of the same config's fp32 sampler run, at both init scales;
+  are within Z_COMBINED = 4 combined SEs of the same config's fp32 sampler run, at both init scales;
 - row-keyed fp32 draws: the auto rows per call (16 on CPU) and 3 rows per call give the same numbers;
 - `entropy-probe report` and `run --reuse-samples` on the bf16 run keep the correction.
 """
@@ -26,9 +27,10 @@ import yaml
 from entropy_experiments import cli
 from entropy_experiments.policy import sampler_setup
 from entropy_experiments.testing.tiny_model import build_tiny_model_dir
+from tests.recorded_run import measured_rounding, recorded_differences
 from tests.run_helpers import logging_restored, make_run_setup, numbers, results
 
-pytestmark = pytest.mark.xdist_group("test_sampler_e2e")
+pytestmark = [pytest.mark.xdist_group("test_sampler_e2e"), pytest.mark.e2e]
 
 # The bf16 sampler's rounding grows with the size of the activations it rounds, so its ESS/E depends on the
 # model's init scale. At the tiny model's default initializer_range 0.3 (peaked next-token distributions) the
@@ -38,6 +40,7 @@ pytestmark = pytest.mark.xdist_group("test_sampler_e2e")
 # correction goal ESS/E > 0.99 is asserted.
 REALISTIC_INIT = 0.1
 BF16_ESS_FLOOR = {"realistic": 0.99, "wide": 0.95}
+Z_COMBINED = 4.0  # combined SEs allowed between the bf16 and the fp32 sampler's estimates
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "probe_fp32_run.json").read_text(encoding="utf-8"))
 
 
@@ -102,28 +105,25 @@ INITS = {"realistic": "", "wide": "_wide"}  # init scale → suffix of its runs'
 
 
 # ------------------------------------------------------------------------------- fp32: the code before
-def assert_holds(new: dict, old: dict, where: str = "results") -> None:
-    """Every key of `old` is in `new` with the same value; dicts are compared on `old`'s keys, recursively
-    (`new` may hold keys that `old` lacks)."""
-    for key, value in old.items():
-        assert key in new, f"{where}.{key} missing"
-        if isinstance(value, dict) and isinstance(new[key], dict):
-            assert_holds(new[key], value, f"{where}.{key}")
-        else:
-            assert new[key] == value, f"{where}.{key}: {new[key]!r} != {value!r}"
-
-
 def test_fp32_sampler_with_integer_rows_reproduces_the_code_before_the_correction(runs):
+    """The fixture was recorded on another CPU (AVX2 kernels; this one may use AVX-512 or, with
+    ATEN_CPU_CAPABILITY=default, scalar ones): every number within its fp32 rounding tolerance, measured on this
+    run's own E (tests/recorded_run.py), every string, int and flag exact.
+
+    Token ids are integers, but they are drawn from fp32 probabilities: a draw changes only if its uniform lands
+    within a rounding (≈ 1e-7 relative) of a CDF boundary, a chance of about 1e-7 per token, 1e-5 per run here.
+    They are compared exactly: a difference would mean other sequences, and every number after would differ."""
     run = runs["chunk_fp32"]
     res = results(run)
     assert res["sampler"]["draws"] == "chunk_seeded" and res["sampler"]["correction"] is None
-    saved = FIXTURE["results"]
-    # every key the old code wrote, numbers bit for bit (paths aside; later code may add keys beside them)
-    assert_holds(res, {k: v for k, v in saved.items() if k not in ("checkpoint", "config_hash")})
-    assert per_sequence(run) == FIXTURE["per_sequence"]
     E, U = (torch.load(run / name, weights_only=True) for name in ("E_batch.pt", "U_batch.pt"))
     assert E["sequences"].tolist() == FIXTURE["E_sequences"] and U["sequences"].tolist() == FIXTURE["U_sequences"]
     assert E.get("sampler_logqs") is None
+    rounding = measured_rounding(run)
+    assert 0 < rounding.floor < 1e-5 and 0 < rounding.sigma_l < 1e-5  # fp32 rounding, not a bug's size
+    # every key the old code wrote (paths aside; later code may add keys beside them)
+    saved = {k: v for k, v in FIXTURE["results"].items() if k not in ("checkpoint", "config_hash")}
+    assert recorded_differences(res, per_sequence(run), saved, FIXTURE["per_sequence"], rounding) == []
 
 
 # ------------------------------------------------------------------------------- bf16
@@ -162,12 +162,18 @@ def entropy_and_se(rows: list[dict], log_weights: bool) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("init", INITS)
-def test_bf16_results_are_within_one_se_of_the_fp32_sampler(runs, init, capsys):
+def test_bf16_results_are_within_four_combined_se_of_the_fp32_sampler(runs, init, capsys):
+    """|bf16 − fp32| ≤ Z_COMBINED·√(SE_bf16² + SE_fp32²): a correct pair breaks it with probability ≤ 6e-5 per
+    number (two-sided normal tail at 4 SDs, ≤ 5e-4 over the 8 numbers; the runs share their draws, so the true
+    spread is smaller still). One SE failed a correct estimator about a third of the time, and bf16 kernels
+    differ between CPUs."""
     bf_run, fp_run = runs["bf16" + INITS[init]], runs["fp32" + INITS[init]]
     bf, fp = results(bf_run), results(fp_run)
     H_bf, se_bf = entropy_and_se(per_sequence(bf_run), log_weights=True)
     H_fp, se_fp = entropy_and_se(per_sequence(fp_run), log_weights=False)
-    assert H_bf == pytest.approx(bf["H_orig"]["per_token"], rel=1e-9) and H_fp == fp["H_orig"]["per_token"]
+    # numpy's and torch's float64 sums add in other orders (torch's by the CPU kernel set): 1e-12, not ==
+    assert H_bf == pytest.approx(bf["H_orig"]["per_token"], rel=1e-9)
+    assert H_fp == pytest.approx(fp["H_orig"]["per_token"], rel=1e-12)
     pairs = {"H": (H_bf, H_fp, se_bf, se_fp),
              "deltaH1": (bf["deltaH1"], fp["deltaH1"], bf["se"]["total"], fp["se"]["total"])}
     for tb, tf in zip(bf["true"], fp["true"], strict=True):
@@ -178,7 +184,7 @@ def test_bf16_results_are_within_one_se_of_the_fp32_sampler(runs, init, capsys):
             print(f"\n{init} init, {name}: bf16 {b:.6g} ± {sb:.2g}, fp32 {f:.6g} ± {sf:.2g}, "
                   f"difference {(b - f) / math.hypot(sb, sf):+.3f} combined SE")
     for name, (b, f, sb, sf) in pairs.items():
-        assert abs(b - f) <= math.hypot(sb, sf), name
+        assert abs(b - f) <= Z_COMBINED * math.hypot(sb, sf), name
 
 
 # ------------------------------------------------------------------------------- rows per call

@@ -93,6 +93,7 @@ def _z_against_enumeration(probe, E_s, U, model64, normalize: str) -> tuple[dict
 # quantities hardly feel the temperature (|bias| < 1 SE at B_E = 3000 for τ_s in [0.5, 4]) and the slope's bias
 # stays near 2 SE, so only per_sequence Ĥ at τ_s = 3 is seen off without the correction; the EOS-bias test below
 # is the one that shows every uncorrected number off.
+@pytest.mark.e2e
 @pytest.mark.parametrize("normalize,tau_s,uncorrected_off", [("per_token", 1.6, False), ("per_sequence", 3.0, True)])
 def test_corrected_first_order_is_exact_at_another_temperature(toy_dir, toy_prompts_file, normalize,  # noqa: F811
                                                                tau_s, uncorrected_off):
@@ -110,6 +111,7 @@ def test_corrected_first_order_is_exact_at_another_temperature(toy_dir, toy_prom
 EOS_BIAS = -1.5
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("normalize", ["per_token", "per_sequence"])
 def test_corrected_first_order_is_exact_and_uncorrected_is_not(toy_dir, toy_prompts_file, normalize):  # noqa: F811
     probe = _toy_probe(toy_dir, toy_prompts_file, 3000, 3, estimator={"normalize": normalize})
@@ -123,6 +125,7 @@ def test_corrected_first_order_is_exact_and_uncorrected_is_not(toy_dir, toy_prom
     assert r["sampler"]["correction"]["ess_frac"] >= 0.5
 
 
+@pytest.mark.e2e
 def test_sampler_equal_to_policy_gives_unit_weights_and_the_uncorrected_numbers(toy_dir, toy_prompts_file):  # noqa: F811
     probe = _toy_probe(toy_dir, toy_prompts_file, 400, 4)
     E, U, _ = probe.sample(B_E=400, B_U=8, G=4)
@@ -227,6 +230,7 @@ def test_split_microbatches_with_their_own_weight_scales_add_up(toy_dir, toy_pro
     assert torch.allclose(coefs.weights, torch.from_numpy(normalised_weights(log_s)))
 
 
+@pytest.mark.e2e
 def test_e_token_attribution_is_weighted(toy_dir, toy_prompts_file):  # noqa: F811
     probe = _toy_probe(toy_dir, toy_prompts_file, 96, 9, variance={"directional": "jvp", "u_groups": 4})
     E_s, U, _ = _sampled(probe, 96, 1.5, seed=7)

@@ -13,7 +13,17 @@ import torch
 
 from entropy_experiments.estimators.realised_change import CrossScored, realised_change_entry
 from entropy_experiments.estimators.sampler_correction import normalised_weights, sampler_log_weights
-from tests.realised_toy import INDEX, LENGTHS, checkpoints, cross_scored, draw_E, exact_entropy, token_tables
+from tests.realised_toy import (
+    INDEX,
+    LENGTHS,
+    MAX_Z,
+    RMS_16,
+    checkpoints,
+    cross_scored,
+    draw_E,
+    exact_entropy,
+    token_tables,
+)
 
 SEEDS, INTERVALS, N_DRAWS, LR, SAMPLER_TEMPERATURE = 8, 2, 3000, 1e-2, 3.0
 
@@ -59,8 +69,8 @@ def test_corrected_realised_change_is_calibrated_and_uncorrected_is_not(interval
     z, z_plain = _z(intervals, "corrected"), _z(intervals, "uncorrected")
     rms, rms_plain = float(np.sqrt(np.mean(z ** 2))), float(np.sqrt(np.mean(z_plain ** 2)))
     print(f"\nrms z corrected {rms:.2f}, uncorrected {rms_plain:.2f}")
-    assert 0.5 <= rms <= 1.6, z
-    assert np.abs(z).max() < 3.5, z
+    assert RMS_16[0] <= rms <= RMS_16[1], z
+    assert np.abs(z).max() < MAX_Z, z
     # 16 calibrated z have rms > 2 with probability ≈ 1e-7 (χ²₁₆ > 64): the uncorrected estimate is off
     assert rms_plain > 2, z_plain
     # the entry's ESS/N stays the step's own (≈ 1 for these small steps), not the sampler's

@@ -1,10 +1,11 @@
-"""SequenceProcessor teacher forcing and generation on the tiny Qwen2, against independent references."""
+"""The policy engine's teacher forcing and generation (`entropy_experiments.policy`) on the tiny Qwen2, against
+independent references."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
-import random
 
 import numpy as np
 import pytest
@@ -12,15 +13,19 @@ import torch
 from test_sp_policy import brute_force
 
 from entropy_experiments.errors import ConfigError, DataError, NumericsError
-from entropy_experiments.utils.sequence_processor import BatchedSequences, SequenceProcessor
+from entropy_experiments.policy import generate, score
+from entropy_experiments.policy.engine import PolicyEngine
+from entropy_experiments.policy.generation_config import parse_settings
+from entropy_experiments.policy.sequences import BatchedSequences
+from entropy_experiments.policy.tf_batches import tf_batches
 
 PROMPTS = ["What is 2 + 2?", "Tom has 3 apples and buys 5 more. How many apples does he have?", "Hi"]
 
 
-def make_sp(model, tokenizer, precision=None, **generation):
+def make_engine(model, tokenizer, precision=None, **generation):
     gen = {"max_new_tokens": 12, "temperature": 0.7, "top_p": 0.9, "gen_batch_size": 4, "tf_batch_size": 4,
            "rb_requires_grad": True, **generation}
-    return SequenceProcessor(model, tokenizer, {"generation": gen, "precision": precision or {}})
+    return PolicyEngine(model, tokenizer, parse_settings({"generation": gen, "precision": precision or {}}))
 
 
 def lora_names(model):
@@ -58,7 +63,7 @@ def peft(tiny_peft_model_and_tokenizer):
 @pytest.fixture(scope="module")
 def seqs(peft):
     model, tok = peft
-    return make_sp(model, tok).generate_batched(PROMPTS, G=2, seed=0)
+    return make_engine(model, tok).generate_batched(PROMPTS, G=2, seed=0)
 
 
 def _eager_attention_in_model_dtype(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -124,17 +129,17 @@ def test_packed_layout_invariants(seqs, peft):
 
 def test_response_length_rule(peft):
     model, tok = peft
-    sp = make_sp(model, tok)
+    engine = make_engine(model, tok)
     eos = tok.eos_token_id
     stop = tok("</answer>")["input_ids"]
     x = tok("x")["input_ids"]
-    assert sp._response_length([eos, eos, eos]) == 1                     # first-token EOS ⇒ T = 1
-    assert sp._response_length(x + x + [eos] + x + [eos]) == 3            # first EOS, even with pad == EOS
-    assert sp._response_length(x + stop + x + x) == 1 + len(stop)        # stop string, nothing forced after it
-    assert sp._response_length(x + stop + [eos, eos]) == 1 + len(stop)   # stop string before the EOS padding
-    assert sp._response_length(x * 5) == 5                                # truncated
-    no_stop = make_sp(model, tok, stop_strings=[])
-    assert no_stop._response_length(x + stop + x) == 2 + len(stop)
+    assert engine.response_length([eos, eos, eos]) == 1                     # first-token EOS ⇒ T = 1
+    assert engine.response_length(x + x + [eos] + x + [eos]) == 3            # first EOS, even with pad == EOS
+    assert engine.response_length(x + stop + x + x) == 1 + len(stop)        # stop string, nothing forced after it
+    assert engine.response_length(x + stop + [eos, eos]) == 1 + len(stop)   # stop string before the EOS padding
+    assert engine.response_length(x * 5) == 5                                # truncated
+    no_stop = make_engine(model, tok, stop_strings=[])
+    assert no_stop.response_length(x + stop + x) == 2 + len(stop)
 
 
 # ------------------------------------------------------------------------------ teacher forcing values
@@ -142,8 +147,8 @@ def test_response_length_rule(peft):
 def test_teacher_forcing_matches_brute_force(peft, seqs, tau, top_p):
     """Per-token log q, RB entropy and log p equal a full-softmax computation on each sequence alone."""
     model, tok = peft
-    sp = make_sp(model, tok, temperature=tau, top_p=top_p)
-    lp = sp.teacher_force_logprobs(seqs, compute_rb=True)
+    engine = make_engine(model, tok, temperature=tau, top_p=top_p)
+    lp = engine.teacher_force_logprobs(seqs, compute_rb=True)
     for b in range(3):
         for g in range(2):
             prompt, response = prompt_and_response(seqs, b, g)
@@ -156,18 +161,17 @@ def test_teacher_forcing_matches_brute_force(peft, seqs, tau, top_p):
                 assert lp.logprobs[b][g][k].item() == pytest.approx(ref["logp"], abs=2e-5)
             assert lp.sequence_logqs[b][g] == pytest.approx(float(lp.token_logqs[b][g].sum()))
             np.testing.assert_allclose(lp.surprisals[b][g], -lp.token_logqs[b][g].numpy())
-            assert lp.entropies is lp.surprisals  # the seed API's name
 
 
-def _check_scores_against_tf(sp, prompts, G=2):
+def _check_scores_against_tf(engine, prompts, G=2):
     """Generate G rows per prompt (sharing each prompt's prefill), keep HF's processed scores — the
     logits it actually sampled from — and compare them with teacher forcing of the packed result."""
-    prompt_tokens = sp._tokenize_prompts(prompts)
-    ids, mask = sp._left_pad(prompt_tokens)
-    responses, scores = sp._generate_chunk(ids, mask, torch.arange(len(prompts)).repeat_interleave(G),
-                                           output_scores=True)
-    packed = sp._pack(prompt_tokens, [responses[b * G:(b + 1) * G] for b in range(len(prompts))], prompts)
-    lp = sp.teacher_force_logprobs(packed, compute_rb=True)
+    prompt_tokens = engine.tokenize_prompts(prompts)
+    ids, mask = engine.left_pad(prompt_tokens)
+    rows = torch.arange(len(prompts)).repeat_interleave(G)
+    responses, scores = generate.generate_chunk(engine.policy, ids, mask, rows, output_scores=True)
+    packed = engine.pack(prompt_tokens, [responses[b * G:(b + 1) * G] for b in range(len(prompts))], prompts)
+    lp = engine.teacher_force_logprobs(packed, compute_rb=True)
     checked = 0
     for r, response in enumerate(responses):
         b, g = divmod(r, G)
@@ -185,10 +189,10 @@ def test_teacher_forced_logq_equals_the_distribution_generation_sampled_from(fp6
     """Run in float64 so that KV-cache vs full-forward rounding (~2e-5 on this fp32 model's logits of
     size ~8) does not hide behind the 1e-5 tolerance; HF still hands fp32 scores to the processors."""
     model, tok = fp64_model
-    sp = make_sp(model, tok)
+    engine = make_engine(model, tok)
     with torch.random.fork_rng():
         torch.manual_seed(1)
-        assert _check_scores_against_tf(sp, PROMPTS) > 10
+        assert _check_scores_against_tf(engine, PROMPTS) > 10
 
 
 def test_model_generation_config_cannot_leak_into_sampling(fp64_model):
@@ -201,21 +205,21 @@ def test_model_generation_config_cannot_leak_into_sampling(fp64_model):
                              no_repeat_ngram_size=2, suppress_tokens=[5, 6], eos_token_id=tok.eos_token_id,
                              pad_token_id=tok.pad_token_id)
     polluted.generation_config = polluted.get_base_model().generation_config = bad
-    sp = make_sp(polluted, tok, temperature=1.0, top_p=1.0)
+    engine = make_engine(polluted, tok, temperature=1.0, top_p=1.0)
     with torch.random.fork_rng():
         torch.manual_seed(2)
-        assert _check_scores_against_tf(sp, PROMPTS) > 10
+        assert _check_scores_against_tf(engine, PROMPTS) > 10
     assert polluted.generation_config is bad and polluted.get_base_model().generation_config is bad  # restored
 
 
 def test_batch_of_different_prompt_lengths_equals_each_prompt_alone(peft, seqs):
     model, tok = peft
-    sp = make_sp(model, tok)
-    batched = sp.teacher_force_logprobs(seqs, compute_rb=True, tf_batch_size=6)
+    engine = make_engine(model, tok)
+    batched = engine.teacher_force_logprobs(seqs, compute_rb=True, tf_batch_size=6)
     for b in range(3):
         for g in range(2):
             prompt, response = prompt_and_response(seqs, b, g)
-            alone = sp.teacher_force_logprobs(sp._pack([prompt], [[response]]), compute_rb=True, tf_batch_size=1)
+            alone = engine.teacher_force_logprobs(engine.pack([prompt], [[response]]), compute_rb=True, tf_batch_size=1)
             assert alone.token_logqs[0][0].shape == (seqs.gen_lens[b][g],)
             torch.testing.assert_close(alone.token_logqs[0][0], batched.token_logqs[b][g], rtol=0, atol=1e-5)
             torch.testing.assert_close(alone.logprobs[0][0], batched.logprobs[b][g], rtol=0, atol=1e-5)
@@ -225,9 +229,9 @@ def test_batch_of_different_prompt_lengths_equals_each_prompt_alone(peft, seqs):
 # ------------------------------------------------------------------------------ overrides and the two paths
 def test_zero_eta_override_is_bit_exact_and_shares_base_storage(peft, seqs):
     model, tok = peft
-    sp = make_sp(model, tok)
+    engine = make_engine(model, tok)
     v = random_direction(model)
-    mapping = sp._build_params_override(v, 0.0)
+    mapping = engine.build_params_override(v, 0.0)
     live = dict(model.named_parameters())
     for name, tensor in mapping.items():
         if name in v:
@@ -235,37 +239,38 @@ def test_zero_eta_override_is_bit_exact_and_shares_base_storage(peft, seqs):
         else:
             assert tensor.data_ptr() == live[name].data_ptr()         # base weights are never copied
             assert not tensor.requires_grad
-    batch = next(sp._tf_batches(seqs, 6))
+    batch = next(tf_batches(seqs, 6, engine.device))
     with torch.no_grad():
-        base_logits = sp._forward_logits(batch, None, sp._tf_cfg)     # the live module itself
-        override_logits = sp._forward_logits(batch, mapping, sp._fo_cfg)
+        # the live module itself, then θ + 0·v through functional_call
+        base_logits = score.forward_logits(engine.policy, batch, None, engine.precision.tf_nograd)
+        override_logits = score.forward_logits(engine.policy, batch, mapping, engine.precision.func_override)
     assert torch.equal(base_logits, override_logits)
-    plain = sp.teacher_force_logprobs(seqs, compute_rb=True)
-    via_override = sp.teacher_force_logprobs(seqs, compute_rb=True, params_override=mapping)
+    plain = engine.teacher_force_logprobs(seqs, compute_rb=True)
+    via_override = engine.teacher_force_logprobs(seqs, compute_rb=True, params_override=mapping)
     for b in range(3):
         for g in range(2):
             assert torch.equal(plain.token_logqs[b][g], via_override.token_logqs[b][g])
             assert np.array_equal(plain.rb_entropies[b][g], via_override.rb_entropies[b][g])
-    moved = sp.teacher_force_logprobs(seqs, compute_rb=True, params_override=sp._build_params_override(v, 1e-2))
+    moved = engine.teacher_force_logprobs(seqs, compute_rb=True, params_override=engine.build_params_override(v, 1e-2))
     assert not torch.equal(moved.token_logqs[0][0], plain.token_logqs[0][0])
     assert all(torch.equal(p, live[n]) for n, p in model.named_parameters())  # live model untouched
 
 
 def test_override_rejects_unknown_names_and_shapes(peft):
     model, tok = peft
-    sp = make_sp(model, tok)
+    engine = make_engine(model, tok)
     name = lora_names(model)[0]
     with pytest.raises(ConfigError, match="unknown parameter 'lora_A_typo'"):
-        sp._build_params_override({"lora_A_typo": torch.zeros(1)}, 1.0)
+        engine.build_params_override({"lora_A_typo": torch.zeros(1)}, 1.0)
     with pytest.raises(ConfigError, match="has shape"):
-        sp._build_params_override({name: torch.zeros(1)}, 1.0)
+        engine.build_params_override({name: torch.zeros(1)}, 1.0)
 
 
 def test_with_grad_and_no_grad_paths_agree(peft, seqs):
     model, tok = peft
-    sp = make_sp(model, tok)
-    nograd = sp.teacher_force_logprobs(seqs, compute_rb=True)
-    withgrad = sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True, return_baseline_features=True)
+    engine = make_engine(model, tok)
+    nograd = engine.teacher_force_logprobs(seqs, compute_rb=True)
+    withgrad = engine.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True, return_baseline_features=True)
     for b in range(3):
         for g in range(2):
             assert withgrad.token_logqs[b][g].requires_grad and withgrad.logprobs[b][g].requires_grad
@@ -278,33 +283,33 @@ def test_with_grad_and_no_grad_paths_agree(peft, seqs):
             assert feats.shape == (seqs.gen_lens[b][g], 7) and not feats.requires_grad
             np.testing.assert_allclose(feats[:, 0].numpy(), nograd.rb_entropies[b][g], atol=1e-12)
     with pytest.raises(ValueError, match="with_grad"):
-        sp.teacher_force_logprobs(seqs, with_grad=True, params_override={})
+        engine.teacher_force_logprobs(seqs, with_grad=True, params_override={})
 
 
-def _fp64_sp(fp64_model):
+def _fp64_engine(fp64_model):
     model, tok = fp64_model
-    return make_sp(model, tok, precision={"func_override": {"dtype": "float64"}, "entropy_fp64": True})
+    return make_engine(model, tok, precision={"func_override": {"dtype": "float64"}, "entropy_fp64": True})
 
 
-def _fd_totals(sp, seqs, v, eta):
-    plus = sp.teacher_force_logprobs(seqs, compute_rb=True, params_override=sp._build_params_override(v, eta))
-    minus = sp.teacher_force_logprobs(seqs, compute_rb=True, params_override=sp._build_params_override(v, -eta))
+def _fd_totals(engine, seqs, v, eta):
+    plus = engine.teacher_force_logprobs(seqs, compute_rb=True, params_override=engine.build_params_override(v, eta))
+    minus = engine.teacher_force_logprobs(seqs, compute_rb=True, params_override=engine.build_params_override(v, -eta))
     return plus, minus
 
 
 def test_rb_entropy_gradient_matches_central_difference(fp64_model, seqs):
-    sp = _fp64_sp(fp64_model)
+    engine = _fp64_engine(fp64_model)
     model = fp64_model[0]
     v = random_direction(model, seed=3, scale=0.3)
     params = [p for n, p in model.named_parameters() if p.requires_grad]
     names = lora_names(model)
-    lp = sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True)
+    lp = engine.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True)
     weights = torch.linspace(0.5, 1.5, 6, dtype=torch.float64)   # a generic combination of sequences
     total_h = sum(w * lp.rb_entropies_torch[b][g].sum() for w, (b, g) in zip(weights, [(b, g) for b in range(3) for g in range(2)]))
     grads = torch.autograd.grad(total_h, params)
     autograd_dir = sum(float((gr * v[n]).sum()) for gr, n in zip(grads, names))
     eta = 1e-5
-    plus, minus = _fd_totals(sp, seqs, v, eta)
+    plus, minus = _fd_totals(engine, seqs, v, eta)
     fd = sum(float(w) * (plus.rb_entropies[b][g].sum() - minus.rb_entropies[b][g].sum()) / (2 * eta)
              for w, (b, g) in zip(weights, [(b, g) for b in range(3) for g in range(2)]))
     assert abs(autograd_dir) > 1e-3
@@ -312,12 +317,12 @@ def test_rb_entropy_gradient_matches_central_difference(fp64_model, seqs):
 
 
 def test_jvp_directional_derivatives_match_central_difference(fp64_model, seqs):
-    sp = _fp64_sp(fp64_model)
+    engine = _fp64_engine(fp64_model)
     v = random_direction(fp64_model[0], seed=4, scale=0.3)
-    out = sp.teacher_force_directional(seqs, v, tf_batch_size=4)
+    out = engine.teacher_force_directional(seqs, v, tf_batch_size=4)
     eta = 1e-5
-    plus, minus = _fd_totals(sp, seqs, v, eta)
-    base = sp.teacher_force_logprobs(seqs, compute_rb=True)
+    plus, minus = _fd_totals(engine, seqs, v, eta)
+    base = engine.teacher_force_logprobs(seqs, compute_rb=True)
     for b in range(3):
         for g in range(2):
             d = out[b][g]
@@ -332,11 +337,11 @@ def test_jvp_directional_derivatives_match_central_difference(fp64_model, seqs):
 def test_jvp_matches_backward_pass_on_the_fp32_model(peft, seqs):
     """Forward mode (jvp) and reverse mode (autograd) give the same D_v Σ log q on the live fp32 model."""
     model, tok = peft
-    sp = make_sp(model, tok)
+    engine = make_engine(model, tok)
     v = random_direction(model, seed=5)
-    out = sp.teacher_force_directional(seqs, v)
+    out = engine.teacher_force_directional(seqs, v)
     jvp_total = sum(float(out[b][g]["d_logq"].sum() + out[b][g]["d_rb_entropy"].sum()) for b in range(3) for g in range(2))
-    lp = sp.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True)
+    lp = engine.teacher_force_logprobs(seqs, with_grad=True, compute_rb=True)
     total = sum(lp.token_logqs[b][g].sum() + lp.rb_entropies_torch[b][g].sum() for b in range(3) for g in range(2))
     names = lora_names(model)
     grads = torch.autograd.grad(total, [p for n, p in model.named_parameters() if p.requires_grad])
@@ -352,29 +357,29 @@ def _values(lp):
 @pytest.mark.parametrize("fp64", [True, False])
 def test_entropy_fp64_sets_the_output_dtype_in_both_paths(peft, seqs, fp64):
     model, tok = peft
-    sp = make_sp(model, tok, precision={"entropy_fp64": fp64})
+    engine = make_engine(model, tok, precision={"entropy_fp64": fp64})
     want = torch.float64 if fp64 else torch.float32
     for with_grad in (False, True):
-        lp = sp.teacher_force_logprobs(seqs, with_grad=with_grad, compute_rb=True)
+        lp = engine.teacher_force_logprobs(seqs, with_grad=with_grad, compute_rb=True)
         assert lp.token_logqs[0][0].dtype == lp.logprobs[0][0].dtype == want
 
 
 def test_autocast_profiles_are_honoured_by_their_own_path(peft, seqs):
     model, tok = peft
-    ref_sp = make_sp(model, tok)
-    ref = {wg: _values(ref_sp.teacher_force_logprobs(seqs, with_grad=wg)) for wg in (False, True)}
+    ref_engine = make_engine(model, tok)
+    ref = {wg: _values(ref_engine.teacher_force_logprobs(seqs, with_grad=wg)) for wg in (False, True)}
     bf16 = {"autocast": True, "dtype": "bfloat16"}
     for section, affected in (("tf_nograd", False), ("tf_withgrad", True)):
-        sp = make_sp(model, tok, precision={section: bf16})
+        engine = make_engine(model, tok, precision={section: bf16})
         for with_grad in (False, True):
-            diff = (_values(sp.teacher_force_logprobs(seqs, with_grad=with_grad)) - ref[with_grad]).abs().max()
+            diff = (_values(engine.teacher_force_logprobs(seqs, with_grad=with_grad)) - ref[with_grad]).abs().max()
             assert (diff > 1e-4) == (with_grad == affected), (section, with_grad, float(diff))
     # func_override governs forwards under a params_override mapping
-    sp = make_sp(model, tok, precision={"func_override": bf16})
-    mapping = sp._build_params_override(random_direction(model), 0.0)
-    diff = (_values(sp.teacher_force_logprobs(seqs, params_override=mapping)) - ref[False]).abs().max()
+    engine = make_engine(model, tok, precision={"func_override": bf16})
+    mapping = engine.build_params_override(random_direction(model), 0.0)
+    diff = (_values(engine.teacher_force_logprobs(seqs, params_override=mapping)) - ref[False]).abs().max()
     assert diff > 1e-4
-    assert torch.equal(_values(sp.teacher_force_logprobs(seqs)), ref[False])
+    assert torch.equal(_values(engine.teacher_force_logprobs(seqs)), ref[False])
 
 
 # ------------------------------------------------------------------------------ errors
@@ -386,36 +391,35 @@ def test_non_finite_logits_name_batch_and_sequence(tiny_model_and_tokenizer, seq
     poisoned.sequences[1, 1, seqs.prompt_lens[1]] = bad_token        # row 3 = the 2nd row of batch 1
     with torch.no_grad():
         broken.model.embed_tokens.weight[bad_token] = float("nan")
-    sp = make_sp(broken, tok)
+    engine = make_engine(broken, tok)
     # (0 × NaN in attention poisons the whole row, so its first scored token is reported)
     with pytest.raises(NumericsError, match=r"batch 1, sequence b=1 g=1, token 0"):
-        sp.teacher_force_logprobs(poisoned, tf_batch_size=2)
+        engine.teacher_force_logprobs(poisoned, tf_batch_size=2)
     with pytest.raises(NumericsError, match=r"batch 1, sequence b=1 g=1, token 0"):
-        sp.teacher_force_logprobs(poisoned, tf_batch_size=2, with_grad=True)
+        engine.teacher_force_logprobs(poisoned, tf_batch_size=2, with_grad=True)
     v = {"lm_head.weight": torch.ones_like(broken.lm_head.weight)}
     with pytest.raises(NumericsError, match=r"batch 1, sequence b=1 g=1, token 0"):
-        sp.teacher_force_directional(poisoned, v, tf_batch_size=2)
+        engine.teacher_force_directional(poisoned, v, tf_batch_size=2)
 
 
 def test_prompt_overflow_error_or_truncate(peft, caplog):
     model, tok = peft
     with pytest.raises(DataError, match=r"prompt 1 has \d+ tokens, more than generation.max_prompt_tokens=5"):
-        make_sp(model, tok, max_prompt_tokens=5).generate_batched(["Hi", PROMPTS[1]], G=1, seed=0)
-    sp = make_sp(model, tok, max_prompt_tokens=5, prompt_overflow="truncate")
+        make_engine(model, tok, max_prompt_tokens=5).generate_batched(["Hi", PROMPTS[1]], G=1, seed=0)
+    engine = make_engine(model, tok, max_prompt_tokens=5, prompt_overflow="truncate")
     with caplog.at_level(logging.WARNING):
-        out = sp.generate_batched(["Hi", PROMPTS[1]], G=1, seed=0)
+        out = engine.generate_batched(["Hi", PROMPTS[1]], G=1, seed=0)
     assert out.prompt_lens == [5, 5] and "keeping its last 5" in caplog.text
     assert out.sequences[1, 0, :5].tolist() == tok(PROMPTS[1])["input_ids"][-5:]
 
 
-def test_config_errors(peft):
-    model, tok = peft
+def test_config_errors():
     with pytest.raises(ConfigError, match="generation.top_pp"):
-        SequenceProcessor(model, tok, {"generation": {"top_pp": 0.9}})
+        parse_settings({"generation": {"top_pp": 0.9}})
     with pytest.raises(ConfigError, match="generation.top_p: must be in"):
-        SequenceProcessor(model, tok, {"generation": {"top_p": 1.5}})
+        parse_settings({"generation": {"top_p": 1.5}})
     with pytest.raises(ConfigError, match="precision.entropy_fp6"):
-        SequenceProcessor(model, tok, {"precision": {"entropy_fp6": True}})
+        parse_settings({"precision": {"entropy_fp6": True}})
 
 
 # ------------------------------------------------------------------------------ containers and RNG
@@ -429,12 +433,13 @@ def test_to_dict_round_trip_subset_and_weights_only_load(peft, seqs, tmp_path):
     torch.save(full.to_dict(), tmp_path / "batch.pt")
     back = BatchedSequences.from_dict(torch.load(tmp_path / "batch.pt", weights_only=True))
     assert torch.equal(back.sequences, full.sequences) and torch.equal(back.attention_masks, full.attention_masks)
+    saved_examples = [dataclasses.asdict(ex) for ex in full.examples]   # records come back as the dicts saved
     assert (back.prompt_lens, back.gen_lens, back.responses_text, back.prompts, back.prompt_ids, back.examples) == \
-        (full.prompt_lens, full.gen_lens, full.responses_text, full.prompts, full.prompt_ids, full.examples)
+        (full.prompt_lens, full.gen_lens, full.responses_text, full.prompts, full.prompt_ids, saved_examples)
     sub = full.subset([2, 0])
     assert sub.prompt_ids == [12, 10] and sub.examples[0].answer == "2" and sub.sequences.shape[2] == full.sequences.shape[2]
-    sp = make_sp(model, tok)
-    lp_full, lp_sub = sp.teacher_force_logprobs(full), sp.teacher_force_logprobs(sub, tf_batch_size=4)
+    engine = make_engine(model, tok)
+    lp_full, lp_sub = engine.teacher_force_logprobs(full), engine.teacher_force_logprobs(sub, tf_batch_size=4)
     for i, b in enumerate([2, 0]):
         for g in range(2):
             torch.testing.assert_close(lp_sub.token_logqs[i][g], lp_full.token_logqs[b][g], rtol=0, atol=1e-5)
@@ -442,35 +447,11 @@ def test_to_dict_round_trip_subset_and_weights_only_load(peft, seqs, tmp_path):
 
 def test_generation_seed_is_reproducible_and_local(peft):
     model, tok = peft
-    sp = make_sp(model, tok)
+    engine = make_engine(model, tok)
     state = torch.get_rng_state()
-    a = sp.generate_batched(PROMPTS[:2], G=2, seed=7)
+    a = engine.generate_batched(PROMPTS[:2], G=2, seed=7)
     assert torch.equal(torch.get_rng_state(), state)          # the caller's RNG is untouched
-    b = sp.generate_batched(PROMPTS[:2], G=2, seed=7)
-    c = sp.generate_batched(PROMPTS[:2], G=2, seed=8)
+    b = engine.generate_batched(PROMPTS[:2], G=2, seed=7)
+    c = engine.generate_batched(PROMPTS[:2], G=2, seed=8)
     assert torch.equal(a.sequences, b.sequences) and a.gen_lens == b.gen_lens
     assert not torch.equal(a.sequences, c.sequences) if a.sequences.shape == c.sequences.shape else True
-
-
-def test_sample_prompts_uses_a_local_rng(peft, tmp_path):
-    import json
-
-    model, tok = peft
-    path = tmp_path / "qa.jsonl"
-    path.write_text("".join(json.dumps({"question": f"Q{i}?", "answer": str(i)}) + "\n" for i in range(10)))
-    sp = SequenceProcessor(model, tok, {"generation": {}, "batch_config": {"dataset_path": str(path)}})
-    py_state = random.getstate()
-    prompts, examples = sp.sample_prompts("jsonl", "train", 4, seed=3)
-    assert random.getstate() == py_state
-    assert (prompts, examples) == sp.sample_prompts("jsonl", "train", 4, seed=3)
-    assert len(set(prompts)) == 4 and [ex.question for ex in examples] == prompts
-    with pytest.raises(DataError, match="11 distinct prompts"):
-        sp.sample_prompts("jsonl", "train", 11, seed=0)
-
-
-def test_both_import_paths_are_one_implementation():
-    import entropy_experiments.utils.sequence_processor as real
-    import sequence_processing.sequence_processor as shim
-
-    assert shim.SequenceProcessor is real.SequenceProcessor
-    assert shim.GenerationConfig is real.GenerationConfig and shim.BatchedSequences is real.BatchedSequences

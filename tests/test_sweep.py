@@ -75,6 +75,7 @@ def swept(trained, tmp_path_factory) -> tuple[Path, dict]:
 
 
 # ---------------------------------------------------------------------------------- exactness
+@pytest.mark.e2e
 def test_entropies_and_realised_changes_match_enumeration(swept, trained, toy_dir):
     _, doc = swept
     run, _, _ = trained
@@ -94,6 +95,7 @@ def test_entropies_and_realised_changes_match_enumeration(swept, trained, toy_di
         assert real["n_paired_units"] == doc["rows"][0]["n_units"] and real["n_unpaired_units"] == 0
 
 
+@pytest.mark.e2e
 def test_rows_read_the_run_directories(swept):
     out, doc = swept
     for row in doc["rows"][:2]:
@@ -113,6 +115,7 @@ def test_rows_read_the_run_directories(swept):
     assert (out / "trajectory.png").stat().st_size > 0 and (out / "calibration.png").stat().st_size > 0
 
 
+@pytest.mark.e2e
 def test_lr_zero_checkpoint_is_measured_for_entropy_only(swept, trained):
     out, doc = swept
     last = doc["rows"][-1]
@@ -138,6 +141,7 @@ def test_lr_zero_checkpoint_is_measured_for_entropy_only(swept, trained):
 
 
 # ---------------------------------------------------------------------------------- calibration
+@pytest.mark.e2e
 def test_sweep_calibration_matches_an_independent_implementation(swept):
     _, doc = swept
     assert {"adamw_step"} <= set(doc["calibration"])
@@ -154,6 +158,7 @@ def test_sweep_calibration_matches_an_independent_implementation(swept):
 
 
 # ---------------------------------------------------------------------------------- loading
+@pytest.mark.e2e
 def test_swapped_checkpoint_equals_a_fresh_load(trained):
     from entropy_experiments.sweep.policies import SweepPolicies
     from entropy_experiments.sweep.runner import checkpoint_config
@@ -185,6 +190,7 @@ def test_swapped_checkpoint_equals_a_fresh_load(trained):
 
 
 # ---------------------------------------------------------------------------------- kill and resume
+@pytest.mark.e2e
 def test_resume_after_a_kill_gives_identical_sweep_json(swept, trained, tmp_path):
     run, _, config_file = trained
     out, marker = tmp_path / "sweep", tmp_path / "held"
@@ -245,6 +251,7 @@ def test_discovery_orders_by_step_and_reads_each_layout(tmp_path):
         find_checkpoints(tmp_path)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", ["empty", "not_a_checkpoint", "no_optimizer", "resume_other_config",
                                   "resume_not_a_sweep", "out_not_empty", "every_zero"])
 def test_bad_input_is_one_line_and_exit_2(case, swept, trained, tmp_path, capsys):
@@ -283,6 +290,7 @@ def test_bad_input_is_one_line_and_exit_2(case, swept, trained, tmp_path, capsys
     assert all(s in err[0] for s in expect), (err[0], expect)
 
 
+@pytest.mark.e2e
 def test_every_must_match_on_resume_and_config_errors_name_the_value(swept, trained):
     run, config, _ = trained
     with pytest.raises(ConfigError, match="--every 0"):
@@ -310,6 +318,7 @@ def _importance_change(interval: dict, without=None) -> float:
     return 0.5 * ((f_other - f_own) + (r_own - r_other))
 
 
+@pytest.mark.e2e
 def test_first_order_residual_is_one_jackknife_over_both_batches(swept):
     """realised − δH_Δθ and its SE against a delete-one jackknife written out over the units (draw:prompt) of
     BOTH batches: deleting a unit removes it from the realised change (the importance estimate, both batches at
@@ -346,22 +355,32 @@ def test_first_order_residual_is_one_jackknife_over_both_batches(swept):
     first = real["first_order"]
     assert real["method"] == first["method"] == "importance"
     assert first["residual"] == pytest.approx(residual(), rel=1e-9, abs=1e-12)
-    assert first["residual"] == pytest.approx(real["dH_realised"] - real["displacement"]["value"], rel=1e-3, abs=1e-6)
+    # its two parts, each against its written-out reference (the residual is not re-derived from them)
+    assert real["dH_realised"] == pytest.approx(_importance_change(interval), rel=1e-9, abs=1e-12)
+    assert real["displacement"]["value"] == pytest.approx(displacement(), rel=1e-3, abs=1e-6)
     assert first["se"] == pytest.approx(jackknife([residual(u) for u in units]), rel=1e-9)
     assert first["z"] == pytest.approx(first["residual"] / first["se"])
     assert doc["realised"][0]["predictors"]["displacement"]["z"] == first["z"]
     paired = first["paired_diagnostic"]
     assert paired["residual"] == pytest.approx(paired_residual(), rel=1e-9, abs=1e-12)
-    assert paired["residual"] == pytest.approx(real["paired_diagnostic"]["value"] - real["displacement"]["value"],
-                                               rel=1e-3, abs=1e-6)
+    assert real["paired_diagnostic"]["value"] == pytest.approx(paired_residual() + displacement(), rel=1e-9, abs=1e-12)
     assert paired["se"] == pytest.approx(jackknife([paired_residual(u) for u in units]), rel=1e-9)
     assert paired["z"] == pytest.approx(paired["residual"] / paired["se"])
+    def curvature(without=None):
+        """½·D²_Δθ of the SNIS estimate on E_N, written out from the per-sequence s, s2, dh, d2h along Δθ."""
+        f = [r for r in rows_from if key(r) != without]
+        h, T = np.array([r["h"] for r in f]), np.array([r["T"] for r in f])
+        s, s2, dh, d2h = (np.array([r["displacement"][k] for r in f]) for k in ("s", "s2", "dh", "d2h"))
+        N, D, N1, D1 = h.sum(), T.sum(), (s * h + dh).sum(), (s * T).sum()
+        N2, D2 = ((s2 + s ** 2) * h + 2 * s * dh + d2h).sum(), ((s2 + s ** 2) * T).sum()
+        return 0.5 * ((N2 * D - N * D2) / D ** 2 - 2 * D1 * (N1 * D - N * D1) / D ** 3)
+
     second = real["with_second_order"]
-    assert second["residual"] == pytest.approx(first["residual"] - real["displacement"]["second_order"]["value"],
-                                               rel=1e-9, abs=1e-12)
+    assert second["residual"] == pytest.approx(residual() - curvature(), rel=1e-9, abs=1e-12)
+    assert second["se"] == pytest.approx(jackknife([residual(u) - curvature(u) for u in units]), rel=1e-9)
     assert second["se"] > 0 and second["z"] == pytest.approx(second["residual"] / second["se"])
-    assert second["paired_diagnostic"]["residual"] == pytest.approx(
-        paired["residual"] - real["displacement"]["second_order"]["value"], rel=1e-9, abs=1e-12)
+    assert second["paired_diagnostic"]["residual"] == pytest.approx(paired_residual() - curvature(), rel=1e-9,
+                                                                    abs=1e-12)
     # the joint SE is not the two SEs added in quadrature: the realised change and δH_Δθ share E_N
     assert first["se"] != pytest.approx(math.hypot(real["se"], real["displacement"]["se"]), rel=1e-3)
     assert paired["se"] != pytest.approx(math.hypot(real["paired_diagnostic"]["se"], real["displacement"]["se"]),
@@ -370,5 +389,9 @@ def test_first_order_residual_is_one_jackknife_over_both_batches(swept):
     row = doc["rows"][0]
     assert noise["trainer_batch_sequences"] == noise["probe_U_sequences"] == 32  # make_checkpoint: B_U·G = 8·4
     assert noise["se"] == pytest.approx(math.sqrt(2 * row["se_U"] ** 2 + noise["se_E"] ** 2))
-    assert noise["value"] == pytest.approx(row["deltaH1"] - real["displacement"]["value"], rel=1e-3, abs=1e-6)
+    # the probe's own step lr·X̂·v against δH_Δθ, both from per-sequence pieces on E_N (a, r along v; along Δθ)
+    h_f, T_f = sum(r["h"] for r in rows_from), sum(r["T"] for r in rows_from)
+    A = sum(row["lr"] * r["a"] - r["displacement"]["a"] for r in rows_from)
+    B = sum(row["lr"] * r["r"] - r["displacement"]["r"] for r in rows_from)
+    assert noise["value"] == pytest.approx((A - h_f / T_f * B) / T_f, rel=1e-9, abs=1e-12)
     assert doc["decomposition"]["first_order"]["n"] == len(doc["realised"])

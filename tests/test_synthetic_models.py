@@ -1,4 +1,4 @@
-"""Models of real architectures built in code (testing/synthetic.py) and make-checkpoint --synthetic.
+"""Models of real architectures built in code (models/synthetic.py) and make-checkpoint --synthetic.
 
 The real sizes are checked by parameter count on the meta device against the published counts (exact sums
 of the published config.json shapes); everything that runs uses the same builder at a toy width and depth,
@@ -80,6 +80,7 @@ def test_scaled_model_loads_back_like_a_downloaded_checkpoint(scaled_qwen_dir):
     assert float(entropy.min()) > 0.9 * float(torch.log(torch.tensor(QWEN_VOCAB)))  # near-uniform: worst case
 
 
+@pytest.mark.e2e
 def test_make_checkpoint_synthetic_gives_a_checkpoint_the_probe_loads(tmp_path, scaled_qwen_dir, monkeypatch):
     """The CLI path end to end on the scaled spec: base built in OUT/synthetic_base, a real AdamW step."""
     scaled = spec_named("qwen2.5-0.5b").scaled(hidden_size=32, intermediate_size=64)

@@ -30,6 +30,8 @@ from entropy_experiments.errors import CheckpointError, ConfigError, OptimizerSt
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
 from tests.run_helpers import base_config, logging_restored
 
+pytestmark = pytest.mark.e2e  # runs whole probes (scripts/test.sh -m "not e2e" skips them)
+
 # ------------------------------------------------------------------------------------------------
 # a checkpoint written by a real transformers.Trainer
 # ------------------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from entropy_experiments.probe import recipe
 from tests.probe_helpers import SHORT_PROMPTS, load_probe, write_prompts
 from tests.run_helpers import logging_restored
 
+pytestmark = pytest.mark.e2e  # runs whole probes (scripts/test.sh -m "not e2e" skips them)
+
 pytest.importorskip("trl")
 
 

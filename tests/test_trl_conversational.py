@@ -20,6 +20,8 @@ from entropy_experiments.testing.conversational import (
 )
 from tests.run_helpers import logging_restored
 
+pytestmark = pytest.mark.e2e  # runs whole probes (scripts/test.sh -m "not e2e" skips them)
+
 pytest.importorskip("trl")
 
 

@@ -68,6 +68,7 @@ def _without_timings(entry: dict) -> dict:
     return {k: v for k, v in entry.items() if k not in TIMINGS}
 
 
+@pytest.mark.e2e
 def test_log_history_is_the_trainers_entry_by_entry_plus_the_probes(runs):
     (plain, _, plain_params, _), (probed, callback, probed_params, _), _ = runs
     for name in plain_params:  # the callback leaves training bit-identical under num_iterations 2 as well
@@ -91,6 +92,7 @@ def test_log_history_is_the_trainers_entry_by_entry_plus_the_probes(runs):
         assert history.index(entry) + 1 == history.index(next(h for h in trainers if h["step"] == entry["step"]))
 
 
+@pytest.mark.e2e
 def test_num_iterations_2_probes_the_steps_with_fresh_rollouts_only(runs):
     (_, _, _, generated_at), (_, _, _, _), base = runs
     fresh = [step + 1 for step in generated_at]  # TRL generated before these optimizer steps
@@ -115,6 +117,7 @@ def _probe_config(run_dir, data, checkpoint: str, **objective) -> dict:
             "output": {"plot": False}}
 
 
+@pytest.mark.e2e
 def test_run_refuses_a_checkpoint_whose_next_step_reuses_rollouts(runs, tmp_path, capsys):
     (_, _, _, _), (_, _, _, _), base = runs
     data = write_prompts(tmp_path / "prompts.jsonl", SHORT_PROMPTS)
@@ -129,6 +132,7 @@ def test_run_refuses_a_checkpoint_whose_next_step_reuses_rollouts(runs, tmp_path
             and "(here 2 or 4)" in err), err
 
 
+@pytest.mark.e2e
 def test_sweep_measures_only_the_entropy_before_reuse_steps_and_marks_them(runs, tmp_path, capsys):
     (_, _, _, generated_at), (_, _, _, _), base = runs
     data = write_prompts(tmp_path / "prompts.jsonl", SHORT_PROMPTS)

@@ -18,6 +18,8 @@ pytest.importorskip("trl")
 
 from entropy_experiments.testing.trl_run import run_tiny_grpo
 
+pytestmark = pytest.mark.e2e  # runs whole probes (scripts/test.sh -m "not e2e" skips them)
+
 LR = 1e-3
 BETAS, EPS = (0.9, 0.999), 1e-8
 

@@ -1,25 +1,23 @@
 """SequenceProcessor (seed 004's API) — the policy engine (`policy/engine.py`) plus the seed conveniences.
 
-`PolicyEngine` does the work: generation, teacher forcing (`teacher_force_logprobs`, `..._with_diagnostics`,
-`teacher_force_directional`), parameter overrides and seeding, with the seams tests replace
-(`_generate_span`, `_generate_chunk`, `_forward_logits`). This subclass adds what the seed API kept on the
-same object: the config forms it accepted (a GenerationConfig, a dict with sections {"generation",
-"precision"} + optional "reward": {"name"}, "batch_config": {"dataset_path", "pool_size"}, or a
-ProbeConfig), prompt draws from a data set (`datasets/prompt_draws.py`), rewards
-(`rewards/sequence_rewards.py`), generate-score-reward in one call, the probe's names for its
-teacher-forcing passes when a caller names none, and the legacy private aliases.
+`PolicyEngine` does the work: generation, teacher forcing, parameter overrides and seeding. This subclass
+adds what the seed API kept on the same object: the config forms it accepted (a GenerationConfig, a dict
+with sections {"generation", "precision"} + optional "reward": {"name"}, "batch_config": {"dataset_path",
+"pool_size"}, or a ProbeConfig), prompt draws from a data set (`datasets/prompt_draws.py`), rewards
+(`rewards/sequence_rewards.py`), generate-score-reward in one call, the seed's private names
+(`_build_params_override`, `_fo_cfg`, `_tf_cfg`, `_mdl_target`, `_compute_rewards`) and its name
+`LogprobResults.entropies` for the per-token surprisals.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
-from entropy_experiments.data.datasets import Example
 from entropy_experiments.data.datasets.prompt_draws import (
     draw_distinct,
     draw_with_replacement,
@@ -36,48 +34,13 @@ from entropy_experiments.policy.engine import PolicyEngine
 from entropy_experiments.policy.generate import chunk_seed
 from entropy_experiments.policy.generation_config import GenerationConfig, PolicySettings, parse_config
 from entropy_experiments.policy.precision_utils import ForwardProfile
-from entropy_experiments.policy.sequences import BatchedSequences as _PolicyBatchedSequences
-from entropy_experiments.policy.sequences import DiagnosticsResults, global_prompt_id
+from entropy_experiments.policy.sequences import BatchedSequences, DiagnosticsResults, global_prompt_id
 from entropy_experiments.policy.sequences import LogprobResults as _PolicyLogprobResults
 
 __all__ = [
     "BatchedSequences", "DiagnosticsPack", "DiagnosticsResults", "GenerationConfig", "LogprobResults",
     "SequenceDiagnostics", "SequenceProcessor", "TokenStepDiagnostics", "chunk_seed",
 ]
-
-JVP_PHASE = "teacher forcing (jvp, E directional derivatives)"
-_EXAMPLE_FIELDS = frozenset(f.name for f in dataclasses.fields(Example))
-# Fields an older saved record may lack (they have defaults): `prompt` and `columns` came with data sets in TRL's
-# conventions.
-_REQUIRED_EXAMPLE_FIELDS = frozenset(f.name for f in dataclasses.fields(Example)
-                                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-
-
-def probe_phase(with_grad: bool, compute_rb: bool, override: bool) -> str:
-    """What a teacher-forcing call is for in the probe, for error messages (when the caller names none)."""
-    if with_grad:
-        return "teacher forcing with grad (E backward)" if compute_rb else "teacher forcing with grad (U gradient)"
-    if override:
-        return "teacher forcing at θ + η·v (ΔH(η) scoring)"
-    return "teacher forcing (E scoring)"
-
-
-def example_from_dict(e: Any) -> Any:
-    """A saved example record back as the data set's `Example` (other records as plain dicts)."""
-    if not isinstance(e, Mapping):
-        return e
-    return Example(**e) if _REQUIRED_EXAMPLE_FIELDS <= set(e) <= _EXAMPLE_FIELDS else dict(e)
-
-
-class BatchedSequences(_PolicyBatchedSequences):
-    """The policy's `BatchedSequences`; `from_dict` also turns saved examples back into `Example`s."""
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> _PolicyBatchedSequences:
-        seqs = _PolicyBatchedSequences.from_dict(d)
-        if seqs.examples is not None:
-            seqs.examples = [example_from_dict(e) for e in seqs.examples]
-        return seqs
 
 
 @dataclasses.dataclass
@@ -95,21 +58,13 @@ class LogprobResults(_PolicyLogprobResults):
 
 
 class SequenceProcessor(PolicyEngine):
-    """The policy engine with seed 004's conveniences: prompt pools, rewards, generate-score-reward.
+    """The policy engine with seed 004's conveniences: prompt pools, rewards, generate-score-reward."""
 
-    `config` is a GenerationConfig, a dict with sections {"generation", "precision"} (+ optional
-    "reward": {"name"}, "batch_config": {"dataset_path", "pool_size"}) or a ProbeConfig. The
-    process-wide matmul switches of the precision profile are applied at construction unless
-    `apply_precision=False`.
-    """
-
-    def __init__(self, model: nn.Module, tokenizer, config: Any = None, logger: logging.Logger | None = None,
-                 *, apply_precision: bool = True):
+    def __init__(self, model: nn.Module, tokenizer, config: Any = None, logger: logging.Logger | None = None):
         generation, precision, self.reward_spec, self._batch_cfg = parse_config(config)
-        super().__init__(model, tokenizer, PolicySettings(generation, precision), logger,
-                         apply_precision=apply_precision)
+        super().__init__(model, tokenizer, PolicySettings(generation, precision), logger)
 
-    # ------------------------------------------------------------------ legacy private names
+    # ------------------------------------------------------------------ the seed's private names
     @property
     def _mdl_target(self) -> nn.Module:
         return self.policy.module
@@ -122,16 +77,6 @@ class SequenceProcessor(PolicyEngine):
     def _tf_cfg(self) -> ForwardProfile:
         return self.policy.precision.tf_nograd
 
-    @property
-    def _reward_spec(self) -> str:
-        return self.reward_spec
-
-    _tokenize_prompts = PolicyEngine.tokenize_prompts
-    _left_pad = PolicyEngine.left_pad
-    _generate_rows = PolicyEngine.generate_rows
-    _pack = PolicyEngine.pack
-    _response_length = PolicyEngine.response_length
-    _seeded = PolicyEngine.seeded
     _build_params_override = PolicyEngine.build_params_override
 
     # ------------------------------------------------------------------ generate, score, reward
@@ -158,7 +103,7 @@ class SequenceProcessor(PolicyEngine):
             seqs.prompt_ids = [global_prompt_id(ex, i) for i, ex in enumerate(examples)]
         lp, diags = self.teacher_force_logprobs_with_diagnostics(seqs, with_grad=with_grad, tf_batch_size=tf_batch_size,
                                                                  compute_rb=compute_rb)
-        lp.rewards = self.compute_rewards(list(prompts), seqs, list(examples) if examples is not None else None)
+        lp.rewards = self._compute_rewards(list(prompts), seqs, list(examples) if examples is not None else None)
         return seqs, lp, diags
 
     def generate_with_replacement_sampling(self, total_sequences: int, dataset_name: str, split: str = "train",
@@ -174,9 +119,6 @@ class SequenceProcessor(PolicyEngine):
         G = kwargs.pop("G", 1)
         if G != 1:
             self.logger.warning("generate_with_replacement_sampling: G=%s ignored, forced to 1 (independent draws)", G)
-        for key in ("prompts", "examples", "dataset_name", "num_prompts", "split"):
-            if key in kwargs:
-                raise ConfigError(f"generate_with_replacement_sampling: '{key}' cannot be passed here")
         pool = self._prompt_pool(dataset_name, split, max_prompts_pool)
         examples, counts = draw_with_replacement(pool, total_sequences, seed)
         self.logger.info("replacement sampling: pool %d prompts, %d draws, %d unique, largest repeat %d",
@@ -196,41 +138,18 @@ class SequenceProcessor(PolicyEngine):
         return load_prompt_pool(dataset_name, split, dataset_path=self._batch_cfg.get("dataset_path"),
                                 pool_size=self._batch_cfg.get("pool_size"), max_prompts_pool=max_prompts_pool)
 
-    def compute_rewards(self, prompts: Sequence[str], sequences: BatchedSequences,
-                        examples: Sequence | None = None) -> list[list[float]]:
+    def _compute_rewards(self, prompts: Sequence[str], sequences: BatchedSequences,
+                         examples: Sequence | None = None) -> list[list[float]]:
         """Rewards [B][G] through the reward registry (config `reward.name`, default tag_pref); prompts
         without an example get 0.0 with one warning (`rewards/sequence_rewards.py`)."""
         return rewards_for_sequences(self.reward_spec, prompts, sequences, examples, self.warn_once)
 
-    _compute_rewards = compute_rewards  # the seed's name
+    # ------------------------------------------------------------------ teacher forcing (seed result type)
+    def teacher_force_logprobs(self, *args, **kwargs) -> LogprobResults:
+        """`PolicyEngine.teacher_force_logprobs`, its result with the seed's `entropies`."""
+        return LogprobResults.of(super().teacher_force_logprobs(*args, **kwargs))
 
-    # ------------------------------------------------------------------ teacher forcing (seed defaults)
-    def teacher_force_logprobs(self, sequences, with_grad: bool = False, tf_batch_size: int | None = None,
-                               compute_rb: bool = False, return_baseline_features: bool = False,
-                               params_override: Mapping[str, Tensor] | None = None,
-                               buffers_override: Mapping[str, Tensor] | None = None, *,
-                               phase: str | None = None) -> LogprobResults:
-        """`PolicyEngine.teacher_force_logprobs`; without `phase`, the probe's name of the pass (`probe_phase`)."""
-        return LogprobResults.of(super().teacher_force_logprobs(
-            sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features, params_override,
-            buffers_override, phase=phase or probe_phase(with_grad, compute_rb, params_override is not None)))
-
-    def teacher_force_logprobs_with_diagnostics(self, sequences, with_grad: bool = False,
-                                                tf_batch_size: int | None = None, compute_rb: bool = False,
-                                                return_baseline_features: bool = False,
-                                                params_override: Mapping[str, Tensor] | None = None,
-                                                buffers_override: Mapping[str, Tensor] | None = None, *,
-                                                phase: str | None = None
-                                                ) -> tuple[LogprobResults, DiagnosticsResults]:
-        """`PolicyEngine.teacher_force_logprobs_with_diagnostics`, with the seed's default phase names."""
-        lp, diags = super().teacher_force_logprobs_with_diagnostics(
-            sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features, params_override,
-            buffers_override, phase=phase or probe_phase(with_grad, compute_rb, params_override is not None))
+    def teacher_force_logprobs_with_diagnostics(self, *args, **kwargs) -> tuple[LogprobResults, DiagnosticsResults]:
+        """`PolicyEngine.teacher_force_logprobs_with_diagnostics`, its result with the seed's `entropies`."""
+        lp, diags = super().teacher_force_logprobs_with_diagnostics(*args, **kwargs)
         return LogprobResults.of(lp), diags
-
-    def teacher_force_directional(self, sequences, v_named: Mapping[str, Tensor], *,
-                                  tf_batch_size: int | None = None, phase: str = JVP_PHASE, order: int = 1
-                                  ) -> list[list[dict[str, Tensor]]]:
-        """`PolicyEngine.teacher_force_directional` under the seed's default phase name."""
-        return super().teacher_force_directional(sequences, v_named, tf_batch_size=tf_batch_size, phase=phase,
-                                                 order=order)

@@ -9,6 +9,8 @@ from typing import Any
 import yaml
 from pydantic import Field, model_validator
 
+from entropy_experiments.data.datasets.gsm_symbolic import DEFAULT_POOL_SIZE
+from entropy_experiments.data.datasets.gsm_symbolic import NAME as GENERATED_DATASET
 from entropy_experiments.errors import ConfigError
 
 from .sections import (
@@ -55,7 +57,7 @@ HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
 
 
 class ProbeConfig(_Section):
-    """The whole probe configuration (see entropy_experiments/configs/default.yaml for every key)."""
+    """The whole probe configuration (every key with its comment: `entropy-probe config --show`)."""
 
     seed: int = Field(42, ge=0)
     learning_rate: float | None = Field(None, gt=0)  # None: the optimizer's saved param_groups lr
@@ -153,7 +155,8 @@ class ProbeConfig(_Section):
         return parse_settings({k: d[k] for k in ("generation", "precision")})
 
     def sequence_processor_settings(self) -> dict[str, Any]:
-        """The sections the seed façade `compat.SequenceProcessor` reads (generation, precision, reward, batch_config)."""
+        """The sections the seed façade `compat.sequence_processor.SequenceProcessor` reads (generation, precision,
+        reward, batch_config)."""
         d = self.to_dict()
         return {k: d[k] for k in ("generation", "precision", "reward", "batch_config")}
 
@@ -192,11 +195,16 @@ class ProbeConfig(_Section):
         """First 16 hex chars of sha256 over the canonical JSON of the config, `output` and `distributed`
         excluded (neither changes a number: a run can be resumed on any number of ranks or backend); renamed
         sections under their old names (`HASHED_AS`), later keys only when changed (`HASHED_WHEN_CHANGED`),
-        objective.use_bias_correction_kl only where it changes the gradient."""
+        objective.use_bias_correction_kl only where it changes the gradient, a null pool_size of the generated
+        default data set as the 500 problems it makes."""
         d = self.model_dump(mode="json", exclude={"output", "distributed"})
         # use_bias_correction_kl enters as whether it acts (trl, β ≠ 0, on): the numbers of a config changed
         # only there, so only there its hash changes (`HASHED_WHEN_CHANGED` drops the earlier behaviour, False)
         d["objective"]["use_bias_correction_kl"] = self.objective_options().weights_kl
+        # batch_config.pool_size was 500 for every data set; null now means the data set's own size, which for the
+        # generated default data set is the same 500 problems: its configs keep their hash (a read split's don't)
+        if d["batch_config"]["pool_size"] is None and d["batch_config"]["dataset_name"] == GENERATED_DATASET:
+            d["batch_config"]["pool_size"] = DEFAULT_POOL_SIZE
         for section, keys in HASHED_WHEN_CHANGED.items():
             for key, earlier in keys.items():
                 if d[section].get(key) == earlier:

@@ -47,7 +47,7 @@ class CheckpointSection(_Section):
     """Where the adapter, optimizer state and base model come from, and how to load them."""
 
     # The layout under checkpoint_path (own, Trainer checkpoint-N/, adapter dir with optimizer.pt in its
-    # parent) is recognised at load time by checkpoint_layout.resolve_checkpoint; explicit paths win.
+    # parent) is recognised at load time by checkpoint.layout.resolve_checkpoint; explicit paths win.
     checkpoint_path: str | None = None
     adapter_path: str | None = None
     optimizer_path: str | None = None
@@ -78,7 +78,9 @@ class BatchSection(_Section):
     dataset_name: str = Field("gsm_symbolic_r1_template", min_length=1)
     split: str = Field("train", min_length=1)
     dataset_path: str | None = None
-    pool_size: int = Field(500, ge=1)  # examples drawn by generated (reasoning-gym) data sets
+    # null: the data set's own size (a generated data set's default pool, 500 problems for the default data set;
+    # every row of a split read from a file or the hub); a number: that many (generated) or the first that many rows
+    pool_size: int | None = Field(None, ge=1)
     B_E: int = Field(64, ge=1)
     B_U: int = Field(8, ge=1)
     G: int = Field(4, ge=2)  # U needs a group of responses to form advantages
@@ -110,7 +112,7 @@ class GenerationSection(_Section):
     temperature: float = Field(GENERATION_DEFAULTS.temperature, gt=0)
     top_p: float = GENERATION_DEFAULTS.top_p
     max_new_tokens: int = Field(GENERATION_DEFAULTS.max_new_tokens, ge=1)
-    # sequences per generate() call; "auto": from the free device memory (CUDA), a measured size (CPU)
+    # sequences per generate() call; "auto": from the free device memory (CUDA), 16 (CPU: CPU_ROWS_PER_CALL)
     gen_batch_size: int | Literal["auto"] = GENERATION_DEFAULTS.gen_batch_size  # type: ignore[assignment]
     tf_batch_size: int = Field(GENERATION_DEFAULTS.tf_batch_size, ge=1)  # sequences per teacher-forcing forward
     rb_requires_grad: bool = GENERATION_DEFAULTS.rb_requires_grad

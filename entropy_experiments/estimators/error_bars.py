@@ -38,7 +38,7 @@ class ErrorBars:
 
 def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: Callable[[dict], dict],
                warn: Callable[[str], None]) -> ErrorBars:
-    """From `res` (probe.DeltaH1Result with pieces): SE_E, SE_U over `u_groups`, SE_total; `direction_of`
+    """From `res` (probe.results.DeltaH1Result with pieces): SE_E, SE_U over `u_groups`, SE_total; `direction_of`
     maps a U gradient to its AdamW direction; `warn` records what makes the bars unreliable or missing."""
     a, r = res.pieces
     s = res.scores

@@ -16,7 +16,7 @@ After it (parameters θ' = θ + Δθ, the step the trainer really took):
                  (`estimators/displacement.u_noise`; the probe's U size against the trainer's batch)
 
 These are the offline probe's numbers for the checkpoint pair (θ, θ') on the same samples: the same phase
-functions (probe.py), the same estimators.
+functions (probe/recipe.py), the same estimators.
 """
 
 from __future__ import annotations

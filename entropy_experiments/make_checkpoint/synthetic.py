@@ -1,8 +1,8 @@
 """`make-checkpoint --synthetic NAME`: a LoRA + AdamW checkpoint on a random model of a real architecture.
 
-The base model is written once to `OUT/synthetic_base/` (`testing/synthetic.py`: published config numbers,
+The base model is written once to `OUT/synthetic_base/` (`models/synthetic.py`: published config numbers,
 random weights, bf16 safetensors, a tokenizer of the real vocabulary size); the adapter is then trained
-a few real Dr-GRPO steps by `training.make_checkpoint`, whose checkpoint records that directory as its
+a few real Dr-GRPO steps by `make_checkpoint.trained.make_checkpoint`, whose checkpoint records that directory as its
 base, so `entropy-probe run --set checkpoint.checkpoint_path=OUT` needs nothing else.
 """
 

@@ -2,7 +2,7 @@
 
 Users without a checkpoint (and the tests) get one this way. Each step samples B_U distinct prompts
 × G responses through the policy engine, takes the gradient of the same Dr-GRPO loss the probe
-uses (`probe.update_gradients`), clips it and steps AdamW; then `save_checkpoint` writes
+uses (`probe.recipe.update_gradients`), clips it and steps AdamW; then `save_checkpoint` writes
 model/, optimizer.pt, optimizer_param_names.json and checkpoint.json. With `save_every` = K it writes
 `out_dir/step_K/`, `step_2K/`, … and `step_<steps>/` instead (a run to sweep: `entropy-probe sweep`).
 `ensure_demo_checkpoint`: the demo's checkpoint, made once this way in the embedded model's cache.

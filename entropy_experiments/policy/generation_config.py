@@ -34,7 +34,7 @@ class GenerationConfig:
     max_new_tokens: int = 128
     do_sample: bool = True
     num_return_sequences: int = 8
-    gen_batch_size: int | str = "auto"      # rows per generate call; "auto": from memory (CUDA) / measured (CPU)
+    gen_batch_size: int | str = "auto"      # rows per generate call; "auto": from memory (CUDA) / 16 (CPU)
     tf_batch_size: int = 8
     rb_requires_grad: bool = True
     pad_token_id: int | None = None          # None ⇒ the tokenizer's pad (else its EOS)

@@ -40,7 +40,7 @@ def resolve_special_ids(config: GenerationConfig, tokenizer: Any, hf_model: nn.M
             if int(e) not in eos:
                 eos.append(int(e))
     if not eos:
-        raise ConfigError("generation.eos_token_id: the tokenizer has no EOS token; set generation.eos_token_id")
+        raise ConfigError("the tokenizer has no EOS token and the model's generation_config names none: use a tokenizer with one (or set GenerationConfig.eos_token_id)")
     pad = config.pad_token_id
     if pad is None:
         pad = tokenizer.pad_token_id if getattr(tokenizer, "pad_token_id", None) is not None else eos[0]

@@ -47,7 +47,7 @@ class ForwardProfile:
 
 @dataclass
 class PrecisionConfig:
-    """The `precision` config section (keys as in config.py); unknown keys are refused."""
+    """The `precision` config section (keys as in config/sections.py); unknown keys are refused."""
 
     func_override: ForwardProfile = field(default_factory=ForwardProfile)
     tf_nograd: ForwardProfile = field(default_factory=ForwardProfile)

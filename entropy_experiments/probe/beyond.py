@@ -1,4 +1,4 @@
-"""The probe's phases after δH₁ (probe.py runs them): what first order misses and how it compares.
+"""The probe's phases after δH₁ (`recipe.run` runs them): what first order misses and how it compares.
 
     truth        ΔH(η) by SNIS on the same E, and the paired residuals ΔH(η) − η·X̂·v     (estimators/delta_h.py)
     second order d2 = D²_v H of the SNIS estimate, η*, the second-order prediction per η  (estimators/second_order.py
@@ -8,7 +8,7 @@
 When E was drawn by a sampler other than the policy, every E sum here carries the sampler correction's weight
 s_i (`res.sampler_weights`, docs/maths.md §12; None: unweighted, the code path unchanged).
 
-Like probe.py this module knows the ranks: no-grad passes score whole tf chunks per rank (`scoring_share`)
+Like recipe.py this module knows the ranks: no-grad passes score whole tf chunks per rank (`scoring_share`)
 and gather per-sequence values in order; backward passes split the microbatches and all-reduce the sums.
 """
 

@@ -35,7 +35,8 @@ def pool_warning(examples: list, pool_size: int) -> str | None:
     if rows is None or rows <= len(examples):
         return None
     return (f"batch_config.pool_size={pool_size} keeps the first {len(examples)} of the split's {rows} rows, but "
-            f"the trainer sampled from all of them: set batch_config.pool_size: {rows} to draw from the same prompts")
+            f"the trainer sampled from all of them: leave batch_config.pool_size null (the whole split) to draw from "
+            "the same prompts")
 
 
 def preflight(config: ProbeConfig, tokenizer: Any = None, logger: logging.Logger = log) -> list[str]:

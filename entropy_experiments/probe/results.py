@@ -1,4 +1,4 @@
-"""The typed results the probe's phases hand each other (probe.py), and the warnings they collect.
+"""The typed results the probe's phases hand each other (recipe.py), and the warnings they collect.
 
 (ErrorBars lives with its maths in estimators/error_bars.py.)
 """

@@ -23,7 +23,7 @@ from ..report.results_schema import validate_results_schema
 from ..report.run_dir import GenerationChunkStore, RunDirectory
 from ..report.summary import objective_lines, print_summary
 from ..report.token_table import write_token_table
-from . import recipe as probe
+from . import recipe
 from .parallel import DistContext, init_from_env
 from .reanalysis import copy_samples, reusable_samples
 from .results import Policy, WarningLog
@@ -55,7 +55,7 @@ def run_probe(config: ProbeConfig, *, out: str | None = None, resume: str | None
         raise ValueError("run_probe(policy=...) runs in one process; under torchrun every rank loads its own")
     try:
         if dryrun:
-            results = probe.run(dryrun_config(config), dist=dist, logger=logger).results
+            results = recipe.run(dryrun_config(config), dist=dist, logger=logger).results
             if dist.is_main:
                 print_summary(results)
             logger.info("dry run: nothing written")
@@ -76,7 +76,7 @@ def run_worker(config: ProbeConfig, dist: DistContext, logger: logging.Logger) -
     status, payload = dist.broadcast_object(None, "run directory broadcast")
     if status == "error":
         raise ProbeError(payload)
-    return probe.run(config, dist=dist, batches=typed_batches(payload), logger=logger).results
+    return recipe.run(config, dist=dist, batches=typed_batches(payload), logger=logger).results
 
 
 def open_run_directory(config: ProbeConfig, dist: DistContext, *, out: str | None, resume: str | None,
@@ -165,8 +165,8 @@ def run_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume:
 
 def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, batches: tuple[Batch, Batch] | None,
                logger: logging.Logger, *, policy: Policy | None = None,
-               notes: WarningLog | None = None) -> probe.ProbeOutcome:
-    """`probe.run`, saving E and U (and the generation chunks) into the run directory as they are made."""
+               notes: WarningLog | None = None) -> recipe.ProbeOutcome:
+    """`recipe.run`, saving E and U (and the generation chunks) into the run directory as they are made."""
     chunks = GenerationChunkStore(run_dir)
 
     def save_batches(E: Batch, U: Batch) -> None:
@@ -178,7 +178,7 @@ def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, ba
 
     sampling_warnings = saved_sampling_warnings(run_dir) if batches is not None else []
     logger.info("objective (v is its next AdamW step): %s; %s", *objective_lines(config.objective_options().to_dict()))
-    return probe.run(config, dist=dist, batches=batches, on_batches=save_batches,
+    return recipe.run(config, dist=dist, batches=batches, on_batches=save_batches,
                      chunk_store=chunks if config.output.save_batches else None,
                      sampling_warnings=sampling_warnings, logger=logger, policy=policy, notes=notes)
 
@@ -192,7 +192,7 @@ def saved_sampling_warnings(run_dir: RunDirectory) -> list[str]:
     return [str(w) for w in saved or []]
 
 
-def write_outcome(run_dir: RunDirectory, config: ProbeConfig, outcome: probe.ProbeOutcome) -> None:
+def write_outcome(run_dir: RunDirectory, config: ProbeConfig, outcome: recipe.ProbeOutcome) -> None:
     """results.json (schema-checked), per_sequence.jsonl, v, E_tokens.parquet, report.html and the plot."""
     results = outcome.results
     validate_results_schema(results)

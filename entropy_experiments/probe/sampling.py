@@ -1,7 +1,7 @@
 """Phase 0: turning the index plan (`data/plan.py`) into packed batches.
 
 The index plan is drawn once from the config seed — E prompts WITH replacement (G = 1) or distinct,
-U prompts distinct — so that a distributed run can draw it on rank 0 and broadcast it (probe.py), and
+U prompts distinct — so that a distributed run can draw it on rank 0 and broadcast it (recipe.py), and
 a resumed run can check it. `choose_sampler` picks how the rows are drawn (a `policy/samplers.py` Sampler:
 the one-at-a-time reference sampler, or the batched one the generation settings choose); `sample_batch`
 turns a list of prompt indices into one packed batch (rewards by the reward registry, advantages by the

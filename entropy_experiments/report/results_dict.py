@@ -1,6 +1,6 @@
 """The results dict of one probe run (docs/outputs.md "results.json") and its per-sequence rows.
 
-`assemble_results` only arranges values the phases computed (probe.py); it computes no statistic.
+`assemble_results` only arranges values the phases computed (probe/recipe.py); it computes no statistic.
 """
 
 from __future__ import annotations
@@ -61,13 +61,13 @@ class ProbeOutcome:
     per_sequence_rows: list[dict]
     update_vector: dict[str, torch.Tensor]
     plan: Any = None                      # the IndexPlan of a fresh sampling
-    policy: Any = None                    # probe.Policy: the policy engine, the trainable model, the optimizer
+    policy: Any = None                    # probe.results.Policy: the policy engine, the trainable model, the optimizer
     e_tokens: dict | None = None          # E_tokens table columns (probe/attribution.py; None: not computed)
 
 
 def assemble_results(E: Batch, U: Batch, res, bars, truth: dict, residuals: list[dict], second_order: dict | None,
                      predictors: dict | None, timing: dict, facts: RunFacts) -> ProbeOutcome:
-    """The results dict from the phases' typed results (`probe.DeltaH1Result`, `probe.ErrorBars`, truth and
+    """The results dict from the phases' typed results (`probe.results.DeltaH1Result`, `estimators.error_bars.ErrorBars`, truth and
     its paired residuals, one per η, the second-order report and the competing predictors)."""
     scores = res.scores
     results = {

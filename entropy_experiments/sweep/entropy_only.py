@@ -2,7 +2,7 @@
 
 A Trainer checkpoint saved at the end of a linear schedule holds lr = 0.0: the probe refuses it (δH₁ would be
 0 by construction), yet its entropy is the end point of the last realised change. Here E is drawn exactly as
-the probe draws it (the same index plan from the config seed, `probe.sample_sharded` with seed + 1, so the same
+the probe draws it (the same index plan from the config seed, `probe.sampling.sample_sharded` with seed + 1, so the same
 prompts and the same generator seed as at every other checkpoint), scored without gradients, and written to
 a run directory like the probe's: config.yaml, run_meta.json, E_batch.pt, per_sequence.jsonl and
 entropy_only.json {kind, reason, normalize, H, learning_rate, checkpoint, config_hash, counts}. No U, no v,
@@ -34,7 +34,7 @@ log = logging.getLogger("entropy_experiments.sweep")
 
 
 def _sample_E(config: ProbeConfig, policy: Policy, run_dir: RunDirectory, logger: logging.Logger) -> Batch:
-    """E as `probe.sample_phase` draws it (same plan, same seed), or the E batch a killed measurement saved."""
+    """E as `probe.sampling.sample_phase` draws it (same plan, same seed), or the E batch a killed measurement saved."""
     saved = run_dir.load_batch("E")
     if saved is not None:
         logger.info("entropy only: reusing the saved E batch of %s", run_dir.path)

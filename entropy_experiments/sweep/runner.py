@@ -2,7 +2,7 @@
 
     find the checkpoints (discovery.py) → for each, in step order: skip it when its run directory finished,
     else put its adapter + AdamW state on the one loaded base model (policies.py) and run the probe into
-    runs/<checkpoint>/ (run.run_probe, resumable), or measure only Ĥ where no step follows (entropy_only.py)
+    runs/<checkpoint>/ (probe.runner.run_probe, resumable), or measure only Ĥ where no step follows (entropy_only.py)
     → sweep.json from the run directories (rows.py, calibration.py) → trajectory.png, calibration.png.
 
 Every checkpoint is probed with the same config (only checkpoint.checkpoint_path changes), hence the same
