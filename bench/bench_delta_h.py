@@ -39,7 +39,7 @@ def bare_forward_seconds(engine, E, rows_per_forward: int) -> float:
     policy = engine.policy
     t0 = time.perf_counter()
     with torch.no_grad():
-        for batch in tf_batches(E.as_sequences(), rows_per_forward, policy.device):
+        for batch in tf_batches(E, rows_per_forward, policy.device):
             forward_logits(policy, batch, None, policy.precision.tf_nograd)
     return time.perf_counter() - t0
 

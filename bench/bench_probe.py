@@ -250,7 +250,7 @@ def pass_seconds(demo: DemoProbe, E: Batch) -> dict[str, float]:
     engine, options = demo.policy.engine, demo.config.entropy_options()
     params = Trainable.of(demo.policy.trainable.model).params
     idx = e_microbatches(E.num_prompts, E.num_responses_per_prompt, options.microbatch_size)[0]
-    seqs = E.subset(idx).as_sequences()
+    seqs = E.subset(idx)
     rows = len(idx) * E.num_responses_per_prompt
     out: dict[str, float] = {}
     for _ in range(2):

@@ -30,7 +30,7 @@ from entropy_experiments.estimators.objective_gradient import split_into_groups
 from entropy_experiments.estimators.paired import paired_residual
 from entropy_experiments.estimators.step_directions import step_direction
 from entropy_experiments.probe import recipe
-from entropy_experiments.probe.sampling import sample_batch
+from entropy_experiments.probe.sampling import BatchDraw, SamplingSpec, sample_batch
 from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
 from tests.probe_helpers import make_probe, write_prompts
 
@@ -62,12 +62,13 @@ def setup(tmp_path_factory):
 def _E(probe, examples, seed: int) -> dict:
     rng = random.Random(seed)
     indices = [rng.randrange(len(examples)) for _ in range(B_E)]  # with replacement, one response each
-    return sample_batch(probe.engine, examples, indices, 1, seed=seed, rewards=None)
+    return sample_batch(SamplingSpec.choose(probe.engine), examples, BatchDraw(indices, 1, seed))
 
 
 def _U(probe, examples, seed: int) -> dict:
     indices = random.Random(seed).sample(range(len(examples)), B_U)  # distinct prompts
-    return sample_batch(probe.engine, examples, indices, G, seed=seed, rewards=RewardSet.resolve([probe.config.reward.name]))
+    rewards = RewardSet.resolve([probe.config.reward.name])
+    return sample_batch(SamplingSpec.choose(probe.engine), examples, BatchDraw(indices, G, seed, rewards))
 
 
 def _ratio(values: list[float], ses: list[float], side: str) -> float:

@@ -249,12 +249,12 @@ def test_u_gradient_matches_autograd_of_written_out_loss(sampled_U, loss_type, s
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.6), (1.3, 0.9)])
 def test_trainer_logprobs_are_tempered_without_nucleus(temperature, top_p):
     """The objective scores tokens as trainers do: log softmax(z/τ), no top-p (≠ the sampling q when top_p < 1)."""
-    from entropy_experiments.policy.sampling_policy import policy_token_stats
+    from entropy_experiments.policy.sampling_policy import TokenStatsRequest, policy_token_stats
 
     gen = torch.Generator().manual_seed(0)
     logits = 3 * torch.randn(40, 50, generator=gen)
     tokens = torch.argmax(logits, dim=-1)  # inside every nucleus
-    stats = policy_token_stats(logits, tokens, temperature, top_p, fp64=True, chunk_size=7)
+    stats = policy_token_stats(logits, tokens, TokenStatsRequest(temperature, top_p, fp64=True, chunk_size=7))
     logp = torch.log_softmax(logits.double() / temperature, dim=-1)
     assert torch.allclose(stats["logp_train"], logp.gather(-1, tokens[:, None]).squeeze(-1), rtol=1e-12, atol=1e-12)
     assert torch.allclose(stats["entropy_train"], -(logp.exp() * logp).sum(-1), rtol=1e-12, atol=1e-12)

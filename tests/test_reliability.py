@@ -15,7 +15,7 @@ from entropy_experiments.estimators.sequence_scores import E_SCORING
 from entropy_experiments.policy.engine import PolicyEngine
 from entropy_experiments.policy.generate import chunk_seed
 from entropy_experiments.policy.generation_config import parse_settings
-from entropy_experiments.probe.sampling import prompt_examples, sample_batch
+from entropy_experiments.probe.sampling import BatchDraw, SamplingSpec, prompt_examples, sample_batch
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
 PROMPTS = ["User: Tom has 3 apples", "Hi", "What is 2 + 2?"]
@@ -172,8 +172,9 @@ def test_non_finite_in_generation_names_chunk_and_sequence(tiny_model_dir, data)
 def test_non_finite_in_the_u_gradient_names_phase_batch_and_sequence(tiny_model_dir, data):
     probe = make_probe(tiny_model_dir, data, {"batch_config": {"B_E": 2, "B_U": 2}})
     sp, examples = probe.engine, prompt_examples(probe.config.batch_config)
-    E = sample_batch(sp, examples, [0, 1], 1, seed=1, rewards=None)
-    U = sample_batch(sp, examples, [2, 3], 2, seed=2, rewards=RewardSet.resolve([probe.config.reward.name]))
+    spec = SamplingSpec.choose(sp)
+    E = sample_batch(spec, examples, BatchDraw([0, 1], 1, 1))
+    U = sample_batch(spec, examples, BatchDraw([2, 3], 2, 2, RewardSet.resolve([probe.config.reward.name])))
     lora_A = next(p for n, p in probe.model.named_parameters() if "lora_A" in n)
     with torch.no_grad():
         lora_A[0, 0] = float("inf")

@@ -85,7 +85,7 @@ def test_forward_over_forward_matches_a_central_difference_of_forward_mode(tiny_
                        {"batch_config": {"B_E": 4, "B_U": 2, "G": 2}})
     sp = probe.engine
     E, _ = probe.sample(B_E=4, B_U=2, G=2)[:2]
-    seqs = E.as_sequences()
+    seqs = E
     named = {n: p for n, p in probe.model.named_parameters() if p.requires_grad}
     gen = torch.Generator().manual_seed(0)
     v = {n: torch.randn(p.shape, generator=gen) * 0.5 for n, p in named.items()}

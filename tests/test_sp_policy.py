@@ -12,6 +12,7 @@ from entropy_experiments.errors import ConfigError, NumericsError
 from entropy_experiments.policy.distribution_diagnostics import DistributionDiagnostics
 from entropy_experiments.policy.sampling_policy import (
     SamplingPolicyLogitsProcessor,
+    TokenStatsRequest,
     nucleus_keep_mask,
     policy_token_stats,
     sampling_logits,
@@ -111,15 +112,17 @@ def test_masked_tokens_get_minus_inf_logq():
 def test_chunking_and_rows_do_not_change_values(fp64):
     z = random_logits(n=11, V=40, seed=3)
     tokens = torch.randint(0, 40, (11,), generator=torch.Generator().manual_seed(1))
-    ref = policy_token_stats(z, tokens, 0.7, 0.9, fp64=fp64, chunk_size=1000, diagnostics=True, eos_token_id=5)
+    ref = policy_token_stats(z, tokens, TokenStatsRequest(0.7, 0.9, fp64=fp64, chunk_size=1000, diagnostics=True,
+                                                          eos_token_id=5))
     for chunk in (1, 4):
-        got = policy_token_stats(z, tokens, 0.7, 0.9, fp64=fp64, chunk_size=chunk, diagnostics=True, eos_token_id=5)
+        got = policy_token_stats(z, tokens, TokenStatsRequest(0.7, 0.9, fp64=fp64, chunk_size=chunk, diagnostics=True,
+                                                              eos_token_id=5))
         for k in ref:
             torch.testing.assert_close(got[k], ref[k], rtol=0, atol=1e-12 if fp64 else 1e-5, equal_nan=True)
     # rows= gathers from a larger [M, V] tensor without the caller copying it.
     big = torch.cat([random_logits(n=5, V=40, seed=9), z])
     rows = torch.arange(5, 16)
-    got = policy_token_stats(big, tokens, 0.7, 0.9, fp64=fp64, chunk_size=4, rows=rows)
+    got = policy_token_stats(big, tokens, TokenStatsRequest(0.7, 0.9, fp64=fp64, chunk_size=4), rows=rows)
     for k in got:
         torch.testing.assert_close(got[k], ref[k], rtol=0, atol=1e-12 if fp64 else 1e-5)
     assert ref["logq"].dtype == (torch.float64 if fp64 else torch.float32)
@@ -243,7 +246,8 @@ def test_chunks_equal_a_full_tensor_reference(chunk, scale):
     }
     for name, (logits, kwargs) in runs.items():
         with torch.set_grad_enabled(name == "autograd"):
-            got = policy_token_stats(logits, tokens, tau, top_p, **kwargs)
+            options = {k: v for k, v in kwargs.items() if k != "rows"}
+            got = policy_token_stats(logits, tokens, TokenStatsRequest(tau, top_p, **options), rows=kwargs.get("rows"))
         for key, want in ref.items():
             assert got[key].dtype == torch.float64
             torch.testing.assert_close(got[key].detach(), want, rtol=0, atol=1e-12, msg=f"{name}: {key}")
@@ -258,7 +262,8 @@ def test_chunks_share_buffers_instead_of_allocating():
     tokens = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(4))
     for kwargs in ({}, {"rows": torch.arange(N).flip(0)}, {"diagnostics": True, "eos_token_id": 3}):
         with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            policy_token_stats(z, tokens, 0.7, 0.9, chunk_size=chunk, **kwargs)
+            options = {k: v for k, v in kwargs.items() if k != "rows"}
+            policy_token_stats(z, tokens, TokenStatsRequest(0.7, 0.9, chunk_size=chunk, **options), rows=kwargs.get("rows"))
         big = [ev.cpu_memory_usage for ev in prof.events()
                if not ev.cpu_children and ev.cpu_memory_usage >= chunk * V]
         assert len(big) <= 4, (kwargs, big)  # slots "a", "e", "mask" (+ "z" with rows=), not 8 chunks' worth

@@ -19,7 +19,7 @@ from entropy_experiments.data.rewards.weighted import RewardSet
 from entropy_experiments.policy.engine import PolicyEngine
 from entropy_experiments.policy.generation_config import parse_settings
 from entropy_experiments.probe import recipe
-from entropy_experiments.probe.sampling import sample_batch
+from entropy_experiments.probe.sampling import BatchDraw, SamplingSpec, sample_batch
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
 
@@ -70,7 +70,7 @@ def test_probe_batches_pass_each_prompts_gold_answer_to_the_reward(tiny_peft_mod
     engine = PolicyEngine(model, tok, parse_settings({"generation": {"max_new_tokens": 3, "gen_batch_size": 8}}))
     examples = load_examples("jsonl", "train", dataset_path=str(path))
     indices = [2, 0, 2, 1]  # drawn with replacement: a repeat, out of order
-    batch = sample_batch(engine, examples, indices, 2, seed=0, rewards=RewardSet.resolve([gold_reward]))
+    batch = sample_batch(SamplingSpec.choose(engine), examples, BatchDraw(indices, 2, 0, RewardSet.resolve([gold_reward])))
     want = [[float(examples[i].answer)] * 2 for i in indices]
     assert want == [[3.0, 3.0], [1.0, 1.0], [3.0, 3.0], [2.0, 2.0]]
     assert [list(map(float, row)) for row in batch.rewards] == want

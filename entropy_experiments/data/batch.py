@@ -7,18 +7,23 @@ directory; on a U batch sampled with reward functions also rewards_per_function 
 reward_weights {name: weight}; sampler_logqs [B,G,L] (float32, aligned with sequences: at a response
 position, log q_sampler of that token under the sampler that drew it; 0 elsewhere) when the sampler is not
 the scored policy, else None (docs/maths.md §12). num_prompts, num_responses_per_prompt and max_lengths [B] (== max_g
-gen_lens[b]) follow from these. Packing (`Batch.pack`), checks (`validate`), prompt subsets (`subset`,
-with the policy's `take_prompts` / `take_rows`), concatenation across ranks (`Batch.concat`) and counts
-live here; `as_sequences` is the teacher-forcing view (`policy.sequences.BatchedSequences`). The
-advantages are the objective's (`estimators/objectives.py`): the caller forms them and hands them in.
+gen_lens[b]) follow from these. Packing (`Batch.pack`), checks (`validate`), prompt subsets (`subset`),
+concatenation across ranks (`Batch.concat`) and counts live here. The advantages are the objective's
+(`estimators/objectives.py`): the caller forms them and hands them in.
+
+The same type is what generation returns and teacher forcing scores (policy/): a batch just generated has
+zero advantages and rewards, prompt_ids None unless the caller sets them, and may carry `examples` [B] (the
+data-set records, e.g. gold answers; kept in memory, saved only by the seed API's batches).
 
 On disk (E_batch.pt / U_batch.pt) and in the seed API (compat/) a batch is a plain dict with the same
 keys plus the derived ones: `to_dict` / `from_dict` convert at that boundary only (`from_dict` checks
-the dict, its stored counts included).
+the dict, its stored counts included). `from_dict` also reads the seed API's older sequences dicts (no
+advantages, rewards or counts; `examples` as plain dicts).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,14 +31,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..policy.sequences import BatchedSequences, take_prompts, take_rows
-
-__all__ = ["Batch", "BatchContractError"]
+__all__ = ["Batch", "BatchContractError", "take_prompts", "take_rows"]
 
 _REQUIRED_KEYS = ("sequences", "attention_masks", "prompt_lens", "gen_lens", "advantages", "rewards",
                   "max_lengths", "prompt_ids", "num_prompts", "num_responses_per_prompt")
 _OPTIONAL_KEYS = ("prompts", "responses_text", "rewards_per_function", "reward_weights", "sampler_logqs", "generation")
-_PER_PROMPT_LISTS = ("prompt_lens", "gen_lens", "rewards", "prompt_ids", "prompts", "responses_text")
+_PER_PROMPT_LISTS = ("prompt_lens", "gen_lens", "rewards", "prompt_ids", "prompts", "responses_text", "examples")
+#: keys of the seed API's sequences dict (no advantages, rewards or counts)
+_SEQUENCE_KEYS = ("sequences", "attention_masks", "prompt_lens", "gen_lens")
+
+
+def take_prompts(tensor: Tensor, prompt_indices: Sequence[int]) -> Tensor:
+    """The rows [b] of a [B, ...] tensor for the listed prompts, in that order (index on the tensor's device)."""
+    index = torch.tensor([int(i) for i in prompt_indices], dtype=torch.long, device=tensor.device)
+    return tensor[index]
+
+
+def take_rows(rows: list | None, prompt_indices: Sequence[int]) -> list | None:
+    """The entries of a per-prompt list [B] for the listed prompts (None stays None)."""
+    return None if rows is None else [rows[int(i)] for i in prompt_indices]
 
 
 class BatchContractError(ValueError):
@@ -42,21 +58,30 @@ class BatchContractError(ValueError):
 
 @dataclass
 class Batch:
-    """A packed E or U batch (see the module docstring for each field's shape)."""
+    """A packed batch: generated, scored, E or U (see the module docstring for each field's shape).
+    advantages and rewards left out are zeros."""
 
     sequences: Tensor
     attention_masks: Tensor
     prompt_lens: list[int]
     gen_lens: list[list[int]]
-    advantages: Tensor
-    rewards: list[list[float]]
-    prompt_ids: list[int]
+    advantages: Tensor | None = None
+    rewards: list[list[float]] | None = None
+    prompt_ids: list[int] | None = None
     prompts: list[str] | None = None
     responses_text: list[list[str]] | None = None
     rewards_per_function: dict[str, list[list[float]]] | None = None
     reward_weights: dict[str, float] | None = None
     sampler_logqs: Tensor | None = None
-    generation: dict | None = None  # how the batch was drawn (the policy engine's record: dtype, engine, draws, rows)
+    generation: dict | None = None  # how the batch was drawn (the sampler's record: dtype, engine, draws, rows)
+    examples: list | None = None  # the data-set records of the prompts (in memory; not in E_batch.pt / U_batch.pt)
+
+    def __post_init__(self) -> None:
+        B, G = int(self.sequences.shape[0]), int(self.sequences.shape[1]) if self.sequences.dim() > 1 else 0
+        if self.advantages is None:
+            self.advantages = torch.zeros(B, G)
+        if self.rewards is None:
+            self.rewards = [[0.0] * G for _ in range(B)]
 
     # ------------------------------------------------------------------ counts
     @property
@@ -101,9 +126,10 @@ class Batch:
 
     # ------------------------------------------------------------------ making one
     @classmethod
-    def pack(cls, seqs: BatchedSequences, rewards: list[list[float]] | None,
+    def pack(cls, seqs: Batch, rewards: list[list[float]] | None,
              advantages: Tensor | None = None) -> Batch:
-        """Pack a `BatchedSequences` (+ rewards [B][G] and advantages [B, G]) into a batch.
+        """A generated batch packed as an E or U batch (+ rewards [B][G] and advantages [B, G]): on the CPU,
+        plain ints, prompt ids (0..B−1 unless set), prompts and responses_text filled, examples left out.
 
         E batches pass no rewards and no advantages (zeros); U batches pass the contract's mean-centred
         A = r − mean_g r (`estimators.objectives.advantages`; the trainer objective forms its own, possibly
@@ -154,21 +180,7 @@ class Batch:
             if self.prompt_lens[b] + max(lens) > L:
                 raise BatchContractError(f"{name}: prompt {b}: prompt_len + gen_len exceeds L={L}")
 
-    # ------------------------------------------------------------------ views and pieces
-    def as_sequences(self) -> BatchedSequences:
-        """The `BatchedSequences` view of this batch, for teacher forcing."""
-        B, G = self.num_prompts, self.num_responses_per_prompt
-        return BatchedSequences(
-            sequences=self.sequences,
-            prompt_lens=list(self.prompt_lens),
-            gen_lens=[list(row) for row in self.gen_lens],
-            attention_masks=self.attention_masks,
-            responses_text=self.responses_text or [[""] * G for _ in range(B)],
-            prompts=self.prompts,
-            prompt_ids=list(self.prompt_ids),
-            sampler_logqs=self.sampler_logqs,
-        )
-
+    # ------------------------------------------------------------------ pieces
     def subset(self, prompt_indices: list[int]) -> Batch:
         """The batch restricted to the given prompts (keeps the padded layout)."""
         per_function = None
@@ -232,18 +244,24 @@ class Batch:
         for key in _OPTIONAL_KEYS:
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.examples is not None:  # a seed-API batch's records, as plain dicts (torch.load weights_only)
+            out["examples"] = [dataclasses.asdict(ex) if dataclasses.is_dataclass(ex) else dict(ex)
+                               for ex in self.examples]
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], name: str = "batch") -> Batch:
         """A batch from its dict form (a saved E_batch.pt / U_batch.pt, or the seed API's), checked:
-        every required key present, the stored counts and max_lengths agreeing with the tensors."""
+        every required key present, the stored counts and max_lengths agreeing with the tensors. The seed API's
+        older sequences dict (an `examples` key and no counts) is read as a batch with zero rewards."""
+        if "examples" in d and "num_prompts" not in d:
+            return cls._from_sequences_dict(d, name)
         for key in _REQUIRED_KEYS:
             if key not in d:
                 raise BatchContractError(f"{name}: missing key '{key}'")
         batch = cls(**{key: d[key] for key in ("sequences", "attention_masks", "prompt_lens", "gen_lens",
                                                "advantages", "rewards", "prompt_ids")},
-                    **{key: d.get(key) for key in _OPTIONAL_KEYS})
+                    **{key: d.get(key) for key in _OPTIONAL_KEYS}, examples=d.get("examples"))
         if batch.sequences.dim() == 3 and (d["num_prompts"] != batch.num_prompts
                                            or d["num_responses_per_prompt"] != batch.num_responses_per_prompt):
             raise BatchContractError(f"{name}: num_prompts/num_responses_per_prompt {d['num_prompts']}/"
@@ -257,6 +275,19 @@ class Batch:
             if saved != actual:
                 raise BatchContractError(f"{name}: max_lengths[{b}]={saved} != max(gen_lens)={actual}")
         return batch
+
+    @classmethod
+    def _from_sequences_dict(cls, d: Mapping[str, Any], name: str) -> Batch:
+        """The seed API's sequences dict (sequences, attention_masks, prompt_lens, gen_lens, responses_text,
+        prompts, examples, prompt_ids); the examples stay the plain dicts they were saved as."""
+        for key in _SEQUENCE_KEYS:
+            if key not in d:
+                raise BatchContractError(f"{name}: missing key '{key}'")
+        examples = d.get("examples")
+        return cls(sequences=d["sequences"], attention_masks=d["attention_masks"], prompt_lens=list(d["prompt_lens"]),
+                   gen_lens=[list(r) for r in d["gen_lens"]], prompt_ids=d.get("prompt_ids"), prompts=d.get("prompts"),
+                   responses_text=None if d.get("responses_text") is None else [list(r) for r in d["responses_text"]],
+                   examples=None if examples is None else list(examples))
 
 
 def _gathered_record(records: list[dict | None]) -> dict | None:

@@ -160,7 +160,7 @@ def surrogate_gradient_rows(engine: PolicyEngine, trainable: Trainable, E_batch:
         for idx in progress(microbatches):
             sub = E_batch.subset(idx)
             seq_ids = [b * G + g for b in idx for g in range(G)]
-            lp = engine.teacher_force_logprobs(sub.as_sequences(), with_grad=True, compute_rb=True,  # one forward
+            lp = engine.teacher_force_logprobs(sub, with_grad=True, compute_rb=True,  # one forward
                                                tf_batch_size=len(seq_ids) if rows else None,  # per microbatch
                                                phase=E_BACKWARD)                             # for the hooks
             loss = surrogate_loss(_flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch),
@@ -255,7 +255,7 @@ def _microbatch_forward(engine: PolicyEngine, E_batch: Batch, idx: list[int], op
     that batch row j is sequence seq_ids[j] (the row hooks count rows per forward)."""
     G = E_batch.num_responses_per_prompt
     seq_ids = [b * G + g for b in idx for g in range(G)]
-    lp = engine.teacher_force_logprobs(E_batch.subset(idx).as_sequences(), with_grad=True, compute_rb=True,
+    lp = engine.teacher_force_logprobs(E_batch.subset(idx), with_grad=True, compute_rb=True,
                                    tf_batch_size=len(seq_ids), phase=E_BACKWARD)
     l_mb, h_mb = _flatten(lp.token_logqs), _flatten(lp.rb_entropies_torch)
     coefs = [sequence_coefficients(h, normalize=options.normalize, x_mode=options.x_mode) for h in h_mb]

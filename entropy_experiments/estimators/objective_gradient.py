@@ -20,7 +20,6 @@ from torch import Tensor, nn
 from ..data.batch import Batch
 from ..errors import ConfigError, NumericsError
 from ..policy.engine import PolicyEngine
-from ..policy.sequences import BatchedSequences
 from . import objectives
 from .entropy_terms import TokenStatistics
 from .objectives import ObjectiveOptions, SequenceTerms
@@ -149,9 +148,8 @@ def u_gradients(group_grads: list[NamedTensors], loss: float, U_batch: Batch, gr
 def objective_loss(engine: PolicyEngine, model: nn.Module, sub: Batch, terms: list[list[SequenceTerms]],
                    options: ObjectiveOptions) -> Tensor:
     """The objective's share of one microbatch of U prompts (graph through the trainer log-probs)."""
-    seqs = sub.as_sequences()
-    lp = engine.teacher_force_logprobs(seqs, with_grad=True, compute_rb=False, phase=U_GRADIENT)
-    ref = reference_logps(engine, model, seqs) if options.needs_reference else None
+    lp = engine.teacher_force_logprobs(sub, with_grad=True, compute_rb=False, phase=U_GRADIENT)
+    ref = reference_logps(engine, model, sub) if options.needs_reference else None
     correction = options.vllm_correction if sub.sampler_logqs is not None else None
     loss = 0.0
     for j, row in enumerate(terms):
@@ -170,7 +168,7 @@ def sampler_token_logqs(batch: Batch, b: int, g: int) -> Tensor:
     return batch.sampler_logqs[b, g, start:start + batch.gen_lens[b][g]]
 
 
-def reference_logps(engine: PolicyEngine, model: nn.Module, seqs: BatchedSequences) -> list[list[Tensor]]:
+def reference_logps(engine: PolicyEngine, model: nn.Module, seqs: Batch) -> list[list[Tensor]]:
     """The reference policy's trainer log-probs (the base model: the adapter disabled), no graph."""
     if not hasattr(model, "disable_adapter"):
         raise ConfigError("objective.kl_coef > 0 needs a PEFT adapter: the KL reference is the base model "

@@ -81,14 +81,13 @@ def score_sequences(engine: PolicyEngine, batch: Batch, *, v_named: Mapping[str,
     exact derivatives along v by forward-mode AD. `tf_batch_size` (rows per forward; None: the engine's
     setting) fixes the batch layout: the same layout gives bitwise the same numbers at the same θ."""
     units = units_of(batch.num_prompts, batch.num_responses_per_prompt)
-    seqs = batch.as_sequences()
     if v_named is not None:
-        rows = [r for row in engine.teacher_force_directional(seqs, v_named, phase=E_JVP) for r in row]
+        rows = [r for row in engine.teacher_force_directional(batch, v_named, phase=E_JVP) for r in row]
         return SequenceScores(token_logqs=[r["logq"].double() for r in rows],
                               token_entropies=[r["rb_entropy"].double() for r in rows],
                               d_logq=[r["d_logq"].double() for r in rows],
                               d_entropy=[r["d_rb_entropy"].double() for r in rows], unit_of_sequence=units)
-    lp = engine.teacher_force_logprobs(seqs, with_grad=False, compute_rb=True, params_override=params_override,
+    lp = engine.teacher_force_logprobs(batch, with_grad=False, compute_rb=True, params_override=params_override,
                                    tf_batch_size=tf_batch_size,
                                    phase=E_SCORING if params_override is None else ETA_SCORING)
     return SequenceScores(token_logqs=[torch.as_tensor(t).double() for row in lp.token_logqs for t in row],
@@ -108,7 +107,7 @@ SECOND_ORDER_KEYS = ("s", "s2", "dh", "d2h", "h", "T")
 def second_order_sums(engine: PolicyEngine, batch: Batch, v_named: Mapping[str, Tensor]) -> dict[str, list[float]]:
     """Per sequence (float64): s = Σ_k D_v ℓ, s2 = Σ_k D²_v ℓ, dh = Σ_k D_v H, d2h = Σ_k D²_v H, h = Σ_k H, T,
     by forward-over-forward mode along v (estimators/second_order.py)."""
-    rows = [r for row in engine.teacher_force_directional(batch.as_sequences(), v_named, order=2,
+    rows = [r for row in engine.teacher_force_directional(batch, v_named, order=2,
                                                           phase=E_SECOND_ORDER_JVP)
             for r in row]
     keys = ("d_logq", "d2_logq", "d_rb_entropy", "d2_rb_entropy", "rb_entropy")

@@ -29,7 +29,7 @@ from ..models.embedded import cache_root
 from ..policy.engine import PolicyEngine
 from ..policy.progress import progress
 from ..probe.recipe import Policy, update_gradients
-from ..probe.sampling import sample_batch, warn_zero_advantages
+from ..probe.sampling import BatchDraw, SamplingSpec, sample_batch, warn_zero_advantages
 
 log = logging.getLogger("entropy_experiments.training")
 DEMO_CHECKPOINT_STEPS = 1
@@ -73,11 +73,12 @@ def make_checkpoint(out_dir: str | Path, config: ProbeConfig, *, steps: int = 2,
                         mean_rewards=list(mean_rewards))
         logger.info("checkpoint written to %s", where)
 
+    spec = SamplingSpec.choose(engine, chat_template_kwargs=bc.chat_template_kwargs)
     for step in progress(range(steps), "make-checkpoint (Dr-GRPO steps)"):
         plan = draw_index_plan(len(examples), B_E=1, B_U=bc.B_U, G=bc.G, E_sampling_mode="replacement",
                                seed=config.seed + 1000 * (step + 1))
-        U = sample_batch(engine, examples, plan.U_prompt_indices, bc.G, seed=config.seed + 1000 * (step + 1) + 1,
-                         rewards=rewards, chat_template_kwargs=bc.chat_template_kwargs)
+        U = sample_batch(spec, examples, BatchDraw(plan.U_prompt_indices, bc.G, config.seed + 1000 * (step + 1) + 1,
+                                                   rewards, "U"))
         warn_zero_advantages(U, logger.warning, logger)  # all zero: this step is weight decay only
         grads = update_gradients(config, policy, U, [list(range(U.num_prompts))]).total
         for name, p in named:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -34,10 +34,10 @@ from entropy_experiments.errors import NumericsError
 from entropy_experiments.policy.generate import chunk_seed, neutral_generation_config
 from entropy_experiments.policy.oom import shrink_after_oom, unless_out_of_memory
 from entropy_experiments.policy.policy_model import PolicyModel
-from entropy_experiments.policy.row_generation import RowKeyedRun, generate_spans
+from entropy_experiments.policy.row_generation import RowKeyedRun, SpanPlan, SpanSampler, generate_spans
 from entropy_experiments.policy.stop_rule import response_length
 
-__all__ = ["CB_DRAWS", "cb_batching_config", "cb_generation_config", "generate_cb", "run_engine"]
+__all__ = ["CB_DRAWS", "ContinuousBatchingSampler", "cb_batching_config", "cb_generation_config", "generate_cb", "run_engine"]
 
 CB_DRAWS = "cb_chunk_seeded"
 #: Tokens per cache page (the engine's default; its flash decode path wants multiples of 256).
@@ -132,10 +132,11 @@ def run_engine(module: nn.Module, prompts: Sequence[Sequence[int]], generation_c
     return [list(o.generated_tokens) for o in outs], [list(o.logprobs) for o in outs]
 
 
-def _chunk(policy: PolicyModel, module: nn.Module, prompt_tokens, G: int, start: int, stop: int, seed: int,
+def _chunk(policy: PolicyModel, module: nn.Module, prompt_tokens, *, G: int, rows: tuple[int, int], seed: int,
            state: dict, bf16: bool) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Rows [start, stop) in one engine run seeded with `seed`, cut by the stop rule; on OOM rerun with a cache
+    """Rows [start, stop) = `rows` in one engine run seeded with `seed`, cut by the stop rule; on OOM rerun with a cache
     for half as many concurrent rows (state["limit"])."""
+    start, stop = rows
     prompts = [prompt_tokens[r // G] for r in range(start, stop)]
     config = policy.config
     gen = cb_generation_config(config.temperature, config.max_new_tokens, policy.eos_token_ids, policy.pad_token_id)
@@ -155,21 +156,31 @@ def _chunk(policy: PolicyModel, module: nn.Module, prompt_tokens, G: int, start:
     return responses, logqs
 
 
-def generate_cb(policy: PolicyModel, prompt_tokens: Sequence[Sequence[int]], G: int, rows_per_call: int, *,
-                seed: int, module: nn.Module, bf16: bool, done_spans: Mapping[int, Any] | None = None,
-                on_span: Callable[..., None] | None = None,
-                on_first_group: Callable[[list[list[int]]], None] | None = None) -> RowKeyedRun:
-    """The B·G responses (row = b·G + g) and their log q_sampler, chunk i = rows [i·n, (i+1)·n) of
-    n = rows_per_call drawn by one engine run seeded with chunk_seed(seed, i).
+class ContinuousBatchingSampler(SpanSampler):
+    """`Sampler` of the "cb_chunk_seeded" draws: its log-probs are always recorded, its saved chunks keyed by their
+    size (the draws depend on the chunking)."""
 
-    `done_spans` {first row: {"responses", "logqs"}} (a killed run's saved chunks) are reused when they cover
-    exactly a chunk; `on_span(first row, responses, logqs)` is called as each chunk completes."""
-    state = {"limit": rows_per_call}
+    draws_key_has_chunk = True
+
+    def records(self) -> bool:
+        return True
+
+    def run_spans(self, module, spans, prompt_tokens, padded):
+        return generate_cb(self.context.policy, prompt_tokens, spans, module=module,
+                           bf16=self.context.plan.dtype == "bf16")
+
+
+def generate_cb(policy: PolicyModel, prompt_tokens: Sequence[Sequence[int]], spans: SpanPlan, *,
+                module: nn.Module, bf16: bool) -> RowKeyedRun:
+    """The B·G responses (row = b·G + g) and their log q_sampler, chunk i = rows [i·n, (i+1)·n) of
+    n = spans.rows_per_call drawn by one engine run seeded with chunk_seed(spans.seed, i); saved chunks reused
+    and new ones saved as `SpanPlan` says."""
+    state = {"limit": spans.rows_per_call}
 
     def make_span(index: int, start: int, stop: int):
-        return _chunk(policy, module, prompt_tokens, G, start, stop, chunk_seed(seed, index), state, bf16)
+        return _chunk(policy, module, prompt_tokens, G=spans.G, rows=(start, stop),
+                      seed=chunk_seed(spans.seed, index), state=state, bf16=bf16)
 
-    run = generate_spans(len(prompt_tokens) * G, rows_per_call, make_span, record=True, done_spans=done_spans,
-                         on_span=on_span, on_first_group=on_first_group, G=G)
+    run = generate_spans(len(prompt_tokens) * spans.G, make_span, spans)
     run.rows_per_call_final = state["limit"]
     return run

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from entropy_experiments.policy.sampling_policy import policy_token_stats, validate_policy
+from entropy_experiments.policy.sampling_policy import TokenStatsRequest, policy_token_stats, validate_policy
 
 #: Columns of `baseline_features` (per-step features for regression baselines). Every feature is a
 #: function of the prefix (p, t_<k) only, so a baseline fitted on them keeps the estimator unbiased.
@@ -108,9 +108,9 @@ class DistributionDiagnostics:
     def compute_from_logits(self, gen_logits: Tensor, gen_tokens: Tensor) -> DiagnosticsPack:
         """gen_logits [T, V] (row k scores token k), gen_tokens [T] → DiagnosticsPack."""
         with torch.no_grad():
-            stats = policy_token_stats(gen_logits, gen_tokens, self.temperature, self.top_p, fp64=self.fp64,
-                                       chunk_size=self.chunk_size, diagnostics=True,
-                                       eos_token_id=self.eos_token_id)
+            request = TokenStatsRequest(self.temperature, self.top_p, fp64=self.fp64, chunk_size=self.chunk_size,
+                                        diagnostics=True, eos_token_id=self.eos_token_id)
+            stats = policy_token_stats(gen_logits, gen_tokens, request)
         return self.from_token_stats(stats, gen_tokens)
 
     def from_token_stats(self, stats: Mapping[str, Tensor], gen_tokens: Tensor) -> DiagnosticsPack:

@@ -1,7 +1,8 @@
 """PolicyEngine: the policy under probe — generation and teacher forcing under one sampling policy q_θ.
 
-It holds the model, tokenizer and settings (`PolicyModel`) and runs: generation (`generate.py`: tokenise,
-left-pad, HF generate under the sampling policy, the stop rule, chunks seeded on their own), teacher forcing
+It holds the model, tokenizer and settings (`PolicyModel`) and runs: generation (`sampler` picks the `Sampler`
+of `samplers.py` the settings choose — chunk-seeded, row-keyed or continuous batching — and `generate_batched`
+draws with it; the pieces are `generate.py`'s: tokenise, left-pad, HF generate, the stop rule), teacher forcing
 with and without grad at θ or at a parameter mapping θ + η·v (`score.py`), the exact directional derivatives
 along v by forward-mode AD (`score.jvp`), and seeding. It knows no data set, reward or estimator: the probe,
 training, the sweep and the estimators call it with sequences and parameter directions, and each names what
@@ -19,16 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from entropy_experiments.errors import ConfigError
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.policy import generate, score
-from entropy_experiments.policy.cb_generation import generate_cb
+from entropy_experiments.policy.cb_generation import CB_DRAWS, ContinuousBatchingSampler
+from entropy_experiments.policy.chunk_seeded import ChunkSeededSampler, generate_span
 from entropy_experiments.policy.generation_config import GenerationConfig, PolicySettings
 from entropy_experiments.policy.param_overrides import build_params_override
 from entropy_experiments.policy.policy_model import PolicyModel
@@ -38,14 +39,10 @@ from entropy_experiments.policy.precision_utils import (
     apply_global_precision,
     str_to_dtype,
 )
-from entropy_experiments.policy.row_generation import generate_row_keyed, sampler_logq_tensor
-from entropy_experiments.policy.sampler_setup import (
-    SamplerPlan,
-    auto_rows_per_call,
-    plan_sampler,
-    sampler_module,
-)
-from entropy_experiments.policy.sequences import BatchedSequences, DiagnosticsResults, LogprobResults
+from entropy_experiments.policy.row_generation import RowKeyedSampler
+from entropy_experiments.policy.sampler_setup import plan_sampler
+from entropy_experiments.policy.samplers import DrawRequest, Sampler, SamplerContext
+from entropy_experiments.policy.sequences import DiagnosticsResults, LogprobResults
 from entropy_experiments.policy.stop_rule import response_length
 from entropy_experiments.policy.tf_batches import TFBatch, tf_batches
 
@@ -134,7 +131,7 @@ class PolicyEngine:
                                       output_scores=output_scores)
 
     def pack(self, prompt_tokens: Sequence[Sequence[int]], responses: Sequence[Sequence[Sequence[int]]],
-             prompts: Sequence[str] | None = None) -> BatchedSequences:
+             prompts: Sequence[str] | None = None) -> Batch:
         """Packed layout from per-prompt token ids [B] and responses [B][G] (token id lists)."""
         return generate.pack(self.policy, prompt_tokens, responses, prompts)
 
@@ -157,8 +154,8 @@ class PolicyEngine:
     def _generate_span(self, ids: Tensor, mask: Tensor, start: int, stop: int, G: int, index: int,
                        state: dict, reseed: int | None) -> list[list[int]]:
         """Seam: rows [start, stop) of chunk `index`, halving the rows per call on OOM."""
-        return generate.generate_span(self.policy, ids, mask, start, stop, G, index, state, reseed,
-                                      chunk_generator=self._generate_chunk)
+        return generate_span(self.policy, ids, mask, start, stop, G, index, state, reseed,
+                             chunk_generator=self._generate_chunk)
 
     # ------------------------------------------------------------------ generation
     def generate_batched(self, prompts: Sequence[str], G: int, gen_batch_size: int | None = None, *,
@@ -166,7 +163,7 @@ class PolicyEngine:
                          done_chunks: Mapping[int, Sequence[Sequence[int]]] | None = None,
                          on_chunk: Callable[[int, list[list[int]]], None] | None = None,
                          on_first_group: Callable[[list[list[int]]], None] | None = None,
-                         memory_budget_gb: float | None = None) -> BatchedSequences:
+                         memory_budget_gb: float | None = None) -> Batch:
         """G responses per prompt: all prompts left-padded to one length, rows generated in chunks.
 
         Rows are ordered prompt-major (row = b·G + g) and generated `gen_batch_size` at a time; the
@@ -184,87 +181,33 @@ class PolicyEngine:
         (seed, row, step) only, so chunks are any size), a bf16 sampler also records `sampler_logqs`. auto rows
         per call come from the free memory (or `memory_budget_gb`). `last_generation` records what was done.
         """
-        if G < 1:
-            raise ConfigError(f"G: must be >= 1, got {G}")
         if seed_per_chunk and seed is None:
             raise ValueError("generate_batched: seed_per_chunk needs a seed")
-        prompt_tokens = self.tokenize_prompts(prompts)
-        ids, mask = self.left_pad(prompt_tokens)
-        B, R = len(prompt_tokens), len(prompt_tokens) * G
+        sampler = self.sampler(gen_batch_size, memory_budget_gb=memory_budget_gb, done_chunks=done_chunks,
+                               on_chunk=on_chunk)
+        drawn = sampler.draw(DrawRequest(self.tokenize_prompts(prompts), G, seed=seed, keep_chunks=seed_per_chunk,
+                                         on_first_group=on_first_group))
+        self.last_generation = drawn.record
+        drawn.sequences.prompts = list(prompts)
+        return drawn.sequences
+
+    def sampler(self, gen_batch_size: int | str | None = None, *, memory_budget_gb: float | None = None,
+                done_chunks: Mapping[int, Sequence[Sequence[int]]] | None = None,
+                on_chunk: Callable[[int, list[list[int]]], None] | None = None) -> Sampler:
+        """The batched sampler the generation settings choose (`sampler_setup.plan_sampler`; gen_batch_size
+        overrides generation.gen_batch_size): chunk-seeded, row-keyed or continuous batching (`samplers.py`).
+        `done_chunks` / `on_chunk`: a chunk-seeded caller's own store of chunks."""
         requested = gen_batch_size or self.config.gen_batch_size
         plan = plan_sampler(requested, self.config.sampler_dtype, self.config.sampler_engine, self.device,
                             self.policy.module)
-        started = time.perf_counter()
-        if plan.draws in ("row_keyed", "cb_chunk_seeded"):
-            seqs, rows = self._generate_row_keyed(prompt_tokens, prompts, ids, mask, G, requested, plan,
-                                                  seed=seed, store=seed_per_chunk, on_first_group=on_first_group,
-                                                  memory_budget_gb=memory_budget_gb)
-            self._record_generation(plan, rows, seqs, started)
-            return seqs
-        chunk = int(requested)
-        if seed_per_chunk and self.chunk_store is not None and done_chunks is None and on_chunk is None:
-            # the key of the chunk-seeded draws as it was before the sampler keys existed (old runs resume)
-            generation = {k: v for k, v in dataclasses.asdict(self.config).items()
-                          if k not in ("sampler_dtype", "sampler_engine")}
-            done_chunks, on_chunk = self.chunk_store.open({
-                "seed": int(seed), "G": int(G), "chunk": chunk, "prompt_tokens": prompt_tokens,
-                "generation": generation})
-            if done_chunks:
-                self.logger.info("generation: reusing %d saved chunk(s) of %d", len(done_chunks), -(-R // chunk))
-        responses = generate.generate_in_chunks(self.policy, ids, mask, G, chunk, seed=seed,
-                                                seed_per_chunk=seed_per_chunk, done_chunks=done_chunks,
-                                                on_chunk=on_chunk, span=self._generate_span,
-                                                on_first_group=on_first_group)
-        grouped = [responses[b * G:(b + 1) * G] for b in range(B)]
-        seqs = self.pack(prompt_tokens, grouped, prompts)
-        self._record_generation(plan, {"rows_per_call": chunk}, seqs, started)
-        return seqs
-
-    def _generate_row_keyed(self, prompt_tokens, prompts, ids, mask, G, requested, plan: SamplerPlan, *, seed,
-                            store: bool, on_first_group, memory_budget_gb) -> tuple[BatchedSequences, dict]:
-        """generate_batched's row-keyed draws (policy/row_generation.py), or the continuous-batching engine's
-        (policy/cb_generation.py), with the sampler model of `plan`."""
-        B, R = len(prompt_tokens), len(prompt_tokens) * G
-        if seed is None:  # from torch's generator, as the chunk-seeded draws would use it
-            seed = int(torch.randint(0, 2**62, ()).item())
-        with sampler_module(self.policy.module, plan.dtype) as module:
-            if requested == "auto":
-                rows, how = auto_rows_per_call(module, self.device, R, int(ids.shape[1]),
-                                               int(self.config.max_new_tokens), budget_gb=memory_budget_gb)
-                self.logger.info("generation: %d rows per generate call (gen_batch_size auto: %s)", rows, how)
-            else:
-                rows = int(requested)
-            done, on_span = None, None
-            if store and self.chunk_store is not None:
-                generation = {k: v for k, v in dataclasses.asdict(self.config).items() if k != "gen_batch_size"}
-                # cb_chunk_seeded draws depend on the chunking: its chunks are saved under their size
-                chunking = {"chunk": rows} if plan.draws == "cb_chunk_seeded" else {}
-                done, on_span = self.chunk_store.open({"seed": int(seed), "G": int(G), "draws": plan.draws,
-                                                       "dtype": plan.dtype, "prompt_tokens": prompt_tokens,
-                                                       "generation": generation, **chunking})
-            if plan.draws == "cb_chunk_seeded":
-                run = generate_cb(self.policy, prompt_tokens, G, rows, seed=int(seed), module=module,
-                                  bf16=plan.dtype == "bf16", done_spans=done, on_span=on_span,
-                                  on_first_group=on_first_group)
-            else:
-                run = generate_row_keyed(self.policy, ids, mask, G, rows, seed=int(seed),
-                                         record=plan.dtype != "fp32", module=module,
-                                         chunk_generator=self._generate_chunk, done_spans=done, on_span=on_span,
-                                         on_first_group=on_first_group)
-        if run.reused_spans:
-            self.logger.info("generation: reusing %d saved chunk(s) of %d", run.reused_spans, -(-R // rows))
-        seqs = self.pack(prompt_tokens, [run.responses[b * G:(b + 1) * G] for b in range(B)], prompts)
-        if run.logqs is not None:
-            Lp, L = seqs.prompt_lens[0], int(seqs.sequences.shape[-1])
-            seqs.sampler_logqs = sampler_logq_tensor(run.logqs, B, G, Lp, L)
-        return seqs, {"rows_per_call": run.rows_per_call, "rows_per_call_after_oom": run.rows_per_call_final}
-
-    def _record_generation(self, plan: SamplerPlan, rows: dict, seqs: BatchedSequences, started: float) -> None:
-        seconds = time.perf_counter() - started
-        tokens = int(sum(sum(row) for row in seqs.gen_lens))
-        self.last_generation = {"dtype": plan.dtype, "engine": plan.engine, "draws": plan.draws, **rows,
-                                "new_tokens": tokens, "seconds": seconds,
-                                "tokens_per_s": tokens / seconds if seconds > 0 else None}
+        context = SamplerContext(self.policy, requested, plan, chunk_store=self.chunk_store,
+                                 chunk_generator=self._generate_chunk, span=self._generate_span,
+                                 memory_budget_gb=memory_budget_gb)
+        if plan.draws == CB_DRAWS:
+            return ContinuousBatchingSampler(context)
+        if plan.draws == "row_keyed":
+            return RowKeyedSampler(context)
+        return ChunkSeededSampler(context, done_chunks, on_chunk)
 
     # ------------------------------------------------------------------ teacher forcing
     def build_params_override(self, v_named: Mapping[str, Tensor], eta: float) -> dict[str, Tensor]:
@@ -273,7 +216,7 @@ class PolicyEngine:
         return build_params_override(self.policy.module, v_named, eta, dtype=str_to_dtype(profile.dtype),
                                      cast_params=profile.cast_params)
 
-    def _tf_batches(self, sequences: BatchedSequences, tf_batch_size: int | None) -> Iterator[TFBatch]:
+    def _tf_batches(self, sequences: Batch, tf_batch_size: int | None) -> Iterator[TFBatch]:
         """Seam: the teacher-forcing forwards of `sequences` (tf_batch_size rows each)."""
         return tf_batches(sequences, int(tf_batch_size or self.config.tf_batch_size), self.device)
 
@@ -282,7 +225,7 @@ class PolicyEngine:
         """Seam: logits [R, K, V] at the batch's needed positions; live module when `mapping` is None."""
         return score.forward_logits(self.policy, batch, mapping, profile)
 
-    def teacher_force_logprobs(self, sequences: BatchedSequences, with_grad: bool = False,
+    def teacher_force_logprobs(self, sequences: Batch, with_grad: bool = False,
                                tf_batch_size: int | None = None, compute_rb: bool = False,
                                return_baseline_features: bool = False,
                                params_override: Mapping[str, Tensor] | None = None,
@@ -295,11 +238,12 @@ class PolicyEngine:
         in error messages. A with-grad caller that fixes `tf_batch_size` gets each of its batches in ONE
         forward (the backward row hooks count rows per forward): such a pass is never split after an OOM.
         """
-        lp, _ = self._teacher_force(sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features,
-                                    params_override, buffers_override, diagnostics=False, phase=phase)
+        request = score.ScoreRequest(with_grad, params_override, buffers_override, tf_batch_size, compute_rb,
+                                     return_baseline_features, diagnostics=False, phase=phase)
+        lp, _ = self._teacher_force(sequences, request)
         return lp
 
-    def teacher_force_logprobs_with_diagnostics(self, sequences: BatchedSequences, with_grad: bool = False,
+    def teacher_force_logprobs_with_diagnostics(self, sequences: Batch, with_grad: bool = False,
                                                 tf_batch_size: int | None = None, compute_rb: bool = False,
                                                 return_baseline_features: bool = False,
                                                 params_override: Mapping[str, Tensor] | None = None,
@@ -307,20 +251,20 @@ class PolicyEngine:
                                                 phase: str = TEACHER_FORCING
                                                 ) -> tuple[LogprobResults, DiagnosticsResults]:
         """As `teacher_force_logprobs`, plus per-sequence `DiagnosticsPack`s from the same pass."""
-        return self._teacher_force(sequences, with_grad, tf_batch_size, compute_rb, return_baseline_features,
-                                   params_override, buffers_override, diagnostics=True, phase=phase)
+        request = score.ScoreRequest(with_grad, params_override, buffers_override, tf_batch_size, compute_rb,
+                                     return_baseline_features, diagnostics=True, phase=phase)
+        return self._teacher_force(sequences, request)
 
-    def _teacher_force(self, sequences, with_grad, tf_batch_size, compute_rb, baseline, params, buffers, *,
-                       diagnostics: bool, phase: str) -> tuple[LogprobResults, DiagnosticsResults | None]:
-        if with_grad and (params is not None or buffers is not None):
+    def _teacher_force(self, sequences: Batch, request: score.ScoreRequest
+                       ) -> tuple[LogprobResults, DiagnosticsResults | None]:
+        if request.grad and (request.params is not None or request.buffers is not None):
             raise ValueError("teacher_force_logprobs: with_grad=True evaluates the live module; "
                              "params_override/buffers_override are for the no-grad path")
-        return score.score(self.policy, sequences, grad=with_grad, params=params, buffers=buffers,
-                           tf_batch_size=tf_batch_size, compute_rb=compute_rb, baseline=baseline,
-                           diagnostics=diagnostics, phase=phase,
-                           can_split=not (with_grad and tf_batch_size is not None), logits_fn=self._forward_logits)
+        # a with-grad caller that fixes tf_batch_size gets each of its batches in ONE forward
+        request = dataclasses.replace(request, can_split=not (request.grad and request.tf_batch_size is not None))
+        return score.score(self.policy, sequences, request, logits_fn=self._forward_logits)
 
-    def teacher_force_directional(self, sequences: BatchedSequences, v_named: Mapping[str, Tensor], *,
+    def teacher_force_directional(self, sequences: Batch, v_named: Mapping[str, Tensor], *,
                                   tf_batch_size: int | None = None, phase: str = JVP, order: int = 1
                                   ) -> list[list[dict[str, Tensor]]]:
         """Per [b][g]: `logq`, `rb_entropy`, `d_logq`, `d_rb_entropy` (with order 2 also `d2_logq`,

@@ -1,43 +1,31 @@
-"""Generation under the sampling policy: tokenise, left-pad, HF generate, cut, pack (seed 004, docs/maths.md §1).
+"""Generation pieces under the sampling policy: tokenise, left-pad, HF generate, cut, pack (docs/maths.md §1).
 
 B prompts, G responses each; prompts left-padded to ONE padded length Lp per call; a response of T
 tokens sits at [Lp, Lp + T) of its row; everything after it is pad with attention mask 0. q_θ
 (temperature + nucleus, `sampling_policy.py`) is applied through a LogitsProcessor inside HF
-`generate` with HF's own warpers off, and responses are cut by the stop rule (`stop_rule.py`).
-Rows are generated in chunks, each optionally seeded on its own (`chunk_seed`) so a resumed run can
-skip the chunks it saved; rows that share a prompt share its prefill; running out of memory halves
-the rows per call.
+`generate` with HF's own warpers off, and responses are cut by the stop rule (`stop_rule.py`); rows
+that share a prompt share its prefill. The samplers (`samplers.py`) are built from these pieces;
+`chunk_seed` is the seed of chunk i of a chunk-seeded draw (`chunk_seeded.py`, `cb_generation.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from functools import partial
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from entropy_experiments.errors import ConfigError, DataError, NumericsError
-from entropy_experiments.policy.oom import shrink_after_oom, unless_out_of_memory
+from entropy_experiments.data.batch import Batch
+from entropy_experiments.errors import ConfigError, DataError
 from entropy_experiments.policy.policy_model import PolicyModel
 from entropy_experiments.policy.precision_utils import forward_precision_ctx
-from entropy_experiments.policy.progress import progress
-from entropy_experiments.policy.sampling_policy import NonFiniteLogitsError, SamplingPolicyLogitsProcessor
-from entropy_experiments.policy.sequences import BatchedSequences
+from entropy_experiments.policy.sampling_policy import SamplingPolicyLogitsProcessor
 from entropy_experiments.policy.stop_rule import StopStringCriterion, response_length
 
-__all__ = [
-    "chunk_seed", "generate_chunk", "generate_in_chunks", "generate_rows", "generate_span", "left_pad", "pack",
-    "seeded", "tokenize_prompts",
-]
-
-# (ids, mask, prompt_index, output_scores=...) -> (responses, scores): generates the listed rows
-ChunkGenerator = Callable[..., tuple[list[list[int]], list[Tensor] | None]]
-# (ids, mask, start, stop, G, index, state, reseed) -> responses of rows [start, stop)
-SpanGenerator = Callable[..., list[list[int]]]
+__all__ = ["chunk_seed", "generate_chunk", "generate_rows", "left_pad", "pack", "seeded", "tokenize_prompts"]
 
 
 def chunk_seed(seed: int, index: int) -> int:
@@ -241,7 +229,7 @@ def generate_chunk(policy: PolicyModel, ids: Tensor, mask: Tensor, prompt_index:
 
 
 def pack(policy: PolicyModel, prompt_tokens: Sequence[Sequence[int]], responses: Sequence[Sequence[Sequence[int]]],
-         prompts: Sequence[str] | None = None) -> BatchedSequences:
+         prompts: Sequence[str] | None = None) -> Batch:
     """Packed layout from per-prompt token ids [B] and responses [B][G] (token id lists)."""
     B, G = len(prompt_tokens), len(responses[0]) if responses else 0
     Lp = max(len(p) for p in prompt_tokens)
@@ -257,77 +245,6 @@ def pack(policy: PolicyModel, prompt_tokens: Sequence[Sequence[int]], responses:
             seqs[b, g, Lp:Lp + len(resp)] = torch.tensor(list(resp), dtype=torch.long)
             masks[b, g, Lp:Lp + len(resp)] = 1
     texts = [policy.tokenizer.batch_decode([list(r) for r in row], skip_special_tokens=True) for row in responses]
-    return BatchedSequences(sequences=seqs, prompt_lens=[Lp] * B, gen_lens=[[len(r) for r in row] for row in responses],
-                            attention_masks=masks, responses_text=texts,
-                            prompts=list(prompts) if prompts is not None else None)
-
-
-# ------------------------------------------------------------------------------------ chunks
-def generate_in_chunks(policy: PolicyModel, ids: Tensor, mask: Tensor, G: int, chunk: int, *, seed: int | None,
-                       seed_per_chunk: bool, done_chunks: Mapping[int, Sequence[Sequence[int]]] | None,
-                       on_chunk: Callable[[int, list[list[int]]], None] | None,
-                       span: SpanGenerator,
-                       on_first_group: Callable[[list[list[int]]], None] | None = None) -> list[list[int]]:
-    """The B·G responses, row = b·G + g, generated `chunk` rows at a time by `span`.
-
-    `seed` seeds torch for the whole call, or (with `seed_per_chunk`) each chunk i on its own with
-    `chunk_seed(seed, i)`; then `done_chunks` {i: responses} are reused instead of generated and
-    `on_chunk(i, responses)` is called as each chunk completes. `on_first_group(rows)` is called once with
-    the first prompt's G responses as soon as they exist (a caller's early check, e.g. its rewards).
-    """
-    R = int(ids.shape[0]) * G
-    responses: list[list[int]] = []
-    state = {"limit": chunk}  # rows per generate call; shrinks for the rest of the call after an OOM
-    starts = list(range(0, R, chunk))
-    with contextlib.nullcontext() if seed_per_chunk else seeded(policy.device, seed):
-        for i, start in enumerate(progress(starts, "generate", total=len(starts))):
-            stop = min(start + chunk, R)
-            saved = (done_chunks or {}).get(i) if seed_per_chunk else None
-            if saved is not None and len(saved) == stop - start:
-                responses.extend([list(map(int, r)) for r in saved])
-            else:
-                reseed = chunk_seed(seed, i) if seed_per_chunk else None
-                with seeded(policy.device, reseed):
-                    rows = span(ids, mask, start, stop, G, i, state, reseed)
-                if on_chunk is not None:
-                    on_chunk(i, rows)
-                responses.extend(rows)
-            if on_first_group is not None and len(responses) >= G:
-                on_first_group(responses[:G])
-                on_first_group = None
-    return responses
-
-
-def generate_span(policy: PolicyModel, ids: Tensor, mask: Tensor, start: int, stop: int, G: int, index: int,
-                  state: dict, reseed: int | None, *, chunk_generator: ChunkGenerator) -> list[list[int]]:
-    """Rows [start, stop) in calls of at most state["limit"] rows, halving that limit on OOM.
-
-    After an OOM the chunk starts again from its own seed (when it has one), so what it draws
-    does not depend on how far the failed attempt got.
-    """
-    while True:
-        limit = state["limit"]
-        attempt = partial(_generate_span_once, ids, mask, start, stop, G, index, limit, chunk_generator)
-        rows, reason = unless_out_of_memory(attempt)
-        if reason is None:
-            return rows
-        state["limit"] = shrink_after_oom(limit, reason, f"generation (chunk {index}, rows {start}-{stop - 1})",
-                                          policy.logger)
-        if reseed is not None:
-            torch.manual_seed(int(reseed))
-
-
-def _generate_span_once(ids: Tensor, mask: Tensor, start: int, stop: int, G: int, index: int, limit: int,
-                        chunk_generator: ChunkGenerator) -> list[list[int]]:
-    """Rows [start, stop) of chunk `index` in calls of at most `limit` rows."""
-    rows: list[list[int]] = []
-    for s in range(start, stop, limit):
-        prompt_index = torch.arange(s, min(s + limit, stop), device=ids.device) // G
-        try:
-            part, _ = chunk_generator(ids, mask, prompt_index)
-        except NonFiniteLogitsError as exc:
-            b, g = divmod(s + exc.row, G)
-            raise NumericsError(f"non-finite logits in generation: chunk {index}, sequence b={b} g={g}, "
-                                f"token {getattr(exc, 'position', ids.shape[1]) - ids.shape[1]}") from None
-        rows.extend(part)
-    return rows
+    return Batch(sequences=seqs, attention_masks=masks, prompt_lens=[Lp] * B,
+                 gen_lens=[[len(r) for r in row] for row in responses], responses_text=texts,
+                 prompts=list(prompts) if prompts is not None else None)

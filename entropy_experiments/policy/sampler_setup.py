@@ -3,13 +3,13 @@
 The scored policy q_θ is always the fp32 model (teacher forcing, gradients, jvp). Sampling may use another
 sampler q_s — a bf16 copy of the policy with SDPA attention, built for the sampling phase and freed after it —
 because E only has to be a sample from a KNOWN distribution: the sampler records log q_s of every token it draws
-(`BatchedSequences.sampler_logqs`) for the estimators' importance correction (docs/maths.md §12).
+(`Batch.sampler_logqs`) for the estimators' importance correction (docs/maths.md §12).
 
-Draw schemes: "chunk_seeded" (torch's multinomial, each chunk of `gen_batch_size` rows seeded on its own: the
-draws depend on the chunking; kept bit for bit for an integer gen_batch_size with an fp32 sampler) and
-"row_keyed" (policy/row_keyed.py: every row's draws depend only on (seed, row, step)), and with the
-continuous-batching engine "cb_chunk_seeded" (policy/cb_generation.py: the engine's own multinomial, one engine
-run per chunk of rows seeded on its own; its log-probs are always recorded).
+Draw schemes (each a `Sampler`, samplers.py): "chunk_seeded" (chunk_seeded.py: torch's multinomial, each chunk of
+`gen_batch_size` rows seeded on its own: the draws depend on the chunking; kept bit for bit for an integer
+gen_batch_size with an fp32 sampler) and "row_keyed" (row_generation.py with row_keyed.py: every row's draws depend
+only on (seed, row, step)), and with the continuous-batching engine "cb_chunk_seeded" (cb_generation.py: the
+engine's own multinomial, one engine run per chunk of rows seeded on its own; its log-probs are always recorded).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 from entropy_experiments.errors import ConfigError, NumericsError
+from entropy_experiments.policy.stats_request import TokenStatsRequest
 
 CORE_KEYS = ("logq", "rb_entropy", "logp", "logp_train", "entropy_train")
 DIAG_KEYS = ("top1_prob", "margin", "collision", "renyi2", "eff_support", "two_point_entropy",
@@ -282,21 +283,8 @@ def _check_finite(chunk: Tensor, start: int) -> None:
         raise NonFiniteLogitsError(f"non-finite logits at scored row {bad}", row=bad)
 
 
-def policy_token_stats(
-    logits: Tensor,
-    tokens: Tensor,
-    temperature: float,
-    top_p: float,
-    *,
-    fp64: bool = True,
-    chunk_size: int = 256,
-    chunk_elements: int = CHUNK_ELEMENTS,
-    rows: Tensor | None = None,
-    diagnostics: bool = False,
-    eos_token_id: int | None = None,
-    checkpoint: bool = False,
-    check_finite: bool = True,
-) -> dict[str, Tensor]:
+def policy_token_stats(logits: Tensor, tokens: Tensor, request: TokenStatsRequest, rows: Tensor | None = None
+                       ) -> dict[str, Tensor]:
     """Per-token statistics of the sampling policy, a chunk at a time: at most `chunk_size` rows and
     `chunk_elements` entries (rows × V; ≥ 1 row), so one chunk's temporaries are bounded whatever V is.
 
@@ -310,6 +298,10 @@ def policy_token_stats(
     memory stays O(N) beyond the logits.
     Non-finite logits in a scored row raise NonFiniteLogitsError(row=index among the N rows).
     """
+    temperature, top_p, fp64, diagnostics = request.temperature, request.top_p, request.fp64, request.diagnostics
+    chunk_size, chunk_elements, eos_token_id = request.chunk_size, request.chunk_elements, request.eos_token_id
+    checkpoint, check_finite = request.checkpoint, request.check_finite
+    chunk_elements = CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
     if chunk_size < 1:
         raise ConfigError(f"precision.token_chunk_size: must be >= 1, got {chunk_size}")
     flat = logits.reshape(-1, logits.shape[-1])
@@ -361,8 +353,8 @@ def token_logq_and_entropy(
     q_θ(·) (nats); logp: raw model log-prob (τ = 1, no nucleus). Differentiable (autograd and
     torch.func.jvp); chunked as in `policy_token_stats`.
     """
-    stats = policy_token_stats(logits, tokens, temperature, top_p, fp64=fp64, chunk_size=chunk_size,
-                               rows=rows, checkpoint=checkpoint)
+    request = TokenStatsRequest(temperature, top_p, fp64=fp64, chunk_size=chunk_size, checkpoint=checkpoint)
+    stats = policy_token_stats(logits, tokens, request, rows=rows)
     return stats["logq"], stats["rb_entropy"], stats["logp"]
 
 

@@ -1,4 +1,4 @@
-"""Teacher forcing: score the generated tokens of a BatchedSequences under the sampling policy q_θ.
+"""Teacher forcing: score the generated tokens of a Batch under the sampling policy q_θ.
 
 `score` runs the batches of `tf_batches.py` through the model — the live module (with grad), or
 `torch.func.functional_call` with a parameter mapping (θ + η·v, or the η = 0 mapping of live views) —
@@ -11,28 +11,33 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.errors import ConfigError, NumericsError
 from entropy_experiments.policy.distribution_diagnostics import DistributionDiagnostics, baseline_features
 from entropy_experiments.policy.param_overrides import live_params_mapping, resolve_param_names
 from entropy_experiments.policy.policy_model import PolicyModel
 from entropy_experiments.policy.precision_utils import ForwardProfile, forward_precision_ctx
 from entropy_experiments.policy.progress import progress
-from entropy_experiments.policy.sampling_policy import NonFiniteLogitsError, policy_token_stats
+from entropy_experiments.policy.sampling_policy import (
+    NonFiniteLogitsError,
+    TokenStatsRequest,
+    policy_token_stats,
+)
 from entropy_experiments.policy.sequences import (
-    BatchedSequences,
     DiagnosticsResults,
     LogprobResults,
     response_tokens,
 )
 from entropy_experiments.policy.tf_batches import TFBatch, run_with_oom_retry, tf_batches
 
-__all__ = ["eager_attention", "forward_logits", "jvp", "located_numerics_error", "score", "token_stats"]
+__all__ = ["ScoreRequest", "eager_attention", "forward_logits", "jvp", "located_numerics_error", "score", "token_stats"]
 
 # (batch, mapping or None, profile) -> logits [R, K, V]
 LogitsFn = Callable[[TFBatch, Mapping[str, Tensor] | None, ForwardProfile], Tensor]
@@ -71,27 +76,43 @@ def token_stats(policy: PolicyModel, logits: Tensor, batch: TFBatch, *, diagnost
     """Chunked policy statistics of the batch's scored tokens; NumericsError names (batch, b, g)."""
     config = policy.config
     try:
-        return policy_token_stats(logits, batch.tokens, config.temperature, config.top_p,
-                                  fp64=policy.precision.entropy_fp64, chunk_size=config.token_chunk_size,
-                                  rows=batch.rows, diagnostics=diagnostics, eos_token_id=policy.eos_token_id,
-                                  checkpoint=checkpoint)
+        request = TokenStatsRequest(config.temperature, config.top_p, fp64=policy.precision.entropy_fp64,
+                                    chunk_size=config.token_chunk_size, diagnostics=diagnostics,
+                                    eos_token_id=policy.eos_token_id, checkpoint=checkpoint)
+        return policy_token_stats(logits, batch.tokens, request, rows=batch.rows)
     except NonFiniteLogitsError as exc:
         raise located_numerics_error(batch, exc, phase) from None
 
 
-def score(policy: PolicyModel, sequences: BatchedSequences, *, grad: bool = False,
-          params: Mapping[str, Tensor] | None = None, buffers: Mapping[str, Tensor] | None = None,
-          tf_batch_size: int | None = None, compute_rb: bool = False, baseline: bool = False,
-          diagnostics: bool = False, phase: str = "teacher forcing", can_split: bool = True,
+@dataclass(frozen=True)
+class ScoreRequest:
+    """What a teacher-forcing pass computes and how.
+
+    grad: the live module under precision.tf_withgrad, outputs carrying the graph (no overrides). Otherwise
+    `functional_call` at `params` (θ + η·v; forward under precision.func_override) or at the η = 0 mapping of
+    live views (precision.tf_nograd), `buffers` on top. tf_batch_size: rows per forward (None: the settings');
+    compute_rb: the RB entropies; baseline: the baseline features; diagnostics: the per-sequence DiagnosticsPacks;
+    phase: the pass's name in error messages; can_split=False: a batch that runs out of memory is not split."""
+
+    grad: bool = False
+    params: Mapping[str, Tensor] | None = None
+    buffers: Mapping[str, Tensor] | None = None
+    tf_batch_size: int | None = None
+    compute_rb: bool = False
+    baseline: bool = False
+    diagnostics: bool = False
+    phase: str = "teacher forcing"
+    can_split: bool = True
+
+
+def score(policy: PolicyModel, sequences: Batch, request: ScoreRequest = ScoreRequest(), *,
           logits_fn: LogitsFn | None = None) -> tuple[LogprobResults, DiagnosticsResults | None]:
     """Score every generated token; both paths share batching and token maths, only logits differ.
 
-    No grad: `functional_call` with `params` (θ + η·v) or the η = 0 mapping of live views (+ `buffers`);
-    forward under precision.func_override when `params` is given, else precision.tf_nograd; outputs
-    detached on CPU. With grad: the live module under precision.tf_withgrad; `logprobs` / `token_logqs`
-    (and `rb_entropies_torch` when compute_rb and rb_requires_grad) carry the graph; chunk maths is
-    checkpointed. `can_split=False`: a batch that runs out of memory is not split (DeviceError).
+    No grad: outputs detached on CPU. With grad: `logprobs` / `token_logqs` (and `rb_entropies_torch` when
+    compute_rb and rb_requires_grad) carry the graph; chunk maths is checkpointed (see `ScoreRequest`).
     """
+    grad, params, buffers, phase = request.grad, request.params, request.buffers, request.phase
     logits_fn = logits_fn or (lambda batch, m, prof: forward_logits(policy, batch, m, prof))
     if grad:
         mapping, profile = None, policy.precision.tf_withgrad
@@ -100,9 +121,9 @@ def score(policy: PolicyModel, sequences: BatchedSequences, *, grad: bool = Fals
         if buffers is not None:
             mapping.update(buffers)
         profile = policy.precision.func_override if params is not None else policy.precision.tf_nograd
-    want_diag = diagnostics or baseline
+    want_diag = request.diagnostics or request.baseline
     per_seq: dict[tuple[int, int], dict[str, Tensor]] = {}
-    size = int(tf_batch_size or policy.config.tf_batch_size)
+    size = int(request.tf_batch_size or policy.config.tf_batch_size)
     batches = list(tf_batches(sequences, size, policy.device))
     state: dict = {}
 
@@ -112,19 +133,18 @@ def score(policy: PolicyModel, sequences: BatchedSequences, *, grad: bool = Fals
 
     with torch.enable_grad() if grad else torch.no_grad():
         for batch in progress(batches, "teacher forcing" + (" (grad)" if grad else "")):
-            for sub, stats in run_with_oom_retry(sequences, batch, run, phase=phase, can_split=can_split,
+            for sub, stats in run_with_oom_retry(sequences, batch, run, phase=phase, can_split=request.can_split,
                                                  state=state, device=policy.device, logger=policy.logger):
                 split = {k: torch.split(v, sub.lengths) for k, v in stats.items()}
                 for r, pair in enumerate(sub.pairs):
                     per_seq[pair] = {k: split[k][r] for k in split}
-    return assemble(policy, per_seq, sequences, grad=grad, compute_rb=compute_rb, baseline=baseline,
-                    diagnostics=diagnostics)
+    return assemble(policy, per_seq, sequences, request)
 
 
-def assemble(policy: PolicyModel, per_seq: dict[tuple[int, int], dict[str, Tensor]], sequences: BatchedSequences,
-             *, grad: bool, compute_rb: bool, baseline: bool, diagnostics: bool
-             ) -> tuple[LogprobResults, DiagnosticsResults | None]:
+def assemble(policy: PolicyModel, per_seq: dict[tuple[int, int], dict[str, Tensor]], sequences: Batch,
+             request: ScoreRequest) -> tuple[LogprobResults, DiagnosticsResults | None]:
     """Per-sequence token statistics → LogprobResults [b][g] (+ DiagnosticsResults)."""
+    grad, compute_rb, baseline, diagnostics = request.grad, request.compute_rb, request.baseline, request.diagnostics
     B, G = sequences.num_prompts, sequences.num_responses_per_prompt
     config = policy.config
 
@@ -193,7 +213,7 @@ def _primals_and_tangents(base: Mapping[str, Tensor], v_named: Mapping[str, Tens
 JVP_KEYS = ("logq", "rb_entropy", "d_logq", "d_rb_entropy", "d2_logq", "d2_rb_entropy")
 
 
-def jvp(policy: PolicyModel, sequences: BatchedSequences, v_named: Mapping[str, Tensor], *,
+def jvp(policy: PolicyModel, sequences: Batch, v_named: Mapping[str, Tensor], *,
         tf_batch_size: int | None = None, phase: str = "teacher forcing (jvp)",
         logits_fn: LogitsFn | None = None, order: int = 1) -> list[list[dict[str, Tensor]]]:
     """Per [b][g]: `logq`, `rb_entropy`, `d_logq`, `d_rb_entropy` (and with order 2 `d2_logq`,
@@ -212,12 +232,12 @@ def jvp(policy: PolicyModel, sequences: BatchedSequences, v_named: Mapping[str, 
     out: list[list[dict[str, Tensor] | None]] = [[None] * sequences.num_responses_per_prompt
                                                   for _ in range(sequences.num_prompts)]
     profile, config, state = policy.precision.func_override, policy.config, {}
+    stats_request = TokenStatsRequest(config.temperature, config.top_p, fp64=True, chunk_size=config.token_chunk_size)
 
     def run(batch: TFBatch) -> tuple:
         def scores(p: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
             logits = logits_fn(batch, {**base, **p}, profile)
-            st = policy_token_stats(logits, batch.tokens, config.temperature, config.top_p,
-                                    fp64=True, chunk_size=config.token_chunk_size, rows=batch.rows)
+            st = policy_token_stats(logits, batch.tokens, stats_request, rows=batch.rows)
             return st["logq"], st["rb_entropy"]
 
         def first(p: dict[str, Tensor]) -> tuple:

@@ -1,4 +1,4 @@
-"""Teacher-forcing batches: the B·G rows of a BatchedSequences as forwards trimmed to their useful columns.
+"""Teacher-forcing batches: the B·G rows of a Batch as forwards trimmed to their useful columns.
 
 The logits at absolute position i − 1 score the token at position i (docs/maths.md §1): a batch lists the
 positions whose logits are needed and, per scored token, its flat row in the [R·K, V] logits. Running
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.policy.oom import shrink_after_oom, unless_out_of_memory
-from entropy_experiments.policy.sequences import BatchedSequences
 
 __all__ = ["TFBatch", "run_with_oom_retry", "split_tf_batch", "tf_batch", "tf_batches"]
 
@@ -37,7 +37,7 @@ class TFBatch:
     lengths: list[int]                  # T of each row (Σ = N)
 
 
-def tf_batches(sequences: BatchedSequences, size: int, device: torch.device) -> Iterator[TFBatch]:
+def tf_batches(sequences: Batch, size: int, device: torch.device) -> Iterator[TFBatch]:
     """Split the B·G rows into forwards of `size` rows, each trimmed to its useful columns."""
     B, G = sequences.num_prompts, sequences.num_responses_per_prompt
     pairs = [(b, g) for b in range(B) for g in range(G)]
@@ -45,7 +45,7 @@ def tf_batches(sequences: BatchedSequences, size: int, device: torch.device) -> 
         yield tf_batch(sequences, pairs[start:start + size], index, device)
 
 
-def tf_batch(sequences: BatchedSequences, chunk_pairs: list[tuple[int, int]], index: int,
+def tf_batch(sequences: Batch, chunk_pairs: list[tuple[int, int]], index: int,
              device: torch.device) -> TFBatch:
     """One forward over the rows `chunk_pairs` ((b, g) pairs), trimmed to its useful columns."""
     seqs, masks = sequences.sequences, sequences.attention_masks
@@ -75,7 +75,7 @@ def tf_batch(sequences: BatchedSequences, chunk_pairs: list[tuple[int, int]], in
                    lengths=T)
 
 
-def split_tf_batch(sequences: BatchedSequences, batch: TFBatch, limit: int | None,
+def split_tf_batch(sequences: Batch, batch: TFBatch, limit: int | None,
                    device: torch.device) -> list[TFBatch]:
     """`batch` as forwards of at most `limit` rows (same batch index, for error messages)."""
     if limit is None or len(batch.pairs) <= limit:
@@ -84,7 +84,7 @@ def split_tf_batch(sequences: BatchedSequences, batch: TFBatch, limit: int | Non
             for i in range(0, len(batch.pairs), limit)]
 
 
-def run_with_oom_retry(sequences: BatchedSequences, batch: TFBatch, fn: Callable[[TFBatch], Any], *, phase: str,
+def run_with_oom_retry(sequences: Batch, batch: TFBatch, fn: Callable[[TFBatch], Any], *, phase: str,
                        can_split: bool, state: dict, device: torch.device,
                        logger: logging.Logger) -> list[tuple[TFBatch, Any]]:
     """[(sub-batch, fn(sub-batch))]: `batch` in forwards of at most state["limit"] rows, the limit

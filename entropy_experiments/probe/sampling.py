@@ -2,8 +2,9 @@
 
 The index plan is drawn once from the config seed — E prompts WITH replacement (G = 1) or distinct,
 U prompts distinct — so that a distributed run can draw it on rank 0 and broadcast it (recipe.py), and
-a resumed run can check it. Generation itself is the policy engine's (`policy/engine.py`); `sample_batch`
-turns a list of prompt indices into one packed batch (rewards by the reward registry, advantages by the
+a resumed run can check it. `SamplingSpec.choose` picks, once, how the rows are drawn (a `policy/samplers.py`
+Sampler: the one-at-a-time reference sampler, or the batched one the generation settings choose); `sample_batch`
+turns one `BatchDraw` (prompt indices, G, seed, rewards) into one packed batch (rewards by the reward registry, advantages by the
 objective's rule); `saved_batches` validates a resumed run's; `prompt_examples`
 loads the prompt pool; `draw_plan` and `sample_sharded` are the same over a torchrun job's ranks, and
 `sample_phase` is phase 0 of the probe (probe/recipe.py): the plan drawn, U then E sampled. IndexPlan / draw_index_plan live in data/plan.py and are re-exported here.
@@ -11,8 +12,10 @@ loads the prompt pool; `draw_plan` and `sample_sharded` are the same over a torc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -25,7 +28,8 @@ from ..data.rewards.weighted import RewardSet
 from ..errors import ProbeError
 from ..estimators.objectives import batch_advantages
 from ..policy.engine import PolicyEngine
-from ..policy.reference_sampler import sample_with_engine
+from ..policy.reference_sampler import ReferenceSampler
+from ..policy.samplers import DrawRequest, Sampler
 from ..policy.sequences import completion_ids
 from ..report.results_dict import sampler_block
 from .parallel import SINGLE, DistContext, rank_seed
@@ -33,25 +37,55 @@ from .results import Samples
 
 log = logging.getLogger("entropy_experiments.sampling")
 
-__all__ = ["IndexPlan", "draw_index_plan", "draw_plan", "prompt_examples", "sample_batch", "sample_phase", "sample_sharded", "saved_batches",
-           "warn_zero_advantages"]
+__all__ = ["BatchDraw", "IndexPlan", "SamplingSpec", "draw_index_plan", "draw_plan", "prompt_examples", "sample_batch",
+           "sample_phase", "sample_sharded", "saved_batches", "warn_zero_advantages"]
 
 
-def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
-                 rewards: RewardSet | None, reference: bool = False,
-                 chat_template_kwargs: dict | None = None, memory_budget_gb: float | None = None) -> Batch:
-    """Generate G responses for each listed prompt and pack them; with `rewards` (a U batch) also each reward
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How phase 0 draws its batches: the policy engine (tokenizer, pad id), the sampler chosen once, and the
+    options of the chat template the prompts are rendered with."""
+
+    engine: PolicyEngine
+    sampler: Sampler
+    chat_template_kwargs: dict | None = None
+
+    @classmethod
+    def choose(cls, engine: PolicyEngine, *, reference: bool = False, chat_template_kwargs: dict | None = None,
+               memory_budget_gb: float | None = None) -> SamplingSpec:
+        """The one-at-a-time reference sampler (`sampler.batched: false`), else the batched sampler the
+        generation settings choose (`PolicyEngine.sampler`: chunk-seeded, row-keyed or continuous batching;
+        `memory_budget_gb` caps what gen_batch_size auto plans for). Choose after setting the engine's
+        chunk_store: the sampler keeps the one it was chosen with."""
+        sampler = ReferenceSampler(engine) if reference else engine.sampler(memory_budget_gb=memory_budget_gb)
+        return cls(engine, sampler, chat_template_kwargs)
+
+
+@dataclass(frozen=True)
+class BatchDraw:
+    """One batch to draw: its prompts (indices into the pool), G responses each, the seed, the reward set (a U
+    batch) or None (an E batch, zero rewards), and its name in messages."""
+
+    prompt_indices: Sequence[int]
+    G: int
+    seed: int
+    rewards: RewardSet | None = None
+    what: str = "batch"
+
+
+def sample_batch(spec: SamplingSpec, examples: list, draw: BatchDraw) -> Batch:
+    """Generate G responses for each listed prompt and pack them; with rewards (a U batch) also each reward
     function's values, their weighted sum and the advantages, without (an E batch) zeros.
 
-    Prompts are rendered and tokenised as the trainer does (`data/prompt_rendering.py`) and the policy
-    generates from those token ids. With rewards, the first prompt's responses are scored as soon as they
-    exist, so a reward function that raises stops the run before the rest is sampled. `reference=True`
-    uses the plain one-prompt-at-a-time sampler (`sampler.batched: false`). `memory_budget_gb` caps the memory
-    gen_batch_size auto plans for (estimator.memory_budget_gb).
+    Prompts are rendered and tokenised as the trainer does (`data/prompt_rendering.py`) and the sampler draws
+    from those token ids, under torch seeded with draw.seed, each chunk seeded on its own so that chunks a
+    killed run saved are reused. With rewards, the first prompt's responses are scored as soon as they exist
+    (batched samplers), so a reward function that raises stops the run before the rest is sampled.
     """
-    chosen = [examples[i] for i in prompt_indices]
-    rendered = render_prompts(engine.tokenizer, chosen, chat_template_kwargs)
-    token_ids = [list(r.token_ids) for r in rendered]
+    engine, rewards, G, seed = spec.engine, draw.rewards, draw.G, draw.seed
+    chosen = [examples[i] for i in draw.prompt_indices]
+    rendered = render_prompts(engine.tokenizer, chosen, spec.chat_template_kwargs)
+    token_ids = engine.tokenize_prompts([list(r.token_ids) for r in rendered])
     first_check = None
     if rewards is not None and chosen:
         def first_check(rows: list[list[int]]) -> None:
@@ -59,13 +93,8 @@ def sample_batch(engine: PolicyEngine, examples: list, prompt_indices: list[int]
             rewards.score(rendered[0].text, texts, chosen[0], completion_ids=rows, where=where_of(chosen, 0))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if reference:
-            seqs = sample_with_engine(engine, token_ids, G, seed=seed)
-        else:
-            # Each chunk seeded from (seed, chunk index): chunks saved by a killed run can be reused.
-            seqs = engine.generate_batched(token_ids, G, seed=seed, seed_per_chunk=True, on_first_group=first_check,
-                                           memory_budget_gb=memory_budget_gb)
-    generation = None if reference else engine.last_generation
+        drawn = spec.sampler.draw(DrawRequest(token_ids, G, seed=seed, keep_chunks=True, on_first_group=first_check))
+    seqs, generation = drawn.sequences, drawn.record
     seqs.examples = chosen
     seqs.prompts = [r.text for r in rendered]
     seqs.prompt_ids = [int(ex.meta["global_prompt_id"]) for ex in chosen]
@@ -134,19 +163,18 @@ def draw_plan(config: ProbeConfig, n_examples: int, dist: DistContext) -> IndexP
     return plan
 
 
-def sample_sharded(engine: PolicyEngine, examples: list, prompt_indices: list[int], G: int, *, seed: int,
-                   rewards: RewardSet | None, reference: bool, dist: DistContext, what: str,
-                   chat_template_kwargs: dict | None = None, memory_budget_gb: float | None = None) -> dict:
+def sample_sharded(spec: SamplingSpec, examples: list, draw: BatchDraw, dist: DistContext) -> Batch:
     """`sample_batch` over the ranks: each rank generates its contiguous slice of the prompts with its own
-    generator (`rank_seed`; rank 0 keeps `seed`); the slices are all-gathered in plan order."""
-    options = {"rewards": rewards, "reference": reference, "chat_template_kwargs": chat_template_kwargs,
-               "memory_budget_gb": memory_budget_gb}
+    generator (`rank_seed`; rank 0 keeps the seed); the slices are all-gathered in plan order."""
     if not dist.enabled:
-        return sample_batch(engine, examples, prompt_indices, G, seed=seed, **options)
-    mine = dist.prompt_slice(len(prompt_indices))
-    local = (sample_batch(engine, examples, [prompt_indices[i] for i in mine], G, seed=rank_seed(seed, dist.rank),
-                          **options) if mine else None)
-    return Batch.concat(dist.all_gather_object(local, f"gather sampled {what}"), engine.pad_token_id)
+        return sample_batch(spec, examples, draw)
+    mine = dist.prompt_slice(len(draw.prompt_indices))
+    local = None
+    if mine:
+        share = dataclasses.replace(draw, prompt_indices=[draw.prompt_indices[i] for i in mine],
+                                    seed=rank_seed(draw.seed, dist.rank))
+        local = sample_batch(spec, examples, share)
+    return Batch.concat(dist.all_gather_object(local, f"gather sampled {draw.what}"), spec.engine.pad_token_id)
 
 
 def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = SINGLE, logger: logging.Logger = log,
@@ -168,11 +196,9 @@ def sample_phase(config: ProbeConfig, engine: PolicyEngine, dist: DistContext = 
     # U first (its own seed, so the batches are those of E first): a reward that raises stops the run at the
     # first U prompt's responses, before the rest is sampled.
     rewards = rewards or RewardSet.resolve(config.reward.specs(), config.reward.weights, examples[0])
-    budget = config.estimator.memory_budget_gb
-    U = sample_sharded(engine, examples, plan.U_prompt_indices, bc.G, seed=seed + 2, rewards=rewards,
-                       reference=reference, dist=dist, what="U", chat_template_kwargs=bc.chat_template_kwargs,
-                       memory_budget_gb=budget)
-    E = sample_sharded(engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt, seed=seed + 1,
-                       rewards=None, reference=reference, dist=dist, what="E",
-                       chat_template_kwargs=bc.chat_template_kwargs, memory_budget_gb=budget)
+    spec = SamplingSpec.choose(engine, reference=reference, chat_template_kwargs=bc.chat_template_kwargs,
+                               memory_budget_gb=config.estimator.memory_budget_gb)
+    U = sample_sharded(spec, examples, BatchDraw(plan.U_prompt_indices, bc.G, seed + 2, rewards, "U"), dist)
+    E = sample_sharded(spec, examples, BatchDraw(plan.E_prompt_indices, plan.E_responses_per_prompt, seed + 1,
+                                                 None, "E"), dist)
     return Samples(E, U, plan, sampler_block(E.generation, U.generation))

@@ -51,9 +51,8 @@ def _keys(E: Batch) -> list[str]:
 
 def changed_draws(E_from: Batch, E_to: Batch) -> tuple[int, int]:
     """(draws in both batches whose prompt or response token ids differ, draws in both)."""
-    a, b = E_from.as_sequences(), E_to.as_sequences()
-    both = min(a.num_prompts, b.num_prompts)
-    changed = sum(E_from.prompt_ids[i] != E_to.prompt_ids[i] or completion_ids(a, i) != completion_ids(b, i)
+    both = min(E_from.num_prompts, E_to.num_prompts)
+    changed = sum(E_from.prompt_ids[i] != E_to.prompt_ids[i] or completion_ids(E_from, i) != completion_ids(E_to, i)
                   for i in range(both))
     return int(changed), int(both)
 

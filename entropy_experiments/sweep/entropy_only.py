@@ -22,7 +22,7 @@ from ..estimators.sequence_scores import score_sequences
 from ..estimators.surrogate import entropy_estimates
 from ..probe.parallel import SINGLE
 from ..probe.results import Policy
-from ..probe.sampling import draw_plan, prompt_examples, sample_sharded
+from ..probe.sampling import BatchDraw, SamplingSpec, draw_plan, prompt_examples, sample_sharded
 from ..report.results_dict import per_sequence_rows
 from ..report.results_schema import dumps_strict
 from ..report.run_dir import GenerationChunkStore, RunDirectory
@@ -42,10 +42,10 @@ def _sample_E(config: ProbeConfig, policy: Policy, run_dir: RunDirectory, logger
     examples = prompt_examples(config.batch_config)
     plan = draw_plan(config, len(examples), SINGLE)
     policy.engine.chunk_store = GenerationChunkStore(run_dir)
-    E = sample_sharded(policy.engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt,
-                       seed=config.seed + 1, rewards=None,
-                       reference=not config.sampler.batched, dist=SINGLE, what="E",
-                       chat_template_kwargs=config.batch_config.chat_template_kwargs)
+    spec = SamplingSpec.choose(policy.engine, reference=not config.sampler.batched,
+                               chat_template_kwargs=config.batch_config.chat_template_kwargs)
+    E = sample_sharded(spec, examples, BatchDraw(plan.E_prompt_indices, plan.E_responses_per_prompt, config.seed + 1,
+                                                 None, "E"), SINGLE)
     run_dir.save_batch("E", E.to_dict())
     GenerationChunkStore(run_dir).clear()
     return E

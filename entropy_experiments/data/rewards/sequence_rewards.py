@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from entropy_experiments.data.batch import Batch
 from entropy_experiments.data.rewards.registry import compute_rewards, get_reward
-from entropy_experiments.policy.sequences import BatchedSequences, completion_ids
+from entropy_experiments.policy.sequences import completion_ids
 
 __all__ = ["NO_EXAMPLES_WARNING", "rewards_for_sequences"]
 
@@ -13,7 +14,7 @@ NO_EXAMPLES_WARNING = ("rewards: no data-set example (gold answer) for some prom
                        "their rewards are 0.0 — pass examples= with explicit prompts")
 
 
-def rewards_for_sequences(reward_spec: str, prompts: Sequence[str], sequences: BatchedSequences,
+def rewards_for_sequences(reward_spec: str, prompts: Sequence[str], sequences: Batch,
                           examples: Sequence | None, warn_once: Callable[[str, str], None]) -> list[list[float]]:
     """Rewards [B][G] through the reward registry (`reward_spec`, e.g. the config's `reward.name`).
 
