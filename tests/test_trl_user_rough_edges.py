@@ -1,0 +1,139 @@
+"""What a TRL user rerunning the probe read wrong: report.html's header, its ratio convention, the token view's
+direct-part label with the split of δH₁, and the shared prompt template shown once. Read from the page's DOM with
+the stdlib HTML parser (always runs), next to the headless-Chromium tests of tests/test_report_html.py."""
+
+from __future__ import annotations
+
+import html.parser
+
+import pytest
+
+from entropy_experiments.estimators.predictors import with_ratios
+from entropy_experiments.report.html_report import render_html_report
+from entropy_experiments.report.summary import render_summary
+from tests.report_helpers import fake_results
+
+TEMPLATE = ("<|im_start|>system\nYou are a careful maths tutor. Think step by step.<|im_end|>\n<|im_start|>user\n",
+            "<|im_end|>\n<|im_start|>assistant\n")
+QUESTIONS = ["What is 2 + 2?", "Name a prime above 10.", "What is 7 * 6?"]
+
+
+class Dom(html.parser.HTMLParser):
+    """The text of every element with an id (nested text included), and all the page's text."""
+
+    def __init__(self):
+        super().__init__()
+        self.open: list[tuple[str, str | None]] = []
+        self.by_id: dict[str, list[str]] = {}
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        ident = dict(attrs).get("id")
+        if tag not in ("input", "br", "hr", "meta"):
+            self.open.append((tag, ident))
+        if ident:
+            self.by_id.setdefault(ident, [])
+
+    def handle_endtag(self, tag):
+        while self.open:
+            if self.open.pop()[0] == tag:
+                break
+
+    def handle_data(self, data):
+        self.text.append(data)
+        for _, ident in self.open:
+            if ident:
+                self.by_id[ident].append(data)
+
+    def of(self, ident: str) -> str:
+        return "".join(self.by_id[ident])
+
+
+def _page(**changes) -> tuple[dict, Dom]:
+    n = 4
+    tokens = {"sequence": [0] * n, "position": list(range(n)), "token_id": list(range(n)),
+              "token": ["The", " answer", " is", " 4"], "H": [0.5, 0.4, 0.3, 0.2], "dH": [1e-6, -2e-6, 3e-6, -4e-6]}
+    results = fake_results(**changes)
+    att = {"U_groups": None, "E_tokens": {"tokens": n, "sum_dH": -2e-6, "normalizer": 4, "direct_only": -5e-7,
+                                          "top_shares": []}}
+    results["attribution"] = att
+    results["update"]["objective"] = {"loss_type": "dapo", "trainer": "trl 1.16", "scale_rewards": "batch",
+                                      "advantage_eps": 1e-4, "kl_coef": 0.04, "kl_estimator": "k3",
+                                      "entropy_coef": 0.0, "max_grad_norm": 1.0, "max_completion_length": 64,
+                                      "micro_batches": 2}
+    prompts = [TEMPLATE[0] + q + TEMPLATE[1] for q in QUESTIONS]
+    page = render_html_report(results, tokens, {"prompts": prompts[:1], "num_responses_per_prompt": 1},
+                              {"prompts": prompts})
+    dom = Dom()
+    dom.feed(page)
+    return results, dom
+
+
+def test_the_header_names_checkpoint_objective_sizes_and_the_console_verdict():
+    results, dom = _page()
+    assert dom.of("header-checkpoint") == "runs/step_40"
+    objective = dom.of("header-objective")
+    assert "dapo" in objective and "β 0.04" in objective and "advantages batch" in objective
+    sizes = dom.of("header-sizes")
+    assert "B_E 64" in sizes and "B_U 8" in sizes and "G 4" in sizes and "4380 tokens" in sizes
+    verdict = dom.of("header-verdict")
+    # the same words as the console summary's head: at the smallest positive η (1e-6) measured/predicted 1.01
+    assert "at η=1e-06: measured/predicted 1.010" in verdict
+    console = render_summary(results)
+    assert verdict.split(", first order")[0] in console
+
+
+def test_the_token_view_says_it_shows_the_direct_part_and_splits_delta_h1():
+    results, dom = _page()
+    note = dom.of("direct-part-note")
+    assert "direct part" in note and "score-function part" in note
+    delta_h1 = results["deltaH1"]
+    assert f"δH₁ = {delta_h1:.4g}" in note and "Σ dH / D -5e-07" in note
+    assert f"score-function part {delta_h1 - -5e-7:.4g}" in note
+    assert "colour by lr·D_v H_t, the direct part" in "".join(dom.text)
+
+
+def test_the_shared_template_is_shown_once_and_rows_show_their_question():
+    _, dom = _page()
+    text = "".join(dom.text)
+    assert text.count("You are a careful maths tutor") == 1
+    assert "You are a careful maths tutor" in dom.of("template")
+    for q in QUESTIONS[:1]:
+        assert q in text
+
+
+def test_every_ratio_reads_measured_over_predicted():
+    measured = {"eta": 1e-6, "deltaH_scaled": -1.2e-4, "se": 1e-5}
+    entry = with_ratios({"adamw_step": {"delta_h1": -1.0e-4}}, measured)["adamw_step"]
+    assert entry["measured_over_predicted"] == pytest.approx(1.2)
+    assert entry["ratio_to_measured"] == pytest.approx(1 / 1.2)
+    results, dom = _page(predictors={"adamw_step": entry})
+    console = render_summary(results)
+    assert "measured/predicted" in console and "1.200" in console
+    assert "1.200" in "".join(dom.text) and "ratio to measured" not in "".join(dom.text)
+    assert "0.833" not in "".join(dom.text)
+
+
+def test_a_training_run_given_as_the_checkpoint_names_its_checkpoints(tmp_path):
+    from entropy_experiments.checkpoint.layout import resolve_checkpoint
+    from entropy_experiments.errors import CheckpointError
+
+    for step in (2, 4, 10, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "adapter_config.json").write_text("{}")
+    (tmp_path / "runs").mkdir()  # TensorBoard logs beside them
+    with pytest.raises(CheckpointError) as err:
+        resolve_checkpoint(str(tmp_path), None, None)
+    message = str(err.value)
+    assert "\n" not in message and err.value.exit_code == 2
+    assert "is a training run" in message and "checkpoint-4, checkpoint-6, checkpoint-10" in message
+    assert "checkpoint-2" not in message and "entropy-probe sweep" in message
+    assert "set checkpoint.adapter_path" not in message
+
+
+def test_an_empty_directory_still_asks_for_the_adapter(tmp_path):
+    from entropy_experiments.checkpoint.layout import resolve_checkpoint
+    from entropy_experiments.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="no adapter found"):
+        resolve_checkpoint(str(tmp_path), None, None)
