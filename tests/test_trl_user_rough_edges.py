@@ -137,3 +137,21 @@ def test_an_empty_directory_still_asks_for_the_adapter(tmp_path):
 
     with pytest.raises(CheckpointError, match="no adapter found"):
         resolve_checkpoint(str(tmp_path), None, None)
+
+
+def test_grpo_clip_range_and_num_iterations_are_accepted_and_recorded():
+    from entropy_experiments.config import config_from_dict
+    from entropy_experiments.report.summary import objective_lines
+
+    cfg = config_from_dict({"objective": {"trainer": "trl", "loss_type": "dapo", "epsilon_high": 0.28,
+                                          "num_iterations": 2, "kl_coef": 0.04}})
+    recorded = cfg.objective_options().to_dict()  # results.json update.objective
+    assert recorded["epsilon_high"] == 0.28 and recorded["epsilon"] is None and recorded["num_iterations"] == 2
+    line = " · ".join(objective_lines(recorded))
+    assert "num_iterations 2" in line
+    assert "ε default / ε_high 0.28 (no effect on the first on-policy step: ratio = 1)" in line
+    plain = " · ".join(objective_lines(config_from_dict({}).objective_options().to_dict()))
+    assert "num_iterations 1" in plain and "ε_high" not in plain
+    # the default config's hash is unchanged by the new keys (a run directory made before them still resumes)
+    assert config_from_dict({}).config_hash() == config_from_dict({"objective": {"epsilon": None}}).config_hash()
+    assert config_from_dict({}).config_hash() != config_from_dict({"objective": {"epsilon": 0.2}}).config_hash()

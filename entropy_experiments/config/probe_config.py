@@ -45,7 +45,7 @@ HASHED_AS: dict[str, tuple[str, dict[str, str]]] = {
 HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
     "objective": {"kl_in_reward_coef": 0.0, "vllm_importance_sampling_mode": "sequence_mask",
                   "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0,
-                  "use_bias_correction_kl": False},
+                  "use_bias_correction_kl": False, "epsilon": None, "epsilon_high": None},
     "second_order": {"method": "jvp"},
     "variance": {"r_method": "backward", "r_eta": None},
     # gen_batch_size is hashed as before (an explicit integer keeps its hash; the default "auto" is a new value,

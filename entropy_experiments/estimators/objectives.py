@@ -81,6 +81,11 @@ class ObjectiveOptions:
     # TRL's use_bias_correction_kl (TRL's name; True in the trl preset, TRL's default): the per-token KL is
     # multiplied by the token's importance ratio exp(ℓ − ℓ_old), 1 on-policy but differentiable (`sequence_loss`).
     use_bias_correction_kl: bool = False
+    # Recorded, never acting on the probed step: the clip range ε, ε_high (the first on-policy step has ratio 1)
+    # and num_iterations μ (which steps are on-policy: checkpoint/rollouts.py).
+    epsilon: float | None = None
+    epsilon_high: float | None = None
+    num_iterations: int = 1
 
     @property
     def needs_reference(self) -> bool:

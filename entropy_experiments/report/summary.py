@@ -219,8 +219,19 @@ def objective_lines(objective: dict[str, Any] | None) -> tuple[str, str] | None:
     trainer = f" (trainer {o['trainer']})" if o.get("trainer") else ""
     terms = (f"β {format_number(o.get('kl_coef'), 'g')}{kl}, entropy_coef {format_number(o.get('entropy_coef'), 'g')}, "
              f"max_grad_norm {format_number(o.get('max_grad_norm'), 'g')}, max_completion_length "
-             f"{o.get('max_completion_length')}, micro_batches {o.get('micro_batches')}")
+             f"{o.get('max_completion_length')}, micro_batches {o.get('micro_batches')}, "
+             f"num_iterations {o.get('num_iterations', 1)}{clip_note(o)}")
     return f"{o.get('loss_type')}{trainer}, advantages {scaling}{eps}", terms
+
+
+def clip_note(objective: dict[str, Any]) -> str:
+    """', ε 0.2 / ε_high 0.28 (no effect on the first on-policy step: ratio = 1)' when the clip range was given."""
+    eps, high = objective.get("epsilon"), objective.get("epsilon_high")
+    if eps is None and high is None:
+        return ""
+    return (f", ε {format_number(eps, 'g') if eps is not None else 'default'} / ε_high "
+            f"{format_number(high, 'g') if high is not None else 'default'} (no effect on the first on-policy step: "
+            "ratio = 1)")
 
 
 def _eta_table(entries: list[dict[str, Any]], unit: str, x_hat_dot_v: Any) -> Any:
