@@ -155,3 +155,25 @@ def test_grpo_clip_range_and_num_iterations_are_accepted_and_recorded():
     # the default config's hash is unchanged by the new keys (a run directory made before them still resumes)
     assert config_from_dict({}).config_hash() == config_from_dict({"objective": {"epsilon": None}}).config_hash()
     assert config_from_dict({}).config_hash() != config_from_dict({"objective": {"epsilon": 0.2}}).config_hash()
+
+
+def test_a_real_trl_log_of_rollout_reuse_warns_when_num_iterations_is_left_at_1(tmp_path):
+    """TRL 1.16 with num_iterations = 2 and logging every step: every other training entry has no generation metrics."""
+    import json
+
+    pytest.importorskip("trl")
+    from entropy_experiments.checkpoint.trainer_log import logged_rollout_reuse, rollout_reuse_warnings
+    from entropy_experiments.testing.trl_run import run_tiny_grpo
+
+    state = run_tiny_grpo(tmp_path / "run", steps=4, num_iterations=2) / "trainer_state.json"
+    assert logged_rollout_reuse(state) == (4, 2)
+    (message,) = rollout_reuse_warnings(state, 1)
+    assert "2 of 4 logged training steps have no generation metrics" in message
+    assert "num_iterations ≈ 2" in message and "objective.num_iterations is 1" in message
+    assert rollout_reuse_warnings(state, 2) == []  # set as the run had it: nothing to say
+    history = json.loads(state.read_text())
+    for row in history["log_history"]:  # a run that generated at every step
+        row.setdefault("reward", 1.0)
+    fresh = tmp_path / "fresh.json"
+    fresh.write_text(json.dumps(history))
+    assert logged_rollout_reuse(fresh) is None and rollout_reuse_warnings(fresh, 1) == []

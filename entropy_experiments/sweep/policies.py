@@ -21,7 +21,7 @@ from ..checkpoint.load import load_optimizer, load_policy
 from ..checkpoint.rollouts import reuse_refusal
 from ..checkpoint.swap import saved_lr_ended, swap_adapter
 from ..checkpoint.tokenizer_source import TokenizerChoice, choose_tokenizer, tokenizer_info
-from ..checkpoint.trainer_log import vllm_correction_warnings
+from ..checkpoint.trainer_log import rollout_reuse_warnings, vllm_correction_warnings
 from ..config import ProbeConfig
 from ..estimators.objective_gradient import Trainable
 from ..policy.engine import PolicyEngine
@@ -78,7 +78,8 @@ class SweepPolicies:
         notes = WarningLog(self.logger)
         base = self._adapter(config, ck, notes)
         for message in [*config.objective_warnings(ck.files.layout), *vllm_correction_warnings(
-                ck.files.trainer_state_path, config.objective.vllm_importance_sampling_correction)]:
+                ck.files.trainer_state_path, config.objective.vllm_importance_sampling_correction),
+                *rollout_reuse_warnings(ck.files.trainer_state_path, config.objective.num_iterations)]:
             notes.warn(message)
         no_step = (reuse_refusal(ck.name, ck.step, config.objective.num_iterations)  # off-policy next step
                    or saved_lr_ended(ck.files, config.learning_rate))
