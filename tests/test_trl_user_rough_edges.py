@@ -177,3 +177,80 @@ def test_a_real_trl_log_of_rollout_reuse_warns_when_num_iterations_is_left_at_1(
     fresh = tmp_path / "fresh.json"
     fresh.write_text(json.dumps(history))
     assert logged_rollout_reuse(fresh) is None and rollout_reuse_warnings(fresh, 1) == []
+
+
+def test_threads_follow_the_flag_then_omp_num_threads_then_the_free_cores():
+    from entropy_experiments.threads import choose_threads
+
+    assert choose_threads(3, "8", cores=16, load=0.0).threads == 3          # --threads wins
+    assert choose_threads(None, "2", cores=16, load=15.0).threads == 2      # OMP_NUM_THREADS respected
+    busy = choose_threads(None, None, cores=16, load=14.2)                  # another process on 14 cores
+    assert busy.threads == 2 and "load average 14.2" in busy.reason
+    assert choose_threads(None, None, cores=2, load=7.0).threads == 1       # never below 1
+    assert choose_threads(None, None, cores=8, load=0.1).threads == 8       # idle: every core
+    assert choose_threads(None, "abc", cores=4, load=0.0).threads == 4      # a malformed value is not a count
+
+
+@pytest.mark.parametrize("omp", [None, "1"])
+def test_the_cli_sets_torch_threads_with_omp_num_threads_set_and_unset(omp):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    code = ("import torch; from entropy_experiments.threads import apply_threads, choose_threads, usable_cores; "
+            "import os; c = apply_threads(None); print(c.threads, torch.get_num_threads(), usable_cores())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    chosen, torch_threads, cores = map(int, out.stdout.split())
+    assert chosen == torch_threads
+    if omp is not None:
+        assert chosen == 1
+    else:
+        assert 1 <= chosen <= cores
+
+
+def test_threads_flag_is_refused_when_not_positive(capsys):
+    from entropy_experiments import cli
+
+    assert cli.main(["run", "--threads", "0"]) == 2
+    assert "--threads must be a positive integer" in capsys.readouterr().err
+
+
+def test_the_bitsandbytes_kernels_notice_is_dropped_and_its_other_messages_kept(caplog):
+    import logging
+
+    from entropy_experiments.library_noise import (
+        BNB_CPU_LOGGER,
+        BNB_KERNELS_NOTICE,
+        quiet_bitsandbytes_kernels_notice,
+    )
+
+    quiet_bitsandbytes_kernels_notice()
+    quiet_bitsandbytes_kernels_notice()  # idempotent
+    logger = logging.getLogger(BNB_CPU_LOGGER)
+    with caplog.at_level(logging.INFO):
+        logger.warning("%s: No module named 'kernels'. Please make sure you already `pip install kernels`",
+                       BNB_KERNELS_NOTICE)
+        logger.warning("another bitsandbytes warning")
+    assert [r.getMessage() for r in caplog.records if r.name == BNB_CPU_LOGGER] == ["another bitsandbytes warning"]
+
+
+def test_importing_bitsandbytes_after_the_cli_logging_prints_no_kernels_line():
+    import subprocess
+    import sys
+
+    pytest.importorskip("bitsandbytes")
+    code = ("from entropy_experiments.cli import setup_logging; setup_logging(); import bitsandbytes")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "kernels-community" not in out.stderr and "pip install kernels" not in out.stderr
+
+
+def test_use_bias_correction_kl_left_at_the_trainers_default_raises_no_warning():
+    from entropy_experiments.config import config_from_dict
+
+    for beta in (0.0, 0.04):
+        cfg = config_from_dict({"objective": {"trainer": "trl", "kl_coef": beta}})
+        assert not [w for w in cfg.objective_warnings("trainer") if "use_bias_correction_kl" in w]
+    assert config_from_dict({"objective": {"trainer": "trl", "kl_coef": 0.04}}).objective_options().weights_kl

@@ -174,10 +174,7 @@ class ProbeConfig(_Section):
             warnings.append(f"objective.max_completion_length is {options.max_completion_length} (dr_grpo's constant "
                             f"normaliser) but generation.max_new_tokens is {max_new}: set both to your trainer's "
                             "max_completion_length, or the gradient scale and the sampled lengths are not the trainer's")
-        if options.weights_kl and objective.use_bias_correction_kl is None:
-            warnings.append(f"objective.use_bias_correction_kl is null: taken as TRL's default true (the KL term of "
-                            f"β {options.kl_coef:g} times the token's importance ratio); the run's GRPOConfig "
-                            "(training_args.bin) is not read: set it to false if your run did")
+        # use_bias_correction_kl null is the trainer's default (TRL: true), recorded in results.json: no warning
         return warnings
 
     def to_dict(self) -> dict[str, Any]:
