@@ -254,3 +254,57 @@ def test_use_bias_correction_kl_left_at_the_trainers_default_raises_no_warning()
         cfg = config_from_dict({"objective": {"trainer": "trl", "kl_coef": beta}})
         assert not [w for w in cfg.objective_warnings("trainer") if "use_bias_correction_kl" in w]
     assert config_from_dict({"objective": {"trainer": "trl", "kl_coef": 0.04}}).objective_options().weights_kl
+
+
+def _sweep_doc() -> dict:
+    base = {"H_se": 0.01, "se_total": None, "deltaH_true": None, "residual_z": None, "kind": "entropy_only",
+            "deltaH1": None, "lr": 5e-6}
+    rows = [{**base, "checkpoint": "checkpoint-1", "step": 1, "H": 0.70, "no_step": "reuses_rollouts",
+             "next_step_reuses_rollouts": True},
+            {**base, "checkpoint": "checkpoint-3", "step": 3, "H": 0.66, "lr": 0.0, "no_step": "schedule_ended",
+             "next_step_reuses_rollouts": True}]
+    realised = [{"from_step": 1, "to_step": 3, "dH_realised": -0.03, "se": 0.01, "method": "importance",
+                 "n_changed": 5, "n_common_draws": 8, "ess_frac": 0.8, "psis_khat": 0.2, "paired_diagnostic": {},
+                 "dH_predicted": None, "se_predicted": None, "se_batch": None, "z": None,
+                 "displacement": {"steps_spanned": 2, "value": -0.02, "se": 0.005, "second_order": None,
+                                  "cos_with_probe_step": None, "probe_step_norm_ratio": None},
+                 "u_noise": None, "first_order": None, "with_second_order": None}]
+    return {"n_checkpoints": 2, "units": "nats/token", "rows": rows, "realised": realised, "calibration": {},
+            "decomposition": {}}
+
+
+def test_sweep_summary_names_why_a_row_has_only_h_and_explains_k(capsys):
+    from entropy_experiments.sweep.summary import print_sweep_summary
+
+    print_sweep_summary(_sweep_doc())
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip().startswith("checkpoint-")}
+    assert "Ĥ only (reuse step)" in lines["checkpoint-1"] and "5e-06" in lines["checkpoint-1"]
+    assert "Ĥ only (schedule ended)" in lines["checkpoint-3"] and "reuse" not in lines["checkpoint-3"]
+    assert "K: training steps the interval spans" in out
+
+
+def test_no_step_kind_reads_the_reasons_the_sweep_writes():
+    from entropy_experiments.checkpoint.rollouts import reuse_refusal
+    from entropy_experiments.sweep.rows import no_step_kind
+
+    assert no_step_kind(reuse_refusal("checkpoint-3", 3, 2)) == "reuses_rollouts"
+    ended = ("the saved lr is 0.0 (trainer_state.json step 4 of max_steps 4: a schedule that ended): no next step "
+             "follows this checkpoint, so δH₁ would be 0 by construction; only its entropy is measured")
+    assert no_step_kind(ended) == "schedule_ended"
+
+
+def test_trajectory_legend_names_the_importance_estimate_and_the_left_panel_says_why(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    from entropy_experiments.sweep import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save_png", lambda fig, path: figures.append(fig) or path)
+    plots.plot_trajectory(_sweep_doc(), tmp_path / "trajectory.png")
+    (fig,) = figures
+    left, right = fig.axes[:2]
+    legend = [t.get_text() for t in right.get_legend().get_texts()]
+    assert any("importance estimate" in t for t in legend)
+    assert not any(t.startswith("realised H(to) − H(from)") for t in legend)
+    notes = " ".join(t.get_text() for t in left.texts)
+    assert "own E" in notes and "same draws" in notes
