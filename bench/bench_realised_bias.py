@@ -19,8 +19,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from entropy_experiments.estimators.realised_change import realised_change_entry  # noqa: E402
-from tests.realised_toy import checkpoints, cross_scored, draw_E, exact_entropy  # noqa: E402
+from entropy_experiments.estimators.realised_change import realised_change_entry
+from tests.realised_toy import checkpoints, cross_scored, draw_E, exact_entropy
 
 SIZES = (4, 8, 16, 32, 64, 128)
 
