@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .config import load_config, packaged_config_path
 from .errors import ConfigError, ProbeError
+from .library_noise import quiet_bitsandbytes_kernels_notice
 from .make_checkpoint.synthetic import synthetic_base_dir, with_synthetic_base
 from .make_checkpoint.trained import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoint, make_checkpoint
 from .models.synthetic import SYNTHETIC_SPECS
@@ -26,6 +27,7 @@ from .report.results_schema import load_results
 from .report.summary import print_summary
 from .sweep import run_sweep
 from .sweep.sweep_dir import SweepDirectory
+from .threads import add_threads_option, apply_threads
 
 log = logging.getLogger("entropy_experiments")
 
@@ -39,6 +41,7 @@ def setup_logging(verbose: bool = False) -> None:
     root.propagate = False
     for noisy in ("transformers", "peft", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    quiet_bitsandbytes_kernels_notice()
 
 
 # What to do after an interrupt (SIGTERM / SIGINT), by command; a dry run writes nothing, so it has nothing to resume.
@@ -137,6 +140,16 @@ def cmd_config(args) -> None:
     sys.stdout.write(f"{path}\n" if args.path else path.read_text(encoding="utf-8"))
 
 
+def add_config_command(sub) -> None:
+    """`entropy-probe config [default|demo] [--show | --path]`."""
+    config = sub.add_parser("config", help="print the default config: every key, its default and what it does")
+    config.add_argument("name", nargs="?", default="default", help="default (every key) or demo (the demo's)")
+    shown = config.add_mutually_exclusive_group()
+    shown.add_argument("--show", action="store_true", help="print the file with its comments (what it does anyway)")
+    shown.add_argument("--path", action="store_true", help="print where the file is installed instead")
+    config.set_defaults(func=cmd_config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="entropy-probe", description=(
         "Offline entropy probe: predicted (δH₁) vs measured (ΔH) entropy change of one AdamW step."))
@@ -189,12 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir")
     report.set_defaults(func=cmd_report)
 
-    config = sub.add_parser("config", help="print the default config: every key, its default and what it does")
-    config.add_argument("name", nargs="?", default="default", help="default (every key) or demo (the demo's)")
-    shown = config.add_mutually_exclusive_group()
-    shown.add_argument("--show", action="store_true", help="print the file with its comments (what it does anyway)")
-    shown.add_argument("--path", action="store_true", help="print where the file is installed instead")
-    config.set_defaults(func=cmd_config)
+    add_config_command(sub)
+    for command in (run, sweep, demo, mk):
+        add_threads_option(command)
     return parser
 
 
@@ -204,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed its usage line; return its code like every other error
         return int(exc.code or 0)
     setup_logging(args.verbose)
+    if hasattr(args, "threads"):
+        apply_threads(args.threads)
     return run_with_clean_errors(lambda: args.func(args),
                                  on_interrupt=interrupt_hint(args.command, getattr(args, "dryrun", False)))
 

@@ -237,7 +237,7 @@ def test_config_hash_is_taken_over_the_sections_pre_rename_spelling(batched):
         del d["generation"][key]
     del d["objective"]["kl_in_reward_coef"]  # a later key, hashed only when changed (HASHED_WHEN_CHANGED)
     for key in ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
-                "vllm_importance_sampling_clip_max"):  # later keys, hashed only when changed (HASHED_WHEN_CHANGED)
+                "vllm_importance_sampling_clip_max", "epsilon", "epsilon_high"):  # later keys, hashed only when changed (HASHED_WHEN_CHANGED)
         del d["objective"][key]
     del d["objective"]["use_bias_correction_kl"]  # a later key, hashed only where it acts (trl with β > 0)
     for key in ("use_adaptive_entropy", "entropy_target", "policy_loss", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",

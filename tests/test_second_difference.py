@@ -139,7 +139,9 @@ def test_method_key_keeps_existing_config_hashes(extra):
     # the other keys added later, hashed only when changed (all at their defaults here)
     for section, keys in {"objective": ("kl_in_reward_coef", "vllm_importance_sampling_mode",
                                         "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max",
-                                        "use_bias_correction_kl"),
+                                        "use_bias_correction_kl", "use_adaptive_entropy", "entropy_target",
+                                        "policy_loss", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
+                                        "kl_cov_ratio", "ppo_kl_coef", "epsilon", "epsilon_high"),
                           "variance": ("r_method", "r_eta"),
                           "generation": ("sampler_dtype", "sampler_engine")}.items():
         for key in keys:

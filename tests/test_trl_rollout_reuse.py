@@ -148,6 +148,9 @@ def test_sweep_measures_only_the_entropy_before_reuse_steps_and_marks_them(runs,
     for step in (1, 3):  # the step after checkpoint-1 / -3 reuses rollouts: Ĥ only, the reason names the key
         assert by_step[step]["kind"] == "entropy_only" and by_step[step]["next_step_reuses_rollouts"]
         assert by_step[step]["no_prediction"].startswith("objective.num_iterations = 2: the step after checkpoint-")
+        # its next step is not probed, but it has the schedule's lr (not 0.0, which would say the schedule ended)
+        assert by_step[step]["no_step"] == "reuses_rollouts" and by_step[step]["lr"] > 0
+    assert by_step[1]["lr"] > by_step[2]["lr"] > by_step[3]["lr"]  # the linear schedule's, step by step
     assert by_step[2]["kind"] == "probe" and by_step[2]["deltaH1"] is not None
     assert not by_step[2]["next_step_reuses_rollouts"]
     marks = {(r["from_step"], r["to_step"]): r["rollout_reuse_steps"] for r in doc["realised"]}

@@ -25,6 +25,7 @@ Everything here only looks at files; nothing is loaded.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -182,12 +183,32 @@ def _checkpoint_root(checkpoint_path: str) -> Path:
     return root
 
 
+RUN_CHECKPOINT = re.compile(r"(?:checkpoint-|step_)(\d+)")
+
+
+def saved_checkpoints(run_dir: Path) -> list[Path]:
+    """The `checkpoint-N/` / `step_N/` subdirectories of a training run that hold an adapter, by step N."""
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir()
+             and (m := RUN_CHECKPOINT.fullmatch(p.name)) and _holds_adapter(p)]
+    return [p for _, p in sorted(found)]
+
+
+def _holds_adapter(folder: Path) -> bool:
+    return (folder / ADAPTER_CONFIG_FILE).is_file() or (folder / ADAPTER_SUBDIR / ADAPTER_CONFIG_FILE).is_file()
+
+
 def _adapter_from_layout(root: Path, adapter_dir: Path | None) -> Path:
     if adapter_dir is not None:
         return adapter_dir
     found = _sharded_optimizer_file([root])
     if found is not None:
         raise _refuse_sharded(*found)
+    saved = saved_checkpoints(root)
+    if saved:
+        latest = ", ".join(p.name for p in saved[-3:])
+        raise CheckpointError(f"checkpoint {root} is a training run, not one checkpoint: set checkpoint_path to one "
+                              f"of its checkpoint-N/ directories (latest: {latest}), or probe them all with "
+                              f"`entropy-probe sweep {root}`")
     raise CheckpointError(f"checkpoint {root}: no adapter found (no {ADAPTER_CONFIG_FILE} in it or in its "
                           f"{ADAPTER_SUBDIR}/ subdirectory); set checkpoint.adapter_path")
 

@@ -49,7 +49,8 @@ HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
                   "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0,
                   "use_bias_correction_kl": False, "use_adaptive_entropy": False, "entropy_target": 0.2,
                   "policy_loss": "vanilla", "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0,
-                  "kl_cov_ratio": 0.0002, "ppo_kl_coef": 1.0},
+                  "kl_cov_ratio": 0.0002, "ppo_kl_coef": 1.0, "epsilon": None,
+                  "epsilon_high": None},
     "second_order": {"method": "jvp"},
     "variance": {"r_method": "backward", "r_eta": None},
     # gen_batch_size is hashed as before (an explicit integer keeps its hash; the default "auto" is a new value,
@@ -189,10 +190,7 @@ class ProbeConfig(_Section):
             warnings.append(f"objective.max_completion_length is {options.max_completion_length} (dr_grpo's constant "
                             f"normaliser) but generation.max_new_tokens is {max_new}: set both to your trainer's "
                             "max_completion_length, or the gradient scale and the sampled lengths are not the trainer's")
-        if options.weights_kl and objective.use_bias_correction_kl is None:
-            warnings.append(f"objective.use_bias_correction_kl is null: taken as TRL's default true (the KL term of "
-                            f"β {options.kl_coef:g} times the token's importance ratio); the run's GRPOConfig "
-                            "(training_args.bin) is not read: set it to false if your run did")
+        # use_bias_correction_kl null is the trainer's default (TRL: true), recorded in results.json: no warning
         return warnings
 
     def to_dict(self) -> dict[str, Any]:

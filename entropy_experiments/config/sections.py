@@ -244,6 +244,11 @@ class ObjectiveSection(_Section):
     # batch serves μ optimizer steps. Only the first of them is on-policy (ratio 1, no clipping), so a checkpoint
     # is probed only when its next step takes fresh rollouts (checkpoint/rollouts.py); the others are refused.
     num_iterations: int = Field(1, ge=1)
+    # TRL's PPO clip range ε and its upper bound ε_high (GRPOConfig epsilon, epsilon_high; null: the trainer's
+    # default). Recorded only: on the first on-policy step the ratio is 1, inside every clip range, so they do
+    # not act on the step the probe represents.
+    epsilon: float | None = Field(None, gt=0)
+    epsilon_high: float | None = Field(None, gt=0)
     # TRL's vLLM importance-sampling correction (TRL's names; mode and bounds default to TRL's): with trainer trl,
     # U's policy loss is weighted by TRL's truncated / masked ratio of the policy's log-probs to the sampler's own
     # (estimators/vllm_correction.py); it acts only on a U batch drawn by another sampler (sampler_logqs).
@@ -290,9 +295,8 @@ class ObjectiveSection(_Section):
 
     def explicit(self) -> dict[str, Any]:
         """The keys that feed the objective (None = unset), for `objectives.resolve`."""
-        return self.model_dump(exclude={"num_iterations", "kl_in_reward_coef", "off_policy_mask_threshold",
-                                        "trainer_batch_completions", "use_adaptive_entropy", "entropy_target",
-                                        "kl_cov_ratio", "ppo_kl_coef"})
+        return self.model_dump(exclude={"kl_in_reward_coef", "off_policy_mask_threshold", "trainer_batch_completions",
+                                        "use_adaptive_entropy", "entropy_target", "kl_cov_ratio", "ppo_kl_coef"})
 
 
 class ImportanceSection(_Section):

@@ -84,6 +84,10 @@ class ObjectiveOptions:
     # TRL's use_bias_correction_kl (TRL's name; True in the trl preset, TRL's default): the per-token KL is
     # multiplied by the token's importance ratio exp(ℓ − ℓ_old), 1 on-policy but differentiable (`sequence_loss`).
     use_bias_correction_kl: bool = False
+    # Recorded, never acting on the probed step: ε, ε_high (ratio 1 on-policy), num_iterations (checkpoint/rollouts.py)
+    epsilon: float | None = None
+    epsilon_high: float | None = None
+    num_iterations: int = 1
     # Entropy controls (entropy_terms.py): TRL's high-entropy token mask (1.0: off), verl's policy_loss.loss_mode
     # with its Clip-Cov band (KL-Cov's penalty has no gradient on-policy: kl_cov is vanilla's gradient).
     top_entropy_quantile: float = 1.0

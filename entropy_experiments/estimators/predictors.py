@@ -15,7 +15,7 @@ Each predicts the entropy change of one step of the run's lr, from the X̂ and U
 Units: nats per token (per_token) or per sequence (per_sequence), for a step of lr. Error bars as δH₁'s
 (docs/maths.md §6): SE_E = delete-one jackknife over E units of the pieces along the predictor's own direction
 (direct_only: d_i = D_v h_i), SE_U = jackknife over U groups with the direction rebuilt without each group
-(direct_only: X_H·v₍₋k₎), SE = √(SE_E² + SE_U²). `ratio_to_measured` = prediction / (ΔH(η₊)·lr/η₊), η₊ the
+(direct_only: X_H·v₍₋k₎), SE = √(SE_E² + SE_U²). `measured_over_predicted` = (ΔH(η₊)·lr/η₊) / prediction (`ratio_to_measured` its inverse), η₊ the
 smallest positive η of the ΔH measurement (the most linear one) — the measured change along v scaled to lr.
 """
 
@@ -98,7 +98,7 @@ def estimate_entry(value: float, se_E: float, se_U: float, from_pieces: float | 
 def unavailable_entry(reason: str) -> dict:
     """The entry of a predictor that cannot be formed on this checkpoint: every number None, and why."""
     return {"delta_h1": None, "se": None, "se_E": None, "se_U": None, "from_pieces": None,
-            "ratio_to_measured": None, "unavailable": reason}
+            "measured_over_predicted": None, "ratio_to_measured": None, "unavailable": reason}
 
 
 def direction_estimate(X: NamedTensors, direction: NamedTensors, pieces: tuple[Tensor, Tensor] | None, scores,
@@ -138,11 +138,15 @@ def measured_reference(true_rows: list[dict], learning_rate: float) -> dict | No
 
 
 def with_ratios(predictors: dict[str, dict], measured: dict | None) -> dict[str, dict]:
-    """Each predictor's entry with ratio_to_measured = delta_h1 / measured (None without a measurement)."""
+    """Each predictor's entry with measured_over_predicted = measured / delta_h1 (the convention of every ratio the
+    probe prints) and its inverse ratio_to_measured = delta_h1 / measured, kept for older readers (None without a
+    measurement, or where the divisor is 0)."""
     out = {}
     for name, entry in predictors.items():
-        ratio = None
+        ratio = inverse = None
         if measured is not None and measured["deltaH_scaled"] != 0:
             ratio = entry["delta_h1"] / measured["deltaH_scaled"]
-        out[name] = {**entry, "ratio_to_measured": ratio}
+        if measured is not None and entry["delta_h1"] not in (0, None):
+            inverse = measured["deltaH_scaled"] / entry["delta_h1"]
+        out[name] = {**entry, "measured_over_predicted": inverse, "ratio_to_measured": ratio}
     return out

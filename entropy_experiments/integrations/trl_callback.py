@@ -184,7 +184,9 @@ class EntropyProbeCallback(TrainerCallback):
             atomic_write(folder / name, lambda fh, b=batch: torch.save(b, fh), make_parents=True)
 
     def _record(self, row: dict) -> None:
-        """Keep `row`, append it to entropy_probe.jsonl, and say its errors, warnings or skip in the log."""
+        """Keep `row` (with the trainer's num_iterations), append it to entropy_probe.jsonl, and say its errors,
+        warnings or skip in the log."""
+        row = {**row, "num_iterations": self.num_iterations}
         self.rows.append(row)
         out = Path(self.trainer.args.output_dir)
         out.mkdir(parents=True, exist_ok=True)

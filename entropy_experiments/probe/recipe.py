@@ -28,7 +28,7 @@ from ..checkpoint.load import load_for_probe, locate_checkpoint
 from ..checkpoint.rollouts import refuse_rollout_reuse
 from ..checkpoint.runtime_precision import runtime_precision_warnings
 from ..checkpoint.trainer_batch import trainer_batch_record
-from ..checkpoint.trainer_log import vllm_correction_warnings
+from ..checkpoint.trainer_log import rollout_reuse_warnings, vllm_correction_warnings
 from ..config import ProbeConfig
 from ..data.batch import Batch
 from ..data.rewards import clear_reward_warnings
@@ -95,7 +95,8 @@ def load_phase(config: ProbeConfig, dist: DistContext, notes: WarningLog, logger
     if base.warning is not None:
         notes.warn(base.warning)
     for message in [*config.objective_warnings(files.layout), *vllm_correction_warnings(
-            files.trainer_state_path, config.objective.vllm_importance_sampling_correction)]:
+            files.trainer_state_path, config.objective.vllm_importance_sampling_correction),
+            *rollout_reuse_warnings(files.trainer_state_path, config.objective.num_iterations)]:
         notes.warn(message)
     device_map = f"cuda:{dist.local_rank}" if dist.backend == "nccl" else None
     loaded = load_for_probe(ck, files, base, config.learning_rate, device_map=device_map,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 import unicodedata
 
 # Bidirectional formatting characters (Cf): embeddings, overrides, isolates and marks.
@@ -125,3 +126,27 @@ def delta_h_svg(rows: list[dict], slope: float, *, second_order: bool = True, wi
                      f'ΔH={y:.4g} ± {num(s)}</title></circle>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+# ----------------------------------------------------------------------------- the shared prompt template
+MIN_TEMPLATE_CHARS = 20  # a common prefix + suffix shorter than this is left in every row
+
+
+def shared_template(prompts: list[str]) -> tuple[str, str]:
+    """(prefix, suffix) every one of `prompts` starts and ends with (a chat template around the question), so the
+    page can show it once and each row only its varying part; ('', '') for fewer than two prompts or when the
+    shared text is under MIN_TEMPLATE_CHARS."""
+    if len(prompts) < 2:
+        return "", ""
+    prefix = os.path.commonprefix(prompts)
+    room = min(len(p) for p in prompts) - len(prefix)
+    suffix = os.path.commonprefix([p[::-1] for p in prompts])[:room][::-1]
+    if len(prefix) + len(suffix) < MIN_TEMPLATE_CHARS:
+        return "", ""
+    return prefix, suffix
+
+
+def varying_part(prompt: str, template: tuple[str, str]) -> str:
+    """`prompt` without the shared `template` (prefix, suffix) of shared_template."""
+    prefix, suffix = template
+    return prompt[len(prefix):len(prompt) - len(suffix)]

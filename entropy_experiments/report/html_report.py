@@ -1,7 +1,8 @@
 """report.html: one self-contained page per run directory (docs/attribution.md), opened from disk in a browser.
 
 No network and no script: inline CSS, an inline SVG plot, and a CSS-only toggle (two radio buttons) between
-colouring the E tokens by their entropy H_t and by their predicted change lr·D_v H_t; hovering a token shows
+colouring the E tokens by their entropy H_t and by the direct part of their predicted change, lr·D_v H_t along the
+fixed responses (a note splits δH₁ into that part and the score-function part); hovering a token shows
 its values. Reads results.json, E_tokens.parquet / .jsonl and the saved E_batch.pt / U_batch.pt for the prompt
 texts (each optional but results.json). Untrusted text goes through html_parts.text_html / attr.
 """
@@ -12,9 +13,21 @@ from pathlib import Path
 
 from .. import io_utils
 from ..errors import output_error_on_os_error
-from .html_parts import H_RGB, attr, delta_h_svg, num, rgba, scale_of, signed_colour, text_html
+from .html_parts import (
+    H_RGB,
+    attr,
+    delta_h_svg,
+    num,
+    rgba,
+    scale_of,
+    shared_template,
+    signed_colour,
+    text_html,
+    varying_part,
+)
 from .results_schema import load_results, x_hat_dot_v_of
 from .run_dir import HTML_REPORT_FILE, RunDirectory
+from .summary import measured_over_predicted, objective_lines, run_label, verdict_line
 from .token_table import read_token_table
 
 MAX_SEQUENCES = 60     # E responses rendered: those with the largest Σ|dH| (all of them when fewer)
@@ -44,6 +57,20 @@ def _n(x, fmt: str = ".4g") -> str:
     return f'<td class="n">{num(x, fmt)}</td>'
 
 
+def header_section(res: dict) -> str:
+    """What was probed and the verdict: checkpoint, objective, sizes and first order against measured ΔH, in the
+    console summary's words (report/summary.verdict_line)."""
+    counts = res.get("counts") or {}
+    sizes = (f"B_E {counts.get('B_E')} sequences ({counts.get('E_tokens')} tokens) · B_U {counts.get('B_U')} "
+             f"prompts × G {counts.get('G')} ({counts.get('U_tokens')} tokens)")
+    objective = objective_lines((res.get("update") or {}).get("objective"))
+    items = [("checkpoint", text_html(run_label(res) or "(not recorded)")),
+             ("objective", text_html(" · ".join(objective)) if objective else "(not recorded)"),
+             ("sizes", text_html(sizes)), ("verdict", text_html(verdict_line(res)))]
+    rows = [[f"<th>{k}</th>", f'<td id="header-{k}">{v}</td>'] for k, v in items]
+    return '<div id="header">' + _rows_table(["", ""], rows) + "</div>"
+
+
 def summary_section(res: dict) -> str:
     se, lr = res.get("se") or {}, res.get("learning_rate")
     items = [("δH₁ (predicted entropy change of one step)", f"{num(res.get('deltaH1'))} ± {num(se.get('total'))} nats"),
@@ -66,8 +93,8 @@ def summary_section(res: dict) -> str:
     predictors = res.get("predictors") or {}
     if predictors:
         prow = [[f"<td>{text_html(name)}</td>", _n(e.get("delta_h1")), _n(e.get("se")),
-                 _n(e.get("ratio_to_measured"), ".3g")] for name, e in predictors.items()]
-        out.append(_rows_table(["predictor", "δH (one step)", "SE", "ratio to measured"], prow))
+                 _n(measured_over_predicted(e), ".3f")] for name, e in predictors.items()]
+        out.append(_rows_table(["predictor", "δH (one step)", "SE", "measured/predicted"], prow))
     warnings = res.get("warnings") or []
     if warnings:
         out.append("<ul>" + "".join(f"<li>{text_html(w)}</li>" for w in warnings) + "</ul>")
@@ -83,7 +110,24 @@ def _prompt_html(text: str | None) -> str:
     return f"<bdi>{text_html(head)}</bdi>{more}"
 
 
-def u_section(att: dict, U_prompts: list[str] | None) -> str:
+def template_section(template: tuple[str, str]) -> str:
+    """The prompt template every U and E prompt shares, shown once (the rows show only their varying part)."""
+    prefix, suffix = template
+    if not (prefix or suffix):
+        return ""
+    return ('<h2>Shared prompt template</h2><p class="note">Every U and E prompt below is this text with its own '
+            'part in place of ⟨…⟩; the rows show only that part.</p><div class="resp" id="template">'
+            f'<bdi>{text_html(prefix)}</bdi><b>⟨…⟩</b><bdi>{text_html(suffix)}</bdi></div>')
+
+
+def _shown(prompts: list[str] | None, index: int, template: tuple[str, str]) -> str | None:
+    """The varying part of prompt `index` (None when the prompt texts were not saved)."""
+    if prompts is None or index >= len(prompts):
+        return None
+    return varying_part(prompts[index], template)
+
+
+def u_section(att: dict, U_prompts: list[str] | None, template: tuple[str, str] = ("", "")) -> str:
     rows_in = att.get("U_groups")
     if not rows_in:
         return ("<h2>U prompt groups</h2><p class='note'>No U attribution (the error bars are off, or U has "
@@ -93,8 +137,7 @@ def u_section(att: dict, U_prompts: list[str] | None) -> str:
     for rank, r in enumerate(rows_in, 1):
         width = 120 * abs(r["influence"]) / scale
         bar = f'<span class="bar" style="width:{width:.1f}px;background:{signed_colour(r["influence"], scale)}">'
-        cells = "<hr>".join(_prompt_html(U_prompts[p] if U_prompts is not None and p < len(U_prompts) else None)
-                            for p in r["prompt_index"])
+        cells = "<hr>".join(_prompt_html(_shown(U_prompts, p, template)) for p in r["prompt_index"])
         rows.append([_n(rank, "d"), f"<td>{', '.join(str(p) for p in r['prompt_index'])}</td>",
                      f'<td class="prompt">{cells}</td>',
                      f"<td>{text_html(_fmt_lists(r['rewards']))}</td>",
@@ -113,7 +156,7 @@ def _fmt_lists(rows: list[list[float]]) -> str:
 
 
 def _token_span(token: str, H: float, dH: float, h_scale: float, d_scale: float) -> str:
-    title = f"H = {H:.4f} nats\nlr·D_v H = {dH:+.3e} nats"
+    title = f"H = {H:.4f} nats\nlr·D_v H (direct part) = {dH:+.3e} nats"
     style = f"--h:{rgba(H_RGB, 0.85 * H / h_scale)};--d:{signed_colour(dH, d_scale)}"
     return (f'<span class="t" style="{style}" data-h="{H:.6g}" data-dh="{dH:.6g}" '
             f'title="{attr(title)}">{text_html(token)}</span>')
@@ -127,10 +170,23 @@ def _sequences(tokens: dict) -> dict[int, list[int]]:
     return {n: sorted(idx, key=lambda i: tokens["position"][i]) for n, idx in rows.items()}
 
 
-def e_section(att: dict, tokens: dict | None, E_prompts: list[str] | None, G: int) -> str:
-    out = ["<h2>E tokens: entropy and its predicted change</h2>"]
+def split_note(summary: dict, delta_h1) -> str:
+    """δH₁ = the direct part (Σ dH / D, what the tokens are coloured by) + the score-function part (which responses
+    get more likely, with the −Ĥ·R term), with numbers (docs/maths.md §3)."""
+    direct = summary.get("direct_only")
+    rest = delta_h1 - direct if isinstance(delta_h1, (int, float)) and isinstance(direct, (int, float)) else None
+    return (f'<p class="note" id="direct-part-note">The token colours show only the <b>direct part</b> of δH₁: '
+            f"lr·D_v H_t, how each token's entropy changes along the step with the response held fixed. "
+            f"δH₁ = {num(delta_h1)} = direct part Σ dH / D {num(direct)} + score-function part {num(rest)} "
+            "(which responses get more likely, and the −Ĥ·R term); the second is not shown per token.</p>")
+
+
+def e_section(att: dict, tokens: dict | None, E_prompts: list[str] | None, G: int,
+              template: tuple[str, str] = ("", ""), delta_h1=None) -> str:
+    out = ["<h2>E tokens: entropy and the direct part of its predicted change</h2>"]
     summary = att.get("E_tokens")
     if summary:
+        out.append(split_note(summary, delta_h1))
         shares = [[_n(100 * s["fraction"], "g"), _n(s["tokens"], "d"), _n(s["share_of_sum"], ".3f"),
                    _n(s["share_of_abs_sum"], ".3f")] for s in summary["top_shares"]]
         out.append(f"<p class='note'>{summary['tokens']} tokens; Σ dH = {num(summary['sum_dH'])} nats; "
@@ -144,14 +200,14 @@ def e_section(att: dict, tokens: dict | None, E_prompts: list[str] | None, G: in
     order = sorted(seqs, key=lambda n: -sum(abs(tokens["dH"][i]) for i in seqs[n]))[:MAX_SEQUENCES]
     out.append('<input type="radio" name="view" id="view-H" checked> <label for="view-H">colour by H_t '
                f'(blue, full at {h_scale:.3g} nats)</label> &nbsp; <input type="radio" name="view" id="view-dH"> '
-               f'<label for="view-dH">colour by lr·D_v H_t (red: entropy rises, blue: falls; full at '
+               f'<label for="view-dH">colour by lr·D_v H_t, the direct part (red: entropy rises, blue: falls; full at '
                f'{d_scale:.3g} nats)</label>')
     out.append(f"<p class='note'>{len(order)} of {len(seqs)} responses, those with the largest Σ|dH| first. "
                "Hover a token for its values.</p>")
     blocks = []
     for n in order:
         idx = seqs[n]
-        prompt = E_prompts[n // G] if E_prompts is not None and n // G < len(E_prompts) else None
+        prompt = _shown(E_prompts, n // G, template)
         spans = "".join(_token_span(tokens["token"][i], tokens["H"][i], tokens["dH"][i], h_scale, d_scale)
                         for i in idx)
         blocks.append(f'<div class="seq" id="seq-{n}"><b>sequence {n}</b> · Σ H = '
@@ -166,9 +222,11 @@ def render_html_report(results: dict, tokens: dict | None = None, E_batch: dict 
     """The page as a string, from the results dict, the token table columns and the saved batches (optional)."""
     att = results.get("attribution") or {}
     G = int(E_batch["num_responses_per_prompt"]) if E_batch else 1
-    body = [f"<h1>{text_html(title)}</h1>", summary_section(results),
-            u_section(att, U_batch.get("prompts") if U_batch else None),
-            e_section(att, tokens, E_batch.get("prompts") if E_batch else None, G)]
+    U_prompts, E_prompts = (b.get("prompts") if b else None for b in (U_batch, E_batch))
+    template = shared_template([*(U_prompts or []), *(E_prompts or [])])
+    body = [f"<h1>{text_html(title)}</h1>", header_section(results), summary_section(results),
+            template_section(template), u_section(att, U_prompts, template),
+            e_section(att, tokens, E_prompts, G, template, results.get("deltaH1"))]
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{text_html(title)}</title><style>{CSS}</style></head><body>"
             + "\n".join(body) + "</body></html>\n")

@@ -32,6 +32,31 @@ def _ratio(num: Any, den: Any) -> float | None:
     return num / den if is_finite_number(num) and is_finite_number(den) and den != 0 else None
 
 
+def measured_over_predicted(entry: dict[str, Any]) -> float | None:
+    """A competing predictor's measured/predicted (results.json `measured_over_predicted`; runs written before it
+    carry only its inverse, `ratio_to_measured`)."""
+    if "measured_over_predicted" in entry:
+        return entry["measured_over_predicted"]
+    return _ratio(1.0, entry.get("ratio_to_measured"))
+
+
+def verdict_line(results: dict[str, Any]) -> str:
+    """First order against the measured ΔH at the smallest positive η: the η table's measured/predicted and its
+    residual verdict (`residual_verdict`), in one line for the summary's head and report.html's header."""
+    x_hat_dot_v = x_hat_dot_v_of(results)
+    rows = [e for e in results.get("true") or [] if is_finite_number(e.get("eta")) and e["eta"] > 0
+            and is_finite_number(e.get("deltaH_true"))]
+    if not rows:
+        return IMPORTANCE_OFF_NOTE
+    entry = min(rows, key=lambda e: e["eta"])
+    predicted = entry["eta"] * x_hat_dot_v if is_finite_number(x_hat_dot_v) else None
+    residual = entry.get("residual") or {}
+    verdict = residual_verdict(residual.get("z"), residual.get("se"), predicted) or "no paired residual"
+    return (f"at η={format_number(entry['eta'], '.3g')}: measured/predicted "
+            f"{format_number(_ratio(entry['deltaH_true'], predicted), '.3f')}, first order {verdict}"
+            + (f" (z {format_number(residual.get('z'), '+.2f')})" if is_finite_number(residual.get("z")) else ""))
+
+
 def run_label(results: dict[str, Any]) -> str | None:
     """The model / checkpoint name, when the probe recorded one."""
     for key in ("checkpoint", "model"):
@@ -114,6 +139,7 @@ def _head_table(results: dict[str, Any], unit: str) -> Any:
                              f"  (SE_E {format_number(se.get('E'), '.2g')}, SE_U {format_number(se.get('U'), '.2g')})")
     head.add_row("X̂·v", f"{format_number(x_hat_dot_v, '+.4g')} {unit} per unit lr")
     head.add_row("learning rate", format_number(results.get("learning_rate"), ".3g"))
+    head.add_row("verdict", verdict_line(results))
     counts = results.get("counts", {})
     if counts:
         head.add_row("batches", f"E {counts.get('B_E')} seqs ({counts.get('unique_E_prompts')} unique prompts, "
@@ -193,8 +219,19 @@ def objective_lines(objective: dict[str, Any] | None) -> tuple[str, str] | None:
     trainer = f" (trainer {o['trainer']})" if o.get("trainer") else ""
     terms = (f"β {format_number(o.get('kl_coef'), 'g')}{kl}, entropy_coef {format_number(o.get('entropy_coef'), 'g')}, "
              f"max_grad_norm {format_number(o.get('max_grad_norm'), 'g')}, max_completion_length "
-             f"{o.get('max_completion_length')}, micro_batches {o.get('micro_batches')}")
+             f"{o.get('max_completion_length')}, micro_batches {o.get('micro_batches')}, "
+             f"num_iterations {o.get('num_iterations', 1)}{clip_note(o)}")
     return f"{o.get('loss_type')}{trainer}, advantages {scaling}{eps}", terms
+
+
+def clip_note(objective: dict[str, Any]) -> str:
+    """', ε 0.2 / ε_high 0.28 (no effect on the first on-policy step: ratio = 1)' when the clip range was given."""
+    eps, high = objective.get("epsilon"), objective.get("epsilon_high")
+    if eps is None and high is None:
+        return ""
+    return (f", ε {format_number(eps, 'g') if eps is not None else 'default'} / ε_high "
+            f"{format_number(high, 'g') if high is not None else 'default'} (no effect on the first on-policy step: "
+            "ratio = 1)")
 
 
 def _eta_table(entries: list[dict[str, Any]], unit: str, x_hat_dot_v: Any) -> Any:
@@ -277,7 +314,7 @@ SCALE_FREE_MEANING = "scale-free proxy on U: per unit logit step, not nats (math
 
 def _predictors_table(predictors: dict[str, dict[str, Any]], entries: list[dict[str, Any]], unit: str) -> Any:
     """Competing predictors of the same step: prediction ± SE (SE_E, SE_U) and measured/predicted, the measured ΔH
-    over the prediction (1 / results.json's ratio_to_measured), read the same way as the η table's column."""
+    over the prediction (results.json's measured_over_predicted), read the same way as the η table's column."""
     from rich.table import Table
 
     positive = [e["eta"] for e in entries if is_finite_number(e.get("eta")) and e["eta"] > 0]
@@ -289,7 +326,7 @@ def _predictors_table(predictors: dict[str, dict[str, Any]], entries: list[dict[
     for name, entry in predictors.items():
         table.add_row(name, format_number(entry.get("delta_h1"), "+.4g"), format_number(entry.get("se"), ".2g"),
                       f"{format_number(entry.get('se_E'), '.2g')} / {format_number(entry.get('se_U'), '.2g')}",
-                      format_number(_ratio(1.0, entry.get("ratio_to_measured")), ".3f"),
+                      format_number(measured_over_predicted(entry), ".3f"),
                       PREDICTOR_MEANINGS.get(name, SCALE_FREE_MEANING if entry.get("scale_free") else ""))
     return table
 

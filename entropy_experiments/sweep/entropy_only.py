@@ -5,7 +5,8 @@ A Trainer checkpoint saved at the end of a linear schedule holds lr = 0.0: the p
 the probe draws it (the same index plan from the config seed, `probe.sampling.sample_sharded` with seed + 1, so the same
 prompts and the same generator seed as at every other checkpoint), scored without gradients, and written to
 a run directory like the probe's: config.yaml, run_meta.json, E_batch.pt, per_sequence.jsonl and
-entropy_only.json {kind, reason, normalize, H, learning_rate, checkpoint, config_hash, counts}. No U, no v,
+entropy_only.json {kind, reason, normalize, H, learning_rate, checkpoint, config_hash, counts}; learning_rate is
+the lr the next step takes (0.0 where the schedule ended; the schedule's lr where the next step reuses rollouts). No U, no v,
 no δH₁: the reason says why. A killed measurement resumes from its saved E batch or generation chunks.
 """
 
@@ -65,7 +66,7 @@ def measure_entropy_only(config: ProbeConfig, policy: Policy, out: Path, reason:
         rows = per_sequence_rows(E, scores, None, None, {})
         doc = {"kind": "entropy_only", "reason": reason, "normalize": config.estimator.normalize,
                "H": entropy_estimates(h, T),
-               "learning_rate": 0.0, "checkpoint": policy.checkpoint_info, "config_hash": config.config_hash(),
+               "learning_rate": (policy.checkpoint_info or {}).get("next_step_lr", 0.0), "checkpoint": policy.checkpoint_info, "config_hash": config.config_hash(),
                "counts": {"E_sequences": len(rows), "E_tokens": int(T.sum()),
                           "unique_E_prompts": len(set(E.prompt_ids))}}
         run_dir.write_per_sequence(rows)

@@ -36,6 +36,12 @@ def _figure(n_axes: int):
     return fig, fig.subplots(1, n_axes)
 
 
+REALISED_LABEL = ("realised ΔH ± 1.96·SE (importance estimate on the same draws;\n"
+                  "Ĥ(to) − Ĥ(from) only where it fell back)")
+TRAJECTORY_NOTE = ("each Ĥ is on that checkpoint's own E, so its steps carry two batches' noise; the right panel's\n"
+                   "realised ΔH scores the same draws at both ends (importance-weighted), so the two need not agree")
+
+
 def _trajectory_panel(ax, doc: dict) -> None:
     rows = [r for r in doc["rows"] if _ok(r["H"])]
     steps, H = [r["step"] for r in rows], [r["H"] for r in rows]
@@ -53,7 +59,9 @@ def _trajectory_panel(ax, doc: dict) -> None:
             ax.annotate("Ĥ only", (r["step"], r["H"]), textcoords="offset points", xytext=(4, 6), fontsize=8)
     ax.set_xlabel("training step")
     ax.set_ylabel(f"Ĥ ({doc['units']})")
-    ax.set_title("Ĥ along the run (bars: Ĥ's own SE; changes pair by prompt: right)", fontsize=10)
+    ax.set_title("Ĥ along the run (bars: Ĥ's own SE)", fontsize=10)
+    ax.text(0.01, 0.01, TRAJECTORY_NOTE, transform=ax.transAxes, fontsize=7, va="bottom", color="dimgrey",
+            wrap=True)
     ax.legend(fontsize=8)
 
 
@@ -62,7 +70,7 @@ def _realised_panel(ax, doc: dict) -> None:
     mids = [0.5 * (r["from_step"] + r["to_step"]) for r in rows]
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.errorbar(mids, [r["dH_realised"] for r in rows], yerr=[Z95 * (r["se"] or 0.0) for r in rows], fmt="o",
-                color="black", capsize=3, label="realised H(to) − H(from) ± 1.96·SE")
+                color="black", capsize=3, label=REALISED_LABEL)
     pred = [(m, r) for m, r in zip(mids, rows) if _ok(r["dH_predicted"])]
     if pred:
         err = [Z95 * math.hypot(r["se_predicted"] or 0.0, r["se_batch"] or 0.0) for _, r in pred]
@@ -143,6 +151,6 @@ def plot_calibration(doc: dict, path: str | os.PathLike) -> Path | None:
                 and _ok(r["predictors"][n]["dH_predicted"]) and _ok(r["dH_realised"])] for n in names}
     fig, (ax_own, ax_real) = _figure(2)
     _scatter(ax_own, own, "probe vs its own ΔH(η)·lr/η (per checkpoint)", "measured ΔH(η)·lr/η", doc["units"])
-    _scatter(ax_real, real, "prediction vs realised change (per interval)", "realised H(to) − H(from)",
+    _scatter(ax_real, real, "prediction vs realised change (per interval)", "realised ΔH (importance estimate)",
              doc["units"])
     return save_png(fig, path)

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..checkpoint.base_model import resolve_base_model_id
 from ..checkpoint.layout import checkpoint_info, log_checkpoint_files
-from ..checkpoint.learning_rate import LearningRate
+from ..checkpoint.learning_rate import LearningRate, resolve_learning_rate
 from ..checkpoint.load import load_optimizer, load_policy
+from ..checkpoint.optimizer_state import read_optimizer_file
 from ..checkpoint.rollouts import reuse_refusal
 from ..checkpoint.swap import saved_lr_ended, swap_adapter
 from ..checkpoint.tokenizer_source import TokenizerChoice, choose_tokenizer, tokenizer_info
-from ..checkpoint.trainer_log import vllm_correction_warnings
+from ..checkpoint.trainer_log import rollout_reuse_warnings, vllm_correction_warnings
 from ..config import ProbeConfig
+from ..errors import ConfigError
 from ..estimators.objective_gradient import Trainable
 from ..policy.engine import PolicyEngine
 from ..probe.results import Policy, WarningLog
@@ -78,23 +81,40 @@ class SweepPolicies:
         notes = WarningLog(self.logger)
         base = self._adapter(config, ck, notes)
         for message in [*config.objective_warnings(ck.files.layout), *vllm_correction_warnings(
-                ck.files.trainer_state_path, config.objective.vllm_importance_sampling_correction)]:
+                ck.files.trainer_state_path, config.objective.vllm_importance_sampling_correction),
+                *rollout_reuse_warnings(ck.files.trainer_state_path, config.objective.num_iterations)]:
             notes.warn(message)
-        no_step = (reuse_refusal(ck.name, ck.step, config.objective.num_iterations)  # off-policy next step
-                   or saved_lr_ended(ck.files, config.learning_rate))
+        ended = saved_lr_ended(ck.files, config.learning_rate)  # no next step at all: said before any reuse
+        no_step = ended or reuse_refusal(ck.name, ck.step, config.objective.num_iterations)  # off-policy next step
         optimizer = None
         if no_step is None:
             optimizer, lr, fresh_warning = load_optimizer(config.checkpoint, self.model, ck.files,
                                                           config.learning_rate, self.logger)
             if fresh_warning:
                 notes.warn(fresh_warning)
-        else:
+        elif ended:
             lr = LearningRate(0.0, "optimizer param_groups lr (0.0: the schedule ended)")
+        else:  # the next step reuses rollouts: not probed, but its lr is the schedule's
+            lr = next_step_lr(ck.files, config.learning_rate)
         engine = PolicyEngine(self.model, self.tokenizer, config.policy_settings(), self.logger)
         info = checkpoint_info(ck.files, base, lr)
         info["tokenizer"] = tokenizer_info(self.tokenizer_choice, self.tokenizer)
+        info["next_step_lr"] = lr.value
         policy = Policy(engine, Trainable.of(self.model), optimizer, self.tokenizer, info)
         return CheckpointPolicy(policy, notes, no_step)
+
+
+def next_step_lr(files, config_lr: float | None) -> LearningRate:
+    """The lr of the step after a checkpoint that is not probed (its next step reuses rollouts): config
+    learning_rate, else the saved param-group lr; 0.0 where neither can be read."""
+    path = files.optimizer_path
+    if config_lr is None and (path is None or not Path(path).is_file()):
+        return LearningRate(0.0, "not read (no optimizer file)")
+    groups = read_optimizer_file(Path(path))["param_groups"] if config_lr is None else []
+    try:
+        return resolve_learning_rate(config_lr, groups)
+    except ConfigError as err:
+        return LearningRate(0.0, f"not read ({err})")
 
 
 def scoring_engine(policies: SweepPolicies, config: ProbeConfig, ck: SweepCheckpoint) -> PolicyEngine:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoint.rollouts import NUM_ITERATIONS_KEY
 from ..checkpoint.trainer_batch import recorded_trainer_batch
 from ..errors import OutputError
 from ..report.run_dir import PER_SEQUENCE_FILE
@@ -153,6 +154,14 @@ def _with_z_own(preds: dict[str, dict], truth: dict | None, residual_z: float | 
     return preds
 
 
+def no_step_kind(reason: str) -> str:
+    """Why an entropy-only row has no δH₁, for its label: 'reuses_rollouts' (the next step is off-policy),
+    'schedule_ended' (saved lr 0.0) or 'no_next_step'."""
+    if reason.startswith(NUM_ITERATIONS_KEY):
+        return "reuses_rollouts"
+    return "schedule_ended" if "schedule that ended" in reason else "no_next_step"
+
+
 def checkpoint_row(ck: SweepCheckpoint, run: CheckpointRun, normalize: str, sweep_dir: Path) -> dict:
     """One `rows` entry: the checkpoint, its Ĥ ± SE, δH₁ and its SEs, ΔH at the smallest η, the predictors."""
     H = entropy_with_se(run.h, run.d(normalize), run.slots, run.sampler_weights)
@@ -165,7 +174,7 @@ def checkpoint_row(ck: SweepCheckpoint, run: CheckpointRun, normalize: str, swee
     if run.kind == "entropy_only":
         return {**row, "lr": _num(res.get("learning_rate")), "deltaH1": None, "se_total": None, "se_E": None,
                 "se_U": None, "deltaH_true": None, "residual_z": None, "predictors": {},
-                "no_prediction": res["reason"]}
+                "no_prediction": res["reason"], "no_step": no_step_kind(res["reason"])}
     lr = float(res["learning_rate"])
     truth, residual_z = smallest_eta_truth(res, lr)
     se = res.get("se") or {}

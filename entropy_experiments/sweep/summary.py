@@ -36,6 +36,18 @@ def _reuse_mark(interval: dict) -> str:
     return f"  reuse: step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}" if steps else ""
 
 
+NO_STEP_LABELS = {"reuses_rollouts": "Ĥ only (reuse step)", "schedule_ended": "Ĥ only (schedule ended)",
+                  "no_next_step": "Ĥ only (no next step)"}
+K_LEGEND = ("K: training steps the interval spans (Δθ is their chord; with --every K or skipped checkpoints K > 1, "
+            "and the prediction is K·δH₁)")
+
+
+def no_step_label(row: dict) -> str:
+    """Why a row has Ĥ only: its `no_step` kind (rows written before it: from next_step_reuses_rollouts)."""
+    kind = row.get("no_step") or ("reuses_rollouts" if row.get("next_step_reuses_rollouts") else "no_next_step")
+    return NO_STEP_LABELS[kind]
+
+
 def _print_decomposition(doc: dict) -> None:
     """Per interval: the displacement predictor and what first order leaves (sweep/decomposition.py)."""
     rows = [r for r in doc["realised"] if r.get("displacement")]
@@ -50,6 +62,7 @@ def _print_decomposition(doc: dict) -> None:
               f"{_pm(d['value'], d['se']):>22} {_f(half):>11} {_z(r['first_order']):>6} "
               f"{_z(r['with_second_order']):>6} {_f(noise.get('value')):>17} {_z(noise):>6} "
               f"{_f(d['cos_with_probe_step'], '+.2f'):>6} {_f(d['probe_step_norm_ratio'], '.3g'):>14}")
+    print(K_LEGEND)
     cov = doc.get("decomposition") or {}
     print("coverage of |z| < 1.96: " + ", ".join(
         f"{k} {_f((cov.get(k) or {}).get('coverage'), '.2f')} (n = {(cov.get(k) or {}).get('n', 0)})"
@@ -62,8 +75,7 @@ def print_sweep_summary(doc: dict) -> None:
     print(f"{'checkpoint':>18} {'step':>5} {'lr':>9} {'Ĥ ± SE':>22} {'δH₁ ± SE':>22} {'ΔH(η)·lr/η':>12} {'z':>6}")
     for r in doc["rows"]:
         truth = r["deltaH_true"] or {}
-        delta = (_pm(r["deltaH1"], r["se_total"]) if r["deltaH1"] is not None
-                 else "Ĥ only (reuse step)" if r.get("next_step_reuses_rollouts") else "Ĥ only (no next step)")
+        delta = _pm(r["deltaH1"], r["se_total"]) if r["deltaH1"] is not None else no_step_label(r)
         print(f"{r['checkpoint']:>18} {r['step']:>5} {_f(r['lr'], '.3g'):>9} {_pm(r['H'], r['H_se']):>22} "
               f"{delta:>22} {_f(truth.get('scaled')):>12} {_f(r['residual_z'], '+.2f'):>6}")
     print(f"\n{'interval':>12} {'realised ± SE':>22} {'method':>19} {'changed':>9} {'ESS/N':>6} {'k̂':>5} "
