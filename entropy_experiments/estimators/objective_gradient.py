@@ -100,7 +100,7 @@ def u_terms(U_batch: Batch, options: ObjectiveOptions, stats: TokenStatistics | 
 
 def u_token_statistics(engine: PolicyEngine, U_batch: Batch) -> TokenStatistics:
     """Every U response's trainer entropies and log-probs at θ (no graph), for the entropy controls' weights."""
-    lp = engine.teacher_force_logprobs(U_batch.as_sequences(), with_grad=False, compute_rb=False, phase=U_GRADIENT)
+    lp = engine.teacher_force_logprobs(U_batch, with_grad=False, compute_rb=False, phase=U_GRADIENT)
     rows = [(b, g) for b in range(U_batch.num_prompts) for g in range(U_batch.num_responses_per_prompt)]
     return TokenStatistics(tuple(lp.token_entropies_train[b][g].detach() for b, g in rows),
                            tuple(lp.token_logps_train[b][g].detach() for b, g in rows))
