@@ -13,7 +13,8 @@ own logged `entropy` (from the step's sampled completions). The arms share the s
     trl δ=…       GRPOConfig(use_adaptive_entropy=True, entropy_target=target, entropy_coef_delta=δ) at TRL's
                   default δ and at a larger one (the bonus coefficient moves ±δ per step toward the target)
     autopilot     EntropyAutopilot(trainer, target=target, every=1): each step's lr scaled so its predicted
-                  entropy change aims at the target
+                  entropy change aims at the target (defaults: m in [0.1, 2], max_drop 0.05 per step)
+    autopilot min_m=…  the same with a lower floor for m (--floor, default 0.01)
 
 Prints per arm the rms and max |H − target| over the steps, the mean reward of the first and last five steps,
 the wall time, and (autopilot) the range of the lr multiplier; draws the curves to --plot.
@@ -78,7 +79,7 @@ def build_trainer(out: Path, model_dir: Path, *, steps: int, lr: float, trl_delt
                              lr_scheduler_type="constant", gradient_checkpointing=False, **extra)
 
 
-def run_arm(name: str, out: Path, model_dir: Path, args, seed: int, *, trl_delta=None, autopilot=False) -> dict:
+def run_arm(name: str, out: Path, model_dir: Path, args, seed: int, *, trl_delta=None, autopilot=None) -> dict:
     """Train one arm; its exact entropy (before and after each step), TRL's logs and the wall time."""
     from entropy_experiments.testing.trl_run import PROMPTS
 
@@ -91,10 +92,10 @@ def run_arm(name: str, out: Path, model_dir: Path, args, seed: int, *, trl_delta
     meter.trainer = trainer
     trainer.add_callback(meter)
     pilot = None
-    if autopilot:
+    if autopilot is not None:  # the autopilot's options ({} for its defaults)
         from entropy_experiments.integrations.autopilot import EntropyAutopilot
 
-        pilot = EntropyAutopilot(trainer, target=args.target, every=1, B_E=args.B_E, seed=seed)
+        pilot = EntropyAutopilot(trainer, target=args.target, every=1, B_E=args.B_E, seed=seed, **autopilot)
         trainer.add_callback(pilot)
     t0 = time.perf_counter()
     trainer.train()
@@ -164,7 +165,8 @@ def parse_args(argv=None):
     parser.add_argument("--tuned-delta", type=float, default=0.05)
     parser.add_argument("--B-E", dest="B_E", type=int, default=64, help="the autopilot's E per probed step")
     parser.add_argument("--seeds", default="0,1,2", help="model, data and sampling seeds; arms share each seed")
-    parser.add_argument("--arms", default="none,trl_default,trl_tuned,autopilot")
+    parser.add_argument("--floor", type=float, default=0.01, help="autopilot_floor's min_multiplier")
+    parser.add_argument("--arms", default="none,trl_default,trl_tuned,autopilot,autopilot_floor")
     parser.add_argument("--plot", default="docs/entropy_autopilot.png")
     return parser.parse_args(argv)
 
@@ -174,8 +176,9 @@ def run_arms(args, tmp: Path) -> list[dict]:
     from entropy_experiments.testing.tiny_model import build_tiny_model_dir
 
     arms = {"none": {}, "trl_default": {"trl_delta": TRL_DEFAULT_DELTA}, "trl_tuned": {"trl_delta": args.tuned_delta},
-            "autopilot": {"autopilot": True}}
-    names = {"trl_default": f"trl δ={TRL_DEFAULT_DELTA:g}", "trl_tuned": f"trl δ={args.tuned_delta:g}"}
+            "autopilot": {"autopilot": {}}, "autopilot_floor": {"autopilot": {"min_multiplier": args.floor}}}
+    names = {"trl_default": f"trl δ={TRL_DEFAULT_DELTA:g}", "trl_tuned": f"trl δ={args.tuned_delta:g}",
+             "autopilot_floor": f"autopilot min_m={args.floor:g}"}
     runs = []
     for seed in (int(s) for s in args.seeds.split(",")):
         model_dir = build_tiny_model_dir(tmp / f"tiny{seed}", seed=seed)

@@ -30,7 +30,7 @@ def test_the_example_arms_run_and_the_yardstick_is_exact(tmp_path):
     ex = _example()
     args = ex.parse_args(["--steps", "3", "--B-E", "8", "--target", "3.2"])
     model_dir = build_tiny_model_dir(tmp_path / "tiny", seed=0)
-    pilot = ex.run_arm("autopilot", tmp_path / "pilot", model_dir, args, 0, autopilot=True)
+    pilot = ex.run_arm("autopilot", tmp_path / "pilot", model_dir, args, 0, autopilot={})
     trl = ex.run_arm("trl", tmp_path / "trl", model_dir, args, 0, trl_delta=ex.TRL_DEFAULT_DELTA)
 
     # the yardstick before training: the base model's next-token entropy (the LoRA starts at zero)
