@@ -1,13 +1,15 @@
 """Entropy control in a miniature TRL GRPO run: no control, TRL's adaptive entropy bonus, and `EntropyAutopilot`.
 
-    OMP_NUM_THREADS=1 .venv/bin/python examples/entropy_autopilot.py [--steps 30] [--lr 2e-2] [--target 4.6]
-                                                                    [--tuned-delta 0.05] [--plot docs/entropy_autopilot.png]
+    OMP_NUM_THREADS=1 .venv/bin/python examples/entropy_autopilot.py [--steps 30] [--lr 5e-2] [--target 3.2]
+        [--tuned-delta 0.05] [--floor 0.01] [--B-E 64] [--seeds 0,1,2] [--arms none,trl_default,...]
+        [--plot docs/entropy_autopilot.png]
 
 The policy is the tests' tiny random Qwen2 (vocabulary 384) under a LoRA r = 4 on q/v, trained by a real
 `trl.GRPOTrainer` on CPU (plain-text prompts, the vowel-count reward, G = 4 completions of 2 prompts per step)
-with completions of ONE token: every response is enumerable, so the yardstick is exact — the entropy of the
-next-token distribution averaged over the 8 prompts (the same held-out set every step, float64), beside TRL's
-own logged `entropy` (from the step's sampled completions). The arms share the seed and the model:
+with completions of ONE token (at lr 5e-2 the uncontrolled entropy wanders and falls within 30 steps). Every
+response is enumerable, so the yardstick is exact: the next-token entropy averaged over the run's 8 prompts (the
+same fixed set at every step, float64; not held out, the run trains on them), beside TRL's own logged
+`entropy` (from the step's sampled completions). The arms share the seed and the model:
 
     none          no control
     trl δ=…       GRPOConfig(use_adaptive_entropy=True, entropy_target=target, entropy_coef_delta=δ) at TRL's
