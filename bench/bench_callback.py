@@ -1,11 +1,13 @@
-"""Benchmark of EntropyProbeCallback: the overhead of one probed step as a ratio to a training step.
+"""Benchmark of EntropyProbeCallback: the overhead of one probed step as a ratio to a training step, per mode.
 
     .venv/bin/python bench/bench_callback.py [--model-dir DIR | --embedded] [--steps 4] [--repeats 2]
                                              [--B-E 16 --B-U 2] [--max-new-tokens 16]
+                                             [--modes probe_U,trainer_step]
 
 Side by side and alternating, the same TRL GRPOTrainer run (same seed, same model, same data) is trained for
-`--steps` optimizer steps without the callback and with it probing EVERY step (every=1). The callback's own
-timer gives the probe's seconds; the ratio reported is
+`--steps` optimizer steps without the callback and with it probing EVERY step (every=1), once per `predict`
+mode (probe_U: the probe's own U step; trainer_step: the trainer's own next AdamW step, which needs no U and
+no generation beyond E). The callback's own timer gives the probe's seconds; the ratio reported is
 
     overhead per probed step / training step = (probe seconds / steps) / (plain run's seconds / steps)
 
@@ -26,8 +28,8 @@ from pathlib import Path
 import torch
 
 
-def one_run(model_dir: Path, out: Path, args, with_callback: bool) -> tuple[float, float]:
-    """(wall seconds of trainer.train(), the callback's probe seconds or 0)."""
+def one_run(model_dir: Path, out: Path, args, mode: str | None) -> tuple[float, float]:
+    """(wall seconds of trainer.train(), the callback's probe seconds or 0); mode None: no callback."""
     from entropy_experiments.integrations.trl_callback import EntropyProbeCallback
     from entropy_experiments.testing.trl_run import tiny_grpo_trainer
 
@@ -35,8 +37,8 @@ def one_run(model_dir: Path, out: Path, args, with_callback: bool) -> tuple[floa
                                 max_completion_length=args.max_new_tokens, num_generations=4, prompts_per_step=2,
                                 save_strategy="no", gradient_checkpointing=False)
     callback = None
-    if with_callback:
-        callback = EntropyProbeCallback(trainer, every=1, B_E=args.B_E, B_U=args.B_U)
+    if mode is not None:
+        callback = EntropyProbeCallback(trainer, every=1, B_E=args.B_E, B_U=args.B_U, predict=mode)
         trainer.add_callback(callback)
     t0 = time.perf_counter()
     trainer.train()
@@ -52,7 +54,9 @@ def main() -> int:
     parser.add_argument("--B-E", dest="B_E", type=int, default=16)
     parser.add_argument("--B-U", dest="B_U", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--modes", default="probe_U,trainer_step", help="predict modes, comma-separated")
     args = parser.parse_args()
+    modes = args.modes.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if args.embedded:
@@ -63,18 +67,23 @@ def main() -> int:
         else:
             from entropy_experiments.testing.tiny_model import build_tiny_model_dir
             model_dir = build_tiny_model_dir(tmp / "tiny")
-        ratios, walls = [], []
+        ratios = {mode: [] for mode in modes}
+        walls = {mode: [] for mode in modes}
         for r in range(args.repeats):
-            plain, _ = one_run(model_dir, tmp / f"plain{r}", args, with_callback=False)
-            probed, probe_s = one_run(model_dir, tmp / f"probed{r}", args, with_callback=True)
+            plain, _ = one_run(model_dir, tmp / f"plain{r}", args, None)
             step = plain / args.steps
-            ratios.append(probe_s / args.steps / step)
-            walls.append((probed - plain) / args.steps / step)
-            print(f"repeat {r + 1}: training step {step:.2f} s; probe {probe_s / args.steps:.2f} s per probed step; "
-                  f"wall-time difference {(probed - plain) / args.steps:.2f} s per step")
-    print(f"overhead per probed step / training step = {statistics.median(ratios):.2f} "
-          f"(median of {[round(x, 2) for x in ratios]}; from wall times {statistics.median(walls):.2f}; "
-          f"{torch.get_num_threads()} threads, B_E {args.B_E}, B_U {args.B_U}, {args.max_new_tokens} new tokens)")
+            print(f"repeat {r + 1}: training step {step:.2f} s", flush=True)
+            for mode in modes:
+                probed, probe_s = one_run(model_dir, tmp / f"{mode}{r}", args, mode)
+                ratios[mode].append(probe_s / args.steps / step)
+                walls[mode].append((probed - plain) / args.steps / step)
+                print(f"  {mode}: probe {probe_s / args.steps:.2f} s per probed step; wall-time difference "
+                      f"{(probed - plain) / args.steps:.2f} s per step", flush=True)
+    print(f"{torch.get_num_threads()} threads, B_E {args.B_E}, B_U {args.B_U}, {args.max_new_tokens} new tokens, "
+          f"{args.steps} steps, median of {args.repeats} repeats:")
+    for mode in modes:
+        print(f"  {mode:>12}: overhead per probed step / training step = {statistics.median(ratios[mode]):.2f} "
+              f"({[round(x, 2) for x in ratios[mode]]}; from wall times {statistics.median(walls[mode]):.2f})")
     return 0
 
 
