@@ -142,9 +142,9 @@ def cmd_config(args) -> None:
 
 def add_what_if_arguments(run: argparse.ArgumentParser) -> None:
     """`run --what-if … --solve … --solve-target …` (probe/what_if.py)."""
-    run.add_argument("--what-if", action="append", metavar="objective.KEY=VALUE", help="also δH₁ of the objective "
+    run.add_argument("--what-if", action="append", metavar="objective.<key>=<value>", help="also δH₁ of the objective "
                      "with KEY=VALUE on the same E and U, and its paired difference from the run's (repeatable)")
-    run.add_argument("--solve", metavar="objective.KEY", help="the value of a coefficient (objective.entropy_coef) "
+    run.add_argument("--solve", metavar="objective.<key>", help="the value of a coefficient (objective.entropy_coef) "
                      "at which δH₁ reaches --solve-target, with the interval of its ± SE band")
     run.add_argument("--solve-target", type=float, default=None, metavar="X", help="δH₁ for --solve (default 0)")
 

@@ -155,7 +155,7 @@ def test_band_interval_is_where_the_band_crosses_the_target():
 
 
 @pytest.mark.parametrize(("specs", "solve", "target", "needle"), [
-    (["objective.entropy_coef"], None, None, "--what-if expects objective.KEY=VALUE"),
+    (["objective.entropy_coef"], None, None, "--what-if expects objective.<key>=<value>"),
     (["estimator.microbatch_size=4"], None, None, "--what-if estimator.microbatch_size: not an objective key"),
     (["objective.nonsense=1"], None, None, "--what-if objective.nonsense: not an objective key"),
     (["objective.top_entropy_quantile=1.5"], None, None, "--what-if objective.top_entropy_quantile=1.5"),
@@ -183,3 +183,35 @@ def test_cli_bad_what_if_exits_2(tmp_path, capsys):
     assert code == 2 and err == [("error: --what-if objective.bogus: not an objective key (objective.entropy_coef, "
                                   "objective.loss_type, objective.top_entropy_quantile, …)")]
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.e2e
+def test_cli_what_if_on_reused_samples_matches_a_reanalysis(tiny_model_dir, tmp_path, capsys):
+    """`run --reuse-samples A --what-if objective.loss_type=dapo` gives the δH₁ of `run --reuse-samples A` with
+    that objective, and prints the table."""
+    import json
+
+    import yaml
+
+    from entropy_experiments.cli import main
+    from tests.run_helpers import logging_restored, make_run_setup
+
+    light = {"importance": {"enabled": False}, "second_order": {"enabled": False}, "predictors": {"enabled": False},
+             "variance": {"u_groups": 2}}
+    config_path, config = make_run_setup(tmp_path / "setup", tiny_model_dir, **light)
+    source, what, dapo = tmp_path / "source", tmp_path / "what", tmp_path / "dapo"
+    config["objective"] = {"loss_type": "dapo"}
+    (tmp_path / "dapo.yaml").write_text(yaml.safe_dump(config))
+    with logging_restored():
+        assert main(["run", "--config", str(config_path), "--out", str(source)]) == 0
+        assert main(["run", "--config", str(config_path), "--reuse-samples", str(source), "--out", str(what),
+                     "--what-if", "objective.loss_type=dapo", "--what-if", "objective.entropy_coef=0.01"]) == 0
+        printed = capsys.readouterr().out
+        assert main(["run", "--config", str(tmp_path / "dapo.yaml"), "--reuse-samples", str(source),
+                     "--out", str(dapo)]) == 0
+    got = json.loads((what / "results.json").read_text())
+    other = json.loads((dapo / "results.json").read_text())
+    assert got["what_if"][0]["deltaH1"] == pytest.approx(other["deltaH1"], rel=1e-10)
+    assert got["what_if"][0]["se_U"] == pytest.approx(other["se"]["U"], rel=1e-8)
+    assert got["solve"] is None and got["what_if_baseline"]["deltaH1"] == pytest.approx(got["deltaH1"], rel=1e-10)
+    assert "What-if (same E and U):" in printed and "objective.loss_type=dapo" in printed

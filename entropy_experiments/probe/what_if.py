@@ -1,4 +1,4 @@
-"""What-if (`entropy-probe run --what-if objective.KEY=VALUE … [--solve objective.entropy_coef]`, docs/outputs.md
+"""What-if (`entropy-probe run --what-if objective.<key>=<value> … [--solve objective.entropy_coef]`, docs/outputs.md
 "what_if"): δH₁ of other objectives on the SAME E and U as the run, each against the run's own objective.
 
 X̂ (and the E scores, the surrogate's coefficients) come from the run; each variant costs one U backward (its
@@ -50,7 +50,7 @@ _SPEC = re.compile(r"\s*([A-Za-z_][\w.]*)\s*=(.*)", re.DOTALL)
 
 @dataclass(frozen=True)
 class WhatIfRequest:
-    """The variants ((objective.KEY, value) pairs), the key to solve for (None: none) and its target δH₁."""
+    """The variants ((objective.<key>, value) pairs), the key to solve for (None: none) and its target δH₁."""
 
     variants: tuple[tuple[str, Any], ...]
     solve: str | None = None
@@ -82,13 +82,13 @@ def parse_request(config: ProbeConfig, specs: list[str] | None, solve: str | Non
     """The what-if of the command line, every variant checked against `config` (None: no --what-if, no --solve)."""
     if not specs and solve is None:
         if target is not None:
-            raise ConfigError("--solve-target needs --solve objective.KEY")
+            raise ConfigError("--solve-target needs --solve objective.<key>")
         return None
     variants = []
     for spec in specs or []:
         match = _SPEC.fullmatch(spec)
         if match is None:
-            raise ConfigError(f"--what-if expects objective.KEY=VALUE, got {spec!r}")
+            raise ConfigError(f"--what-if expects objective.<key>=<value>, got {spec!r}")
         key, value = match.group(1), parse_value(match.group(2))
         section, _, leaf = key.partition(".")
         if section != "objective" or leaf not in ObjectiveSection.model_fields:
@@ -207,10 +207,10 @@ def what_if_text(results: dict) -> str:
     rows, base = results.get("what_if"), results.get("what_if_baseline")
     if base is None:
         return ""
-    lines = ["What-if (same E and U):", f"  baseline objective           δH₁ = {_pm(base['deltaH1'], base['se'])}"]
+    lines = ["What-if (same E and U):", f"  {'baseline objective':<36} δH₁ = {_pm(base['deltaH1'], base['se'])}"]
     for row in rows or []:
         label = f"{row['key']}={row['value']}"
-        lines.append(f"  {label:<28} δH₁ = {_pm(row['deltaH1'], row['se'])}   "
+        lines.append(f"  {label:<36} δH₁ = {_pm(row['deltaH1'], row['se'])}   "
                      f"diff = {_pm(row['diff'], row['diff_se'])} (paired)")
     solved = results.get("solve")
     if solved:
