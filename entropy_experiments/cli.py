@@ -20,7 +20,7 @@ from .make_checkpoint.trained import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoi
 from .models.synthetic import SYNTHETIC_SPECS
 from .probe.lifecycle import interruptible
 from .probe.runner import run_probe
-from .probe.what_if import parse_request
+from .probe.what_if import parse_request, what_if_text
 from .report.html_report import write_html_report
 from .report.plot import plot_delta_h
 from .report.results_schema import load_results
@@ -128,6 +128,8 @@ def cmd_demo(args) -> None:
 def cmd_report(args) -> None:
     results = load_results(args.run_dir)
     print_summary(results)
+    if results.get("what_if_baseline") is not None:
+        print(what_if_text(results))
     run_dir = Path(args.run_dir)
     run_dir = run_dir.parent if run_dir.is_file() else run_dir
     plot_delta_h(results, run_dir / "delta_h_vs_eta.png")

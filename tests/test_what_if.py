@@ -209,9 +209,13 @@ def test_cli_what_if_on_reused_samples_matches_a_reanalysis(tiny_model_dir, tmp_
         printed = capsys.readouterr().out
         assert main(["run", "--config", str(tmp_path / "dapo.yaml"), "--reuse-samples", str(source),
                      "--out", str(dapo)]) == 0
+        assert main(["report", str(what)]) == 0
+        reprinted = capsys.readouterr().out
     got = json.loads((what / "results.json").read_text())
     other = json.loads((dapo / "results.json").read_text())
     assert got["what_if"][0]["deltaH1"] == pytest.approx(other["deltaH1"], rel=1e-10)
     assert got["what_if"][0]["se_U"] == pytest.approx(other["se"]["U"], rel=1e-8)
     assert got["solve"] is None and got["what_if_baseline"]["deltaH1"] == pytest.approx(got["deltaH1"], rel=1e-10)
     assert "What-if (same E and U):" in printed and "objective.loss_type=dapo" in printed
+    table = printed[printed.index("What-if (same E and U):"):].splitlines()[:4]
+    assert all(line in reprinted for line in table)  # `entropy-probe report` prints the same table from results.json

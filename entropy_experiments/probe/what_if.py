@@ -198,8 +198,12 @@ def what_if_hook(request: WhatIfRequest | None):
 
 
 def _pm(value: Any, se: Any) -> str:
-    ok = isinstance(value, float) and math.isfinite(value)
-    return f"{value:+.4e} ± {se:.2e}" if ok and isinstance(se, float) else "n/a"
+    """`value ± se` (n/a where a number is missing: null in results.json, NaN before it is written)."""
+    def finite(x: Any) -> bool:
+        return isinstance(x, float) and math.isfinite(x)
+    if not finite(value):
+        return "n/a"
+    return f"{value:+.4e} ± {se:.2e}" if finite(se) else f"{value:+.4e} ± n/a"
 
 
 def what_if_text(results: dict) -> str:
