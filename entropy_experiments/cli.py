@@ -21,6 +21,7 @@ from .make_checkpoint.trained import DEMO_CHECKPOINT_STEPS, ensure_demo_checkpoi
 from .models.synthetic import SYNTHETIC_SPECS
 from .probe.lifecycle import interruptible
 from .probe.runner import run_probe
+from .probe.what_if import parse_request, what_if_text
 from .report.html_report import write_html_report
 from .report.plot import plot_delta_h
 from .report.results_schema import load_results
@@ -84,8 +85,10 @@ def cmd_run(args) -> None:
         if not args.resume:
             raise ConfigError("run needs --config FILE (or --resume RUN_DIR to finish a run with its saved config)")
         args.config = str(Path(args.resume) / "config.yaml")  # the resolved config the run directory holds
-    run_probe(_load(args), out=args.out, resume=args.resume, overwrite=args.overwrite, dryrun=args.dryrun,
-              reuse_samples=args.reuse_samples)
+    config = _load(args)
+    what_if = parse_request(config, args.what_if, args.solve, args.solve_target)
+    run_probe(config, out=args.out, resume=args.resume, overwrite=args.overwrite, dryrun=args.dryrun,
+              reuse_samples=args.reuse_samples, what_if=what_if)
 
 
 def cmd_sweep(args) -> None:
@@ -128,6 +131,8 @@ def cmd_demo(args) -> None:
 def cmd_report(args) -> None:
     results = load_results(args.run_dir)
     print_summary(results)
+    if results.get("what_if_baseline") is not None:
+        print(what_if_text(results))
     run_dir = Path(args.run_dir)
     run_dir = run_dir.parent if run_dir.is_file() else run_dir
     plot_delta_h(results, run_dir / "delta_h_vs_eta.png")
@@ -150,6 +155,15 @@ def add_config_command(sub) -> None:
     config.set_defaults(func=cmd_config)
 
 
+def add_what_if_arguments(run: argparse.ArgumentParser) -> None:
+    """`run --what-if … --solve … --solve-target …` (probe/what_if.py)."""
+    run.add_argument("--what-if", action="append", metavar="objective.<key>=<value>", help="also δH₁ of the objective "
+                     "with KEY=VALUE on the same E and U, and its paired difference from the run's (repeatable)")
+    run.add_argument("--solve", metavar="objective.<key>", help="the value of a coefficient (objective.entropy_coef) "
+                     "at which δH₁ reaches --solve-target, with the interval of its ± SE band")
+    run.add_argument("--solve-target", type=float, default=None, metavar="X", help="δH₁ for --solve (default 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="entropy-probe", description=(
         "Offline entropy probe: predicted (δH₁) vs measured (ΔH) entropy change of one AdamW step."))
@@ -165,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dryrun", action="store_true", help="minimal sizes, print the summary, write nothing")
     run.add_argument("--reuse-samples", metavar="RUN_DIR", help="analyse RUN_DIR's saved E/U samples with this "
                      "config's analysis settings, in a new run directory (sampling settings must match)")
+    add_what_if_arguments(run)
     run.set_defaults(func=cmd_run)
 
     sweep = sub.add_parser("sweep", help="probe every checkpoint of a training run; sweep.json + plots")

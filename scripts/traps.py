@@ -238,6 +238,16 @@ TRAPS = [
     Trap("loo_scale_keeps_the_left_out_pair", EE + "sweep/stats.py",
          "c = fitted_scale(x[others], y[others], se[others])", "c = fitted_scale(x, y, se)",
          ("tests/test_sweep_stats.py::test_loo_scale_against_a_brute_force_loop",)),
+    # ---- what-if: the paired difference and the variant's own direction
+    Trap("what_if_difference_unpaired_on_E", EE + "estimators/what_if.py",
+         "se_e = e_stat.se(variant.a - baseline.a, variant.r - baseline.r)",
+         "se_e = math.hypot(e_stat.se(variant.a, variant.r), e_stat.se(baseline.a, baseline.r))",
+         ("tests/test_what_if.py::test_paired_se_matches_brute_force_jackknife",)),
+    Trap("what_if_variant_steps_with_the_baseline_options", EE + "probe/what_if.py",
+         "est = ctx.estimate(config, probe_step(config.step_options(), ctx.policy, grads.total), grads)\n"
+         "    diff = paired_difference(est, baseline, ctx.e_stat)",
+         "est = ctx.estimate(config, ctx.res.v, grads)\n    diff = paired_difference(est, baseline, ctx.e_stat)",
+         ("tests/test_what_if.py::test_each_variant_equals_a_separate_run",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.

@@ -315,7 +315,7 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, note
 def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | None = None,
         batches: tuple[Batch, Batch] | None = None, on_batches=None, chunk_store=None,
         notes: WarningLog | None = None, sampling_warnings: list[str] = (),
-        logger: logging.Logger = log) -> ProbeOutcome:
+        logger: logging.Logger = log, after_estimates=None) -> ProbeOutcome:  # after_estimates: what_if.py
     """Every phase in order. `batches` = (E, U) reuses saved batches (resume); `on_batches(E, U)` is called
     right after sampling so that the caller can save them before the long phases start; `chunk_store`
     keeps generation chunks as they complete (report/run_dir.GenerationChunkStore)."""
@@ -367,8 +367,8 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
                      zero_advantage_prompts=n_zero, plan=samples.plan)
     outcome = assemble_results(E, U, res, bars, later.truth, later.residuals, later.second_order, predictors,
                                timing, facts)
-    outcome.results["attribution"], outcome.e_tokens = attribution, e_tokens
+    outcome.results["attribution"], outcome.e_tokens, outcome.policy = attribution, e_tokens, policy
     # what drew E and U, then the estimators' correction diagnostics (assemble_results)
     outcome.results["sampler"] = {**(samples.sampler or sampler_block(None, None)), **outcome.results["sampler"]}
-    outcome.policy = policy
+    outcome.results.update(after_estimates(work, policy, E, U, res, dist) if after_estimates else {})
     return outcome

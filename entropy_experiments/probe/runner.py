@@ -27,6 +27,7 @@ from . import recipe
 from .parallel import DistContext, init_from_env
 from .reanalysis import copy_samples, reusable_samples
 from .results import Policy, WarningLog
+from .what_if import WhatIfRequest, what_if_hook, what_if_text
 
 log = logging.getLogger("entropy_experiments.probe")
 
@@ -43,32 +44,37 @@ def dryrun_config(config: ProbeConfig) -> ProbeConfig:
 
 def run_probe(config: ProbeConfig, *, out: str | None = None, resume: str | None = None, overwrite: bool = False,
               dryrun: bool = False, logger: logging.Logger | None = None, policy: Policy | None = None,
-              notes: WarningLog | None = None, reuse_samples: str | None = None) -> dict:
+              notes: WarningLog | None = None, reuse_samples: str | None = None,
+              what_if: WhatIfRequest | None = None) -> dict:
     """Run the probe and write its run directory (unless dryrun). Returns the results dict.
 
     `policy`: the checkpoint of `config` already loaded (one process only; `entropy-probe sweep` loads the
     base model once), with `notes` holding the warnings its loading raised (they go into results.json).
-    `reuse_samples`: a run directory whose saved E / U batches are analysed instead of sampling (reanalysis.py)."""
+    `reuse_samples`: a run directory whose saved E / U batches are analysed instead of sampling (reanalysis.py).
+    `what_if`: other objectives' δH₁ on the same E and U (probe/what_if.py)."""
     logger = logger or log
     dist = init_from_env(config.distributed)
     if policy is not None and dist.enabled:
         raise ValueError("run_probe(policy=...) runs in one process; under torchrun every rank loads its own")
     try:
         if dryrun:
-            results = recipe.run(dryrun_config(config), dist=dist, logger=logger).results
+            results = recipe.run(dryrun_config(config), dist=dist, logger=logger,
+                                 after_estimates=what_if_hook(what_if)).results
             if dist.is_main:
                 print_summary(results)
+                print(what_if_text(results))
             logger.info("dry run: nothing written")
             return results
         if not dist.is_main:
-            return run_worker(config, dist, logger)
+            return run_worker(config, dist, logger, what_if)
         return run_main(config, dist, out=out, resume=resume, overwrite=overwrite, logger=logger, policy=policy,
-                        notes=notes, reuse_samples=reuse_samples)
+                        notes=notes, reuse_samples=reuse_samples, what_if=what_if)
     finally:
         dist.shutdown()
 
 
-def run_worker(config: ProbeConfig, dist: DistContext, logger: logging.Logger) -> dict:
+def run_worker(config: ProbeConfig, dist: DistContext, logger: logging.Logger,
+               what_if: WhatIfRequest | None = None) -> dict:
     """A rank > 0: receive rank 0's saved batches (resume) and compute; write nothing."""
     package_logger = logging.getLogger("entropy_experiments")
     if package_logger.getEffectiveLevel() > logging.DEBUG:  # rank 0 tells the story; the others only warn
@@ -76,7 +82,8 @@ def run_worker(config: ProbeConfig, dist: DistContext, logger: logging.Logger) -
     status, payload = dist.broadcast_object(None, "run directory broadcast")
     if status == "error":
         raise ProbeError(payload)
-    return recipe.run(config, dist=dist, batches=typed_batches(payload), logger=logger).results
+    return recipe.run(config, dist=dist, batches=typed_batches(payload), logger=logger,
+                      after_estimates=what_if_hook(what_if)).results
 
 
 def open_run_directory(config: ProbeConfig, dist: DistContext, *, out: str | None, resume: str | None,
@@ -130,7 +137,7 @@ def typed_batches(saved: tuple[dict, dict] | None) -> tuple[Batch, Batch] | None
 
 def run_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume: str | None, overwrite: bool,
              logger: logging.Logger, policy: Policy | None = None, notes: WarningLog | None = None,
-             reuse_samples: str | None = None) -> dict:
+             reuse_samples: str | None = None, what_if: WhatIfRequest | None = None) -> dict:
     """Rank 0 (or the only process): prepare the run directory, run the probe, write every file."""
     reused = reused_samples(config, dist, reuse_samples)
     run_dir = open_run_directory(config, dist, out=out, resume=resume, overwrite=overwrite)
@@ -141,13 +148,16 @@ def run_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume:
             copy_samples(reuse_samples, run_dir.path)
             logger.info("re-analysing the saved samples of %s", reuse_samples)
         batches = resumed_batches(run_dir, dist, resume, logger, reused)
-        outcome = probe_into(run_dir, config, dist, batches, logger, policy=policy, notes=notes)
+        outcome = probe_into(run_dir, config, dist, batches, logger, policy=policy, notes=notes,
+                             after_estimates=what_if_hook(what_if))
         if reused is not None:
             outcome.results["samples"] = {"reused_from": str(Path(reuse_samples).resolve())}
         write_outcome(run_dir, config, outcome)
         run_dir.clear_partial()  # generation chunks exist only to resume an unfinished sampling
         run_dir.mark_status("complete")
         print_summary(outcome.results)
+        if what_if is not None:
+            print(what_if_text(outcome.results))
         logger.info("run directory: %s", run_dir.path)
         return outcome.results
     except BaseException as exc:
@@ -165,7 +175,7 @@ def run_main(config: ProbeConfig, dist: DistContext, *, out: str | None, resume:
 
 def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, batches: tuple[Batch, Batch] | None,
                logger: logging.Logger, *, policy: Policy | None = None,
-               notes: WarningLog | None = None) -> recipe.ProbeOutcome:
+               notes: WarningLog | None = None, after_estimates=None) -> recipe.ProbeOutcome:
     """`recipe.run`, saving E and U (and the generation chunks) into the run directory as they are made."""
     chunks = GenerationChunkStore(run_dir)
 
@@ -180,7 +190,8 @@ def probe_into(run_dir: RunDirectory, config: ProbeConfig, dist: DistContext, ba
     logger.info("objective (v is its next AdamW step): %s; %s", *objective_lines(config.objective_options().to_dict()))
     return recipe.run(config, dist=dist, batches=batches, on_batches=save_batches,
                      chunk_store=chunks if config.output.save_batches else None,
-                     sampling_warnings=sampling_warnings, logger=logger, policy=policy, notes=notes)
+                     sampling_warnings=sampling_warnings, logger=logger, policy=policy, notes=notes,
+                     after_estimates=after_estimates)
 
 
 def saved_sampling_warnings(run_dir: RunDirectory) -> list[str]:

@@ -1,0 +1,228 @@
+"""What-if (`entropy-probe run --what-if objective.<key>=<value> … [--solve objective.entropy_coef]`, docs/outputs.md
+"what_if"): δH₁ of other objectives on the SAME E and U as the run, each against the run's own objective.
+
+X̂ (and the E scores, the surrogate's coefficients) come from the run; each variant costs one U backward (its
+objective's gradient per U group → v by the loaded AdamW state) and one no-grad jvp pass over E for its pieces
+a, r along v (the E side of its error bar). The baseline's pieces are taken by the same jvp pass, so that the
+paired differences are of like with like (estimators/what_if.py).
+
+`--solve` (a coefficient the loss is affine in) takes two U backwards, at 0 and 1: g(c) = g(0) + c·(g(1) − g(0))
+exactly, and δH₁(c) = lr·X̂·v(g(c)) through AdamW (nonlinear in g) is solved by bisection; one more U backward at the
+root checks the interpolation and gives the SE whose band δH₁ ± SE crossing the target is the interval.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import yaml
+
+from ..config import ProbeConfig, config_from_dict
+from ..config.sections import ObjectiveSection
+from ..data.batch import Batch
+from ..errors import ConfigError
+from ..estimators.jackknife import leave_one_group_out_directions
+from ..estimators.objective_gradient import UGradients, split_into_groups
+from ..estimators.step_directions import probe_step
+from ..estimators.surrogate import directional_pieces
+from ..estimators.update_direction import named_dot
+from ..estimators.what_if import (
+    DirectionEstimate,
+    EStatistic,
+    band_interval,
+    direction_estimate,
+    find_root,
+    interpolated,
+    paired_difference,
+)
+from . import recipe
+from .parallel import SINGLE, DistContext
+from .results import Policy
+
+SOLVABLE_KEYS = ("objective.entropy_coef",)  # coefficients the trainer loss is affine in (docs/objectives.md)
+_SPEC = re.compile(r"\s*([A-Za-z_][\w.]*)\s*=(.*)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class WhatIfRequest:
+    """The variants ((objective.<key>, value) pairs), the key to solve for (None: none) and its target δH₁."""
+
+    variants: tuple[tuple[str, Any], ...]
+    solve: str | None = None
+    target: float = 0.0
+
+
+def variant_config(config: ProbeConfig, key: str, value: Any) -> ProbeConfig:
+    """`config` with objective key `key` (dotted, objective.*) set to `value`; ConfigError naming it when invalid."""
+    d = config.to_dict()
+    d["objective"][key.split(".", 1)[1]] = value
+    try:
+        variant = config_from_dict(d)
+        variant.objective_options()
+    except (ConfigError, ValueError) as exc:
+        raise ConfigError(f"--what-if {key}={value!r}: {exc}") from None
+    return variant
+
+
+def parse_value(text: str) -> Any:
+    """A --what-if value read as YAML, with `1e-3` a float (YAML 1.2)."""
+    try:
+        return float(text) if re.fullmatch(r"\s*[-+]?\d+(\.\d*)?[eE][-+]?\d+\s*", text) else yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(f"--what-if: value {text!r} is not valid YAML") from None
+
+
+def parse_request(config: ProbeConfig, specs: list[str] | None, solve: str | None,
+                  target: float | None) -> WhatIfRequest | None:
+    """The what-if of the command line, every variant checked against `config` (None: no --what-if, no --solve)."""
+    if not specs and solve is None:
+        if target is not None:
+            raise ConfigError("--solve-target needs --solve objective.<key>")
+        return None
+    variants = []
+    for spec in specs or []:
+        match = _SPEC.fullmatch(spec)
+        if match is None:
+            raise ConfigError(f"--what-if expects objective.<key>=<value>, got {spec!r}")
+        key, value = match.group(1), parse_value(match.group(2))
+        section, _, leaf = key.partition(".")
+        if section != "objective" or leaf not in ObjectiveSection.model_fields:
+            raise ConfigError(f"--what-if {key}: not an objective key (objective.entropy_coef, objective.loss_type, "
+                              "objective.top_entropy_quantile, …)")
+        variant_config(config, key, value)
+        variants.append((key, value))
+    if solve is not None:
+        if solve not in SOLVABLE_KEYS:
+            raise ConfigError(f"--solve {solve}: not a scalar coefficient the objective is affine in "
+                              f"(one of {', '.join(SOLVABLE_KEYS)})")
+        if config.objective.use_adaptive_entropy:
+            raise ConfigError(f"--solve {solve}: objective.use_adaptive_entropy sets the coefficient from the "
+                              "checkpoint's controller state")
+    if target is not None and not math.isfinite(target):
+        raise ConfigError(f"--solve-target {target!r}: must be a finite number")
+    return WhatIfRequest(tuple(variants), solve, 0.0 if target is None else float(target))
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every variant shares: the run's config, policy, E, U groups, X̂ and coefficients, and the E statistic."""
+
+    config: ProbeConfig
+    policy: Policy
+    E: Batch
+    U: Batch
+    groups: list[list[int]]
+    res: Any  # probe.results.DeltaH1Result of the run
+    e_stat: EStatistic
+    dist: DistContext
+
+    def value(self, config: ProbeConfig, grads: dict) -> float:
+        """δH₁ = lr·X̂·v for the U gradient `grads` under `config`'s step options."""
+        return self.e_stat.learning_rate * named_dot(self.res.X_hat, probe_step(config.step_options(), self.policy,
+                                                                                grads))
+
+    def estimate(self, config: ProbeConfig, v: dict, grads: UGradients) -> DirectionEstimate:
+        """δH₁ along v with its pieces (one jvp pass over E) and the U replicates lr·X̂·v₍₋k₎."""
+        lr, X = self.e_stat.learning_rate, self.res.X_hat
+        scores = recipe.score_E(config, self.policy, self.E, v, self.dist)
+        a, r = directional_pieces(scores.d_logq, scores.d_entropy, self.res.coefficients)
+        loo = (leave_one_group_out_directions(partial(probe_step, config.step_options(), self.policy), grads)
+               if len(grads.groups) >= 2 else [])
+        return direction_estimate(lr * named_dot(X, v), a, r, [lr * named_dot(X, w) for w in loo], self.e_stat)
+
+    def gradients(self, config: ProbeConfig) -> UGradients:
+        return recipe.update_gradients(config, self.policy, self.U, self.groups, self.dist)
+
+
+def estimate_entry(est: DirectionEstimate) -> dict:
+    return {"deltaH1": est.value, "se": est.se, "se_E": est.se_E, "se_U": est.se_U}
+
+
+def variant_entry(ctx: Context, key: str, value: Any, baseline: DirectionEstimate) -> dict:
+    """One variant: one U backward, its direction, δH₁ ± SE and its paired difference from the baseline."""
+    config = variant_config(ctx.config, key, value)
+    grads = ctx.gradients(config)
+    est = ctx.estimate(config, probe_step(config.step_options(), ctx.policy, grads.total), grads)
+    diff = paired_difference(est, baseline, ctx.e_stat)
+    return {"key": key, "value": value, **estimate_entry(est), "diff": diff.value, "diff_se": diff.se,
+            "diff_se_E": diff.se_E, "diff_se_U": diff.se_U, "u_loss": grads.loss}
+
+
+def solve_entry(ctx: Context, key: str, target: float) -> dict:
+    """The coefficient at which δH₁ = target, its interval from the δH₁ ± SE band, and the interpolation check."""
+    at = {c: ctx.gradients(variant_config(ctx.config, key, c)).total for c in (0.0, 1.0)}
+    f = lambda c: ctx.value(ctx.config, interpolated(at[0.0], at[1.0], c))
+    current = float(getattr(ctx.config.objective_options(), key.split(".", 1)[1]))
+    step = max(abs(current), 1e-3)
+    root = find_root(f, target, current, step)
+    out = {"key": key, "target": target, "value": root, "interval": [None, None], "deltaH1": None, "se": None,
+           "interpolation_error": None}
+    if root is None:
+        out["reason"] = f"δH₁ does not reach {target:g} for any {key} within ±{step * 2.0 ** 60:.3g} of {current:g}"
+        return out
+    config = variant_config(ctx.config, key, root)
+    grads = ctx.gradients(config)
+    est = ctx.estimate(config, probe_step(config.step_options(), ctx.policy, grads.total), grads)
+    lo, hi = band_interval(f, target, root, est.se, step)
+    out.update(interval=[lo, hi], deltaH1=est.value, se=est.se, interpolation_error=abs(est.value - f(root)))
+    return out
+
+
+def what_if_phase(request: WhatIfRequest, config: ProbeConfig, policy: Policy, E: Batch, U: Batch, res,
+                  dist: DistContext = SINGLE) -> dict:
+    """results.json `what_if_baseline`, `what_if` (one entry per variant) and `solve` (None: not asked), with the
+    seconds they took (`what_if_seconds`)."""
+    t0 = time.perf_counter()
+    s = res.scores
+    e_stat = EStatistic(s.seq_entropies, s.lengths, list(s.unit_of_sequence), config.estimator.normalize,
+                        res.learning_rate, res.sampler_weights)
+    ctx = Context(config, policy, E, U, split_into_groups(U.num_prompts, len(res.u_gradients.groups)), res, e_stat,
+                  dist)
+    baseline = ctx.estimate(config, res.v, res.u_gradients)
+    rows = [variant_entry(ctx, key, value, baseline) for key, value in request.variants]
+    solved = solve_entry(ctx, request.solve, request.target) if request.solve else None
+    return {"what_if_baseline": estimate_entry(baseline), "what_if": rows, "solve": solved,
+            "what_if_seconds": time.perf_counter() - t0}
+
+
+def what_if_hook(request: WhatIfRequest | None):
+    """The `after_estimates` callback of `recipe.run` for `request` (None: no what-if)."""
+    if request is None:
+        return None
+    return partial(what_if_phase, request)
+
+
+def _pm(value: Any, se: Any) -> str:
+    """`value ± se` (n/a where a number is missing: null in results.json, NaN before it is written)."""
+    def finite(x: Any) -> bool:
+        return isinstance(x, float) and math.isfinite(x)
+    if not finite(value):
+        return "n/a"
+    return f"{value:+.4e} ± {se:.2e}" if finite(se) else f"{value:+.4e} ± n/a"
+
+
+def what_if_text(results: dict) -> str:
+    """The printed what-if table (empty when the run had none)."""
+    rows, base = results.get("what_if"), results.get("what_if_baseline")
+    if base is None:
+        return ""
+    lines = ["What-if (same E and U):", f"  {'baseline objective':<36} δH₁ = {_pm(base['deltaH1'], base['se'])}"]
+    for row in rows or []:
+        label = f"{row['key']}={row['value']}"
+        lines.append(f"  {label:<36} δH₁ = {_pm(row['deltaH1'], row['se'])}   "
+                     f"diff = {_pm(row['diff'], row['diff_se'])} (paired)")
+    solved = results.get("solve")
+    if solved:
+        if solved["value"] is None:
+            lines.append(f"  solve {solved['key']}: {solved['reason']}")
+        else:
+            lo, hi = (f"{x:.4g}" if x is not None else "unbounded" for x in solved["interval"])
+            lines.append(f"  solve {solved['key']}: δH₁ = {solved['target']:g} at {solved['value']:.4g} "
+                         f"(band δH₁ ± SE crosses it on [{lo}, {hi}]; δH₁ of a U backward there "
+                         f"{_pm(solved['deltaH1'], solved['se'])})")
+    return "\n".join(lines)
