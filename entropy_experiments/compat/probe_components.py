@@ -23,11 +23,11 @@ from ..estimators.step_directions import step_direction
 from ..estimators.surrogate import SurrogateCoefficients
 from ..probe import recipe as probe
 from ..probe.recipe import DeltaH1Result, Policy
+from ..tensors import NamedTensors
 
 __all__ = ["DeltaH1Result", "EScores", "ProbeComponents", "SeedDeltaH1Result", "UGradients", "chunked",
            "split_into_groups"]
 
-NamedTensors = dict[str, Tensor]
 EScores = SequenceScores  # the seeds' name for the E scores
 
 

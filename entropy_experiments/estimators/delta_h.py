@@ -20,13 +20,13 @@ from torch import Tensor
 
 from ..data.batch import Batch
 from ..policy.engine import PolicyEngine
+from ..tensors import NamedTensors
 from . import snis
 from .central_difference import beta_log_ratio
 from .jackknife import as_float64
 from .sequence_scores import SequenceScores, log_weights, score_sequences, units_of
 from .surrogate import entropy_estimate
 
-NamedTensors = dict[str, Tensor]
 log = logging.getLogger("entropy_experiments.importance")
 
 

@@ -21,10 +21,10 @@ from ..data.batch import Batch
 from ..errors import ConfigError, NumericsError
 from ..policy.engine import PolicyEngine
 from ..policy.sequences import BatchedSequences
+from ..tensors import NamedTensors
 from . import objectives
 from .objectives import ObjectiveOptions, SequenceTerms
 
-NamedTensors = dict[str, Tensor]
 U_GRADIENT = "teacher forcing with grad (U gradient)"
 U_REFERENCE = "teacher forcing (E scoring)"
 

@@ -44,7 +44,7 @@ from entropy_experiments.probe.recipe import estimate_phase, score_E
 from entropy_experiments.probe.results import DeltaH1Result, Policy, WarningLog
 from entropy_experiments.probe.sampling import sample_phase
 
-NamedTensors = dict
+from ..tensors import NamedTensors
 
 
 @dataclass

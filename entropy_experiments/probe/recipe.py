@@ -61,6 +61,7 @@ from ..estimators.update_direction import named_dot, named_norm
 from ..policy.engine import PolicyEngine
 from ..policy.progress import progress as progress_bar
 from ..report.results_dict import ProbeOutcome, RunFacts, assemble_results, sampler_block
+from ..tensors import NamedTensors
 from .attribution import attribution_phase
 from .beyond import beyond_first_order_phase, central_difference_phase, scoring_share
 from .memory_plan import budgeted_config
@@ -70,7 +71,6 @@ from .results import DeltaH1Result, Estimates, Policy, Samples, SurrogatePass, U
 from .sampling import sample_phase, saved_batches, warn_zero_advantages
 
 log = logging.getLogger("entropy_experiments.probe")
-NamedTensors = dict[str, Tensor]
 MAIN = "v"  # the key of the probe's own direction among the directions the E pass takes pieces along
 DISPLACEMENT = "displacement"  # the key of Δθ = θ_next − θ among them (predictors.next_checkpoint)
 

@@ -18,9 +18,9 @@ from ..estimators.objective_gradient import Trainable, UGradients
 from ..estimators.sequence_scores import SequenceScores
 from ..estimators.surrogate import SurrogateCoefficients
 from ..policy.engine import PolicyEngine
+from ..tensors import NamedTensors
 
 log = logging.getLogger("entropy_experiments.probe")
-NamedTensors = dict[str, Tensor]
 
 
 class WarningLog:
