@@ -57,7 +57,7 @@ def compare(config, policy, E, U, etas: list[float]) -> list[str]:
 
     t0 = time.perf_counter()
     res = probe.delta_h1_phase(config, policy, E, U, per_sequence_pieces=True)
-    exact_seconds = res.timings["E_backward"]
+    exact_seconds = res.timings["e_pass_backward"]
     lean = lean_pieces(config, policy, E, res.v, etas)
     a, r = res.pieces
     s, lr, normalize = res.scores, res.learning_rate, config.estimator.normalize

@@ -62,7 +62,7 @@ def _directions_by_hand(probe, U) -> tuple[dict, dict[str, dict]]:
 def _snis_slope(probe, E, direction: dict, eps: float) -> float:
     out = isamp.measure_delta_h(probe.engine, E, {n: t.float() for n, t in direction.items()}, [-eps, eps],
                                 normalize=probe.config.estimator.normalize)
-    lo, hi = (row["deltaH_true"] for row in out["true"])
+    lo, hi = (row["deltaH_true"] for row in out.rows)
     return (hi - lo) / (2 * eps)
 
 

@@ -31,7 +31,7 @@ __all__ = ["DeltaH1Result", "EScores", "ProbeComponents", "SeedDeltaH1Result", "
 EScores = SequenceScores  # the seeds' name for the E scores
 
 
-@dataclass
+@dataclass(frozen=True)
 class SeedDeltaH1Result(DeltaH1Result):
     """`DeltaH1Result` with seed 001's names (compute_delta_h1_from_batches: {delta_h1, bars_dot, Xbar, Ybar,
     timings}) as aliases of the probe's."""
