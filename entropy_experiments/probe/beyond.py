@@ -140,7 +140,7 @@ def beta_log_ratios_at(config: ProbeConfig, policy: Policy, E: Batch, res: Delta
     local_E, rows_mine = scoring_share(config, E, dist, res.scores_tf_batch)
     values = []
     if local_E is not None:
-        new = score_at_eta(policy.engine, local_E, res.v, eta, mode="param_override", tf_batch_size=res.scores_tf_batch)
+        new = score_at_eta(policy.engine, local_E, res.v, eta, tf_batch_size=res.scores_tf_batch)
         base = res.scores.subset(rows_mine)
         values = beta_log_ratio(new.token_logqs, base.token_logqs, [res.coefficients.beta[i] for i in rows_mine])
     return dist.row_gatherer(rows_mine, len(res.scores.token_logqs))(values, f"β-weighted log-ratios (η={eta:g})")
