@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from functools import partial
 
 from ..checkpoint.displacement import NEXT_CHECKPOINT_KEY, displacement_to
@@ -234,7 +235,7 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     for message in runtime_precision_warnings(policy.trainable.model, config, policy.optimizer):
         notes.warn(message)  # a model handed in at the wrong precision is refused (ConfigError) here
     t0 = time.perf_counter()
-    policy.displacement = load_displacement(config, policy, notes)
+    policy = replace(policy, displacement=load_displacement(config, policy, notes))
     if policy.displacement is not None:
         timing["load_displacement"] = time.perf_counter() - t0
     if chunk_store is not None:

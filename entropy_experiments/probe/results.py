@@ -37,7 +37,7 @@ class WarningLog:
             self.messages.append(message)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Policy:
     """What the phases share once loaded: the policy engine, the trainable parameters, the optimizer."""
 
