@@ -39,9 +39,9 @@ import torch
 PHASES = [
     ("sampling", "entropy_experiments.probe.recipe", "sample_phase"),
     ("U gradient + v", "entropy_experiments.probe.recipe", "update_phase"),
-    ("E passes", "entropy_experiments.probe.recipe", "one_pass_phase"),
-    ("E passes", "entropy_experiments.probe.recipe", "scored_pieces_phase"),
-    ("ΔH per η", "entropy_experiments.probe.beyond", "truth_phase"),
+    ("E passes", "entropy_experiments.probe.e_pass", "one_pass_phase"),
+    ("E passes", "entropy_experiments.probe.e_pass", "scored_pieces_phase"),
+    ("ΔH per η", "entropy_experiments.probe.beyond", "delta_h_phase"),
     ("second order", "entropy_experiments.probe.beyond", "second_order_phase"),
     ("predictors", "entropy_experiments.probe.beyond", "predictors_phase"),
 ]

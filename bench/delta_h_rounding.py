@@ -49,7 +49,7 @@ def delta_h_by_layout(engine, E, v, etas: list[float], tf: int | None, base=None
     from entropy_experiments.estimators.delta_h import measure_delta_h
 
     truth = measure_delta_h(engine, E, v, etas, normalize="per_token", base=base, tf_batch_size=tf)
-    return {row["eta"]: row["deltaH_true"] for row in truth["true"]}
+    return {row["eta"]: row["deltaH_true"] for row in truth.rows}
 
 
 def sdpa_engine(outcome, config, dtype: torch.dtype):

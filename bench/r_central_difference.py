@@ -43,7 +43,7 @@ def lean_pieces(config, policy, E, v: dict, etas: list[float]) -> dict:
     seconds, t0 = time.perf_counter() - t0, time.perf_counter()
     r = {}
     for eta in etas:
-        plus, minus = (score_at_eta(policy.engine, E, v, s * eta, mode="param_override") for s in (1, -1))
+        plus, minus = (score_at_eta(policy.engine, E, v, s * eta) for s in (1, -1))
         r[eta] = central_difference_r(plus.token_logqs, minus.token_logqs, coefs, eta)
     return {"seconds": seconds, "X": X, "rows": rows["v"], "coefs": coefs, "scores": scores, "r": r,
             "pm_seconds": (time.perf_counter() - t0) / len(etas)}
@@ -57,7 +57,7 @@ def compare(config, policy, E, U, etas: list[float]) -> list[str]:
 
     t0 = time.perf_counter()
     res = recipe.delta_h1_phase(config, policy, E, U, per_sequence_pieces=True)
-    exact_seconds = res.timings["E_backward"]
+    exact_seconds = res.timings["e_pass_backward"]
     lean = lean_pieces(config, policy, E, res.v, etas)
     a, r = res.pieces
     s, lr, normalize = res.scores, res.learning_rate, config.estimator.normalize

@@ -86,6 +86,13 @@ TRAPS = [
     Trap("missing_H_R_term_in_one_pass_backward", EE + "estimators/entropy_gradient.py",
          "residual = coefs.H_hat - shift", "residual = -shift",
          ("tests/test_probe.py::test_one_pass_backward_matches_forward_mode_and_two_pass[per_token-causal]",)),
+    # ---- ΔH(η) by SNIS (estimators/delta_h.py): caught against enumeration and the direction predictors' slopes
+    Trap("snis_delta_h_without_the_sampler_weights", EE + "estimators/delta_h.py",
+         "units=units,\n                                sampler_weights=sampler_weights)", "units=units)",
+         ("tests/test_sampler_beyond_toy.py::test_delta_h_corrected_matches_enumeration_and_uncorrected_does_not",)),
+    Trap("snis_log_weights_with_the_wrong_sign", EE + "estimators/delta_h.py",
+         '"logw": log_weights(new, base)', '"logw": log_weights(base, new)',
+         ("tests/test_predictors.py::test_direction_predictors_equal_the_snis_slope_along_their_direction",)),
     # ---- error bars
     Trap("se_total_added_linearly", EE + "estimators/jackknife.py",
          "return math.sqrt(se_e ** 2 + se_u ** 2)", "return se_e + se_u",

@@ -98,11 +98,11 @@ def e_side_runs(setup):
         _, se_e = cv.se_E(a, r, scores.seq_entropies, scores.lengths, scores.unit_of_sequence,
                           normalize=normalize, learning_rate=lr)
         truth = measure_delta_h(probe.engine, E, v, [ETA], normalize=normalize)
-        per = truth["per_sequence"][ETA]
-        rho = paired_residual(per["logw"], per["h_new"], truth["base"]["h"], truth["base"]["T"], a.numpy(),
+        per = truth.per_sequence[ETA]
+        rho = paired_residual(per["logw"], per["h_new"], truth.h, truth.T, a.numpy(),
                               r.numpy(), ETA, normalize=normalize, units=scores.unit_of_sequence)
         runs.append({"delta_h1": lr * adam.named_dot(surrogate.X_hat, v), "se_E": se_e, "rho": rho.value, "rho_se": rho.se,
-                     "ess_frac": truth["true"][0]["ess_frac"]})
+                     "ess_frac": truth.rows[0]["ess_frac"]})
     return runs
 
 

@@ -47,7 +47,7 @@ def both(tmp_path_factory, tiny_model_dir):
     X, rows = surrogate_gradient_rows(policy.engine, policy.trainable, E,
                                       e_microbatches(E.num_prompts, E.num_responses_per_prompt,
                                                      options.microbatch_size), coefs, {"v": res.v})
-    plus, minus = (score_at_eta(policy.engine, E, res.v, s * ETA, mode="param_override") for s in (1, -1))
+    plus, minus = (score_at_eta(policy.engine, E, res.v, s * ETA) for s in (1, -1))
     return res, X, rows["v"], coefs, scores, central_difference_r(plus.token_logqs, minus.token_logqs, coefs, ETA)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from entropy_experiments.estimators import delta_h as isamp
 from entropy_experiments.estimators.predictors import zero_second_moment_caveat
 from entropy_experiments.estimators.sequence_scores import score_sequences
 from entropy_experiments.estimators.update_direction import named_norm
-from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
+from tests.probe_helpers import SHORT_PROMPTS, ProbeSetup, make_probe, write_prompts
 from tests.test_probe import (  # noqa: F401  (fixtures)
     TOY_PROMPTS,
     _enumerate_responses,
@@ -62,7 +63,7 @@ def _directions_by_hand(probe, U) -> tuple[dict, dict[str, dict]]:
 def _snis_slope(probe, E, direction: dict, eps: float) -> float:
     out = isamp.measure_delta_h(probe.engine, E, {n: t.float() for n, t in direction.items()}, [-eps, eps],
                                 normalize=probe.config.estimator.normalize)
-    lo, hi = (row["deltaH_true"] for row in out["true"])
+    lo, hi = (row["deltaH_true"] for row in out.rows)
     return (hi - lo) / (2 * eps)
 
 
@@ -187,7 +188,8 @@ def test_predictors_on_the_enumerable_model(toy_dir, toy_prompts_file):  # noqa:
 @pytest.mark.e2e
 def test_no_momentum_is_unavailable_on_a_fresh_optimizer_state(tiny_model_dir, prompts_file):
     probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"enabled": False}})
-    probe.policy.optimizer = torch.optim.AdamW([p for p in probe.model.parameters() if p.requires_grad], lr=1e-3)
+    fresh = torch.optim.AdamW([p for p in probe.model.parameters() if p.requires_grad], lr=1e-3)
+    probe = ProbeSetup(probe.config, replace(probe.policy, optimizer=fresh))
     predictors = _run(probe)[0]["predictors"]
     assert predictors["no_momentum"]["delta_h1"] is None
     assert "step ≥ 1" in predictors["no_momentum"]["unavailable"]

@@ -144,11 +144,10 @@ def test_real_step_matches_param_override(tiny_model_dir, prompts_file):
     # θ + η·v and AdamW's own update round differently at the ulp of θ; η large enough that this
     # rounding is far below the 1e-5 tolerance.
     etas = [-3e-2, 3e-2]
-    kw = {"normalize": "per_token", "optimizer": probe.optimizer, "named_params": list(zip(trainable.names, trainable.params)),
-              "grads": grads, "max_grad_norm": 0.5}
-    over = isamp.measure_delta_h(probe.engine, E, v, etas, mode="param_override", **kw)
-    real = isamp.measure_delta_h(probe.engine, E, v, etas, mode="real_step", **kw)
-    for a, b in zip(over["true"], real["true"]):
+    step = isamp.RealStep(probe.optimizer, list(zip(trainable.names, trainable.params)), grads, max_grad_norm=0.5)
+    over = isamp.measure_delta_h(probe.engine, E, v, etas, normalize="per_token")
+    real = isamp.measure_delta_h(probe.engine, E, v, etas, normalize="per_token", real_step=step)
+    for a, b in zip(over.rows, real.rows):
         assert a["deltaH_true"] != 0
         assert abs(a["deltaH_true"] - b["deltaH_true"]) <= 1e-5 * abs(a["deltaH_true"]) + 1e-9
     # real_step restored parameters and optimizer state exactly
@@ -323,10 +322,10 @@ def test_delta_h_reuses_the_phase_1_scores_without_a_pass_at_theta(tiny_model_di
     sp = probe.engine
     rows = 4  # 2 prompts × G = 2 per microbatch
     again = isamp.measure_delta_h(sp, E, v, [-1e-3, 1e-3], normalize="per_token", tf_batch_size=rows)
-    assert [r["deltaH_true"] for r in results["true"]] == [r["deltaH_true"] for r in again["true"]]
+    assert [r["deltaH_true"] for r in results["true"]] == [r["deltaH_true"] for r in again.rows]
     phase1_scores = recipe.one_pass_phase(probe.config, probe.policy, E, {}).scores
     at_zero = isamp.measure_delta_h(sp, E, v, [0.0], normalize="per_token", base=phase1_scores, tf_batch_size=rows)
-    assert at_zero["per_sequence"][0.0]["logw"] == [0.0] * len(phase1_scores.token_logqs)
+    assert at_zero.per_sequence[0.0]["logw"] == [0.0] * len(phase1_scores.token_logqs)
 
 
 def test_sequence_scores_subset_selects_by_index():

@@ -11,7 +11,12 @@ import torch
 
 from entropy_experiments.errors import OutputError
 from entropy_experiments.report.plot import plot_delta_h
-from entropy_experiments.report.results_schema import dumps_strict, load_results, validate_results_schema
+from entropy_experiments.report.results_schema import (
+    dumps_strict,
+    load_results,
+    validate_results_schema,
+    with_legacy_timing_keys,
+)
 from entropy_experiments.report.run_dir import RunDirectory
 from entropy_experiments.report.summary import render_summary
 from tests.report_helpers import fake_results, no_temp_files
@@ -51,6 +56,18 @@ def test_validate_results_schema_names_first_missing_key():
         validate_results_schema(fake_results(normalize="per_char"))
     with pytest.raises(ValueError, match="'config_hash'"):
         RunDirectory("unused").write_results({k: v for k, v in fake_results().items() if k != "config_hash"})
+
+
+def test_timing_keys_are_the_phase_names_with_the_numbered_names_as_aliases():
+    phases = {"sample": 1.0, "update_direction": 2.0, "e_pass_backward": 3.0, "delta_h": 4.0, "total": 10.0}
+    timing = with_legacy_timing_keys(phases)
+    assert timing == {**phases, "phase0_sampling": 1.0, "phase1_3_U_gradient_and_direction": 2.0,
+                      "phase1_3_E_backward": 3.0, "phase4_importance": 4.0}
+    validate_results_schema(fake_results(timing=timing))
+    with pytest.raises(ValueError, match="'timing.phase4_importance' must equal 'delta_h'"):
+        validate_results_schema(fake_results(timing={**timing, "phase4_importance": 5.0}))
+    with pytest.raises(ValueError, match="'timing.phase0_sampling' must equal 'sample'"):
+        validate_results_schema(fake_results(timing=phases))  # an alias missing
 
 
 def test_bars_dot_is_a_legacy_alias_of_x_hat_dot_v():

@@ -91,7 +91,7 @@ def test_sampler_is_far_enough_from_the_policy_to_matter(sampled):
 def test_delta_h_corrected_matches_enumeration_and_uncorrected_does_not(sampled, beyond_both):
     _, _, est, _, _ = sampled
     v = est.delta_h1.v
-    for row_w, row_u in zip(beyond_both[True].truth["true"], beyond_both[False].truth["true"]):
+    for row_w, row_u in zip(beyond_both[True].truth.rows, beyond_both[False].truth.rows):
         exact = _exact_H(sampled, v, row_w["eta"]) - _exact_H(sampled, v, 0.0)
         print(f"\nη={row_w['eta']:+g}: corrected {row_w['deltaH_true']:.5g} ± {row_w['se']:.2g}, uncorrected "
               f"{row_u['deltaH_true']:.5g} ± {row_u['se']:.2g}, exact {exact:.5g}")
@@ -100,7 +100,7 @@ def test_delta_h_corrected_matches_enumeration_and_uncorrected_does_not(sampled,
         assert row_w["se"] < 0.4 * abs(exact), "the test must be sharp enough to mean something"
         # the row's diagnostics are the step's own weights w, the same with and without the sampler's s
         assert row_w["ess"] == row_u["ess"] and row_w["psis_khat"] == row_u["psis_khat"]
-    assert beyond_both[True].truth["H_orig"] == pytest.approx(_exact_H(sampled, v, 0.0), abs=4e-3)
+    assert beyond_both[True].truth.H_orig == pytest.approx(_exact_H(sampled, v, 0.0), abs=4e-3)
 
 
 def test_second_order_corrected_matches_enumeration_and_uncorrected_does_not(sampled, beyond_both):

@@ -98,11 +98,11 @@ def test_callback_equals_an_offline_probe_of_the_checkpoint_pair(runs):
     assert named_dot(res.X_hat, delta) == pytest.approx(row["displacement"], rel=1e-6, abs=1e-12)
     truth = measure_delta_h(policy.engine, E, delta, [1.0], normalize=config.estimator.normalize, base=res.scores,
                             tf_batch_size=res.scores_tf_batch)
-    assert truth["true"][0]["deltaH_true"] == pytest.approx(row["realised"], rel=1e-6, abs=1e-12)
+    assert truth.rows[0]["deltaH_true"] == pytest.approx(row["realised"], rel=1e-6, abs=1e-12)
     # the residual against the realised change and the displacement recomputed here from the checkpoints on disk
     # (the callback takes its first-order term from the jvp pieces along Δθ, this reference from X̂·Δθ, backward)
     offline_displacement = named_dot(res.X_hat, delta)
-    assert row["first_order_residual"] == pytest.approx(truth["true"][0]["deltaH_true"] - offline_displacement,
+    assert row["first_order_residual"] == pytest.approx(truth.rows[0]["deltaH_true"] - offline_displacement,
                                                         abs=1e-4 * abs(offline_displacement))
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ..errors import CheckpointError
+from ..tensors import NamedTensors
 from .base_model import resolve_base_model_id, same_base_model
 from .layout import adapter_dir_of
 from .swap import check_same_lora, put_adapter_weights
@@ -23,7 +24,6 @@ from .swap import check_same_lora, put_adapter_weights
 __all__ = ["NEXT_CHECKPOINT_KEY", "displacement_to"]
 
 NEXT_CHECKPOINT_KEY = "predictors.next_checkpoint"
-NamedTensors = dict[str, Tensor]
 
 
 def _checked_adapter_dir(model: nn.Module, next_checkpoint: str | Path) -> Path:

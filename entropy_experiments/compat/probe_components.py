@@ -11,21 +11,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, fields
 
-from torch import Tensor
-
 from ..config import ProbeConfig, config_from_dict
 from ..data.batch import Batch
 from ..estimators.objective_gradient import Trainable, UGradients
 from ..estimators.surrogate import SurrogateCoefficients
 from ..probe import recipe
 from ..probe.recipe import DeltaH1Result, Policy
+from ..tensors import NamedTensors
 
 __all__ = ["ProbeComponents", "SeedDeltaH1Result"]
 
-NamedTensors = dict[str, Tensor]
 
 
-@dataclass
+@dataclass(frozen=True)
 class SeedDeltaH1Result(DeltaH1Result):
     """`DeltaH1Result` with seed 001's names (compute_delta_h1_from_batches: {delta_h1, bars_dot, Xbar, Ybar,
     timings}) as aliases of the probe's."""

@@ -17,10 +17,9 @@ import torch
 from torch import Tensor
 
 from ..errors import OptimizerStateError
+from ..tensors import NamedTensors
 
 __all__ = ["AdamHyper", "AdamStateError", "NamedTensors", "adam_state_by_name", "hyper_by_name"]
-
-NamedTensors = Mapping[str, Tensor]
 
 
 class AdamStateError(OptimizerStateError, ValueError):

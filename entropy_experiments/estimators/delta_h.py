@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,13 +20,13 @@ from torch import Tensor
 
 from ..data.batch import Batch
 from ..policy.engine import PolicyEngine
+from ..tensors import NamedTensors
 from . import snis
 from .central_difference import beta_log_ratio
 from .jackknife import as_float64
 from .sequence_scores import SequenceScores, log_weights, score_sequences, units_of
 from .surrogate import entropy_estimate
 
-NamedTensors = dict[str, Tensor]
 log = logging.getLogger("entropy_experiments.importance")
 
 
@@ -67,74 +67,90 @@ def eta_grid(eta_list: list[float], symmetric: bool) -> list[float]:
     return sorted(etas)
 
 
-def gather_locally(values: list[float], what: str) -> np.ndarray:
-    """The one-process `gather`: the local values are already every sequence's."""
-    return np.asarray(values, dtype=np.float64)
+@dataclass(frozen=True)
+class RealStep:
+    """θ' by a real AdamW step with lr = η (importance.mode real_step): the optimizer, the trainable parameters in
+    optimizer order, the U gradient (unclipped; clipped here like the real training step) and the clip norm."""
+
+    optimizer: object
+    named_params: list[tuple[str, torch.nn.Parameter]]
+    grads: NamedTensors
+    max_grad_norm: float | None = None
 
 
-def score_at_eta(engine: PolicyEngine, E_batch: Batch, v_named: NamedTensors, eta: float, *, mode: str, optimizer=None,
-                 named_params=None, grads: NamedTensors | None = None, max_grad_norm: float | None = None,
-                 tf_batch_size: int | None = None) -> SequenceScores:
+@dataclass(frozen=True)
+class DeltaH:
+    """ΔH(η) on E for every η (docs/maths.md §5): Ĥ at θ, the results.json "true" rows (eta, deltaH_true, H_upd,
+    se and the weight diagnostics), the per-sequence values of each η ({eta: {"logw", "h_new"[, "beta_logw"]}}),
+    the per-sequence h and T at θ of all E (float64 [N], for the paired residuals) and the linearity fits."""
+
+    H_orig: float | None
+    rows: list[dict]
+    per_sequence: dict[float, dict[str, list[float]]]
+    h: np.ndarray | None
+    T: np.ndarray | None
+    linearity: dict
+
+    @classmethod
+    def not_measured(cls) -> DeltaH:
+        """No η (importance off): no rows, NaN slopes."""
+        return cls(None, [], {}, None, None, snis.linearity_fit([], []))
+
+
+def score_at_eta(engine: PolicyEngine, E_batch: Batch, v_named: NamedTensors, eta: float, *,
+                 real_step: RealStep | None = None, tf_batch_size: int | None = None) -> SequenceScores:
     """E scored at θ' = θ + η·v: as a parameter override, or after a real AdamW step with lr = η (undone)."""
-    if mode == "param_override":
+    if real_step is None:
         return score_sequences(engine, E_batch, params_override=engine.build_params_override(v_named, eta),
                                tf_batch_size=tf_batch_size)
-    if mode == "real_step":
-        with real_optimizer_step(optimizer, named_params, grads, eta, max_grad_norm):
-            return score_sequences(engine, E_batch, params_override=engine.build_params_override({}, 0.0),
-                                   tf_batch_size=tf_batch_size)
-    raise ValueError(f"importance.mode must be param_override or real_step, got {mode!r}")
+    with real_optimizer_step(real_step.optimizer, real_step.named_params, real_step.grads, eta,
+                             real_step.max_grad_norm):
+        return score_sequences(engine, E_batch, params_override=engine.build_params_override({}, 0.0),
+                               tf_batch_size=tf_batch_size)
 
 
-def measure_delta_h(engine: PolicyEngine, E_batch: Batch | None, v_named: NamedTensors, etas: list[float], *, normalize: str,
-                    units: list[int] | None = None, mode: str = "param_override", optimizer=None, named_params=None,
-                    grads=None, max_grad_norm: float | None = None, base: SequenceScores | None = None,
-                    tf_batch_size: int | None = None,
-                    gather: Callable[[list[float], str], np.ndarray] = gather_locally,
-                    sampler_weights: np.ndarray | None = None, token_weights: list[Tensor] | None = None) -> dict:
-    """ΔH(η) with diagnostics for every η; returns {"H_orig", "true": [...], "per_sequence", "base", "linearity"}
-    ("base": the per-sequence h and T at θ of all E, float64 [N], for the paired residuals).
+def eta_values(new: SequenceScores, base: SequenceScores, token_weights: list[Tensor] | None = None) -> dict[str, list]:
+    """The per-sequence values of one η from E's scores at θ' (`new`) and at θ (`base`): log w_i, h'_i and, with
+    the surrogate's β_ik (`token_weights`, central_difference.py), Σ_k β_ik (ℓ'_ik − ℓ_ik)."""
+    out = {"logw": log_weights(new, base), "h_new": new.seq_entropies.tolist()}
+    if token_weights is not None:
+        out["beta_logw"] = beta_log_ratio(new.token_logqs, base.token_logqs, token_weights)
+    return out
 
-    `base` (the scores at θ of the sequences of `E_batch`) must come from forwards with the layout of
-    `tf_batch_size` rows (the probe passes phase 1's scores and their layout: no pass at θ here), so that
-    η → 0 gives log w → 0 exactly; without it E is scored at θ first. real_step needs `optimizer`,
-    `named_params` (trainable, in optimizer order) and `grads` (the U gradient, unclipped; clipped here like
-    the real training step).
 
-    `E_batch` may be a share of E (None: no sequence here) when `gather` turns the share's per-sequence
-    values into arrays over all of E in order (parallel.py) and `units` gives every sequence's prompt;
-    the SNIS estimate then runs on the whole E. By default E is whole and `gather` is the identity.
-
-    `sampler_weights` s [N] over all of E (E drawn by a sampler other than the policy, docs/maths.md §12):
-    Ĥ = Σ s h / Σ s d and Ĥ' = Σ s w h' / Σ s w d. The weight diagnostics of each row stay those of the
-    step's own w = q_θ'/q_θ (the sampler's are reported once, by the sampler correction).
-
-    `token_weights` β_ik of the sequences of `E_batch` (the surrogate's, for r_i by the central difference,
-    central_difference.py): each η's per_sequence entry also gets "beta_logw", Σ_k β_ik (ℓ'_ik − ℓ_ik) [N].
-    """
-    if units is None:
-        units = units_of(E_batch.num_prompts, E_batch.num_responses_per_prompt)
-    local = E_batch is not None
-    base = base or (score_sequences(engine, E_batch, tf_batch_size=tf_batch_size) if local else None)
-    T = gather([len(x) for x in base.token_logqs] if local else [], "E lengths gather")
-    h = gather(base.seq_entropies.tolist() if local else [], "E entropies gather")
+def delta_h_from_values(h: np.ndarray, T: np.ndarray, per_eta: dict[float, dict[str, np.ndarray]], *, normalize: str,
+                        units: list[int], sampler_weights: np.ndarray | None = None) -> DeltaH:
+    """ΔH(η) by SNIS for every η of `per_eta` ({eta: {"logw", "h_new"[, "beta_logw"]}}, float64 [N] over all E)
+    with h, T at θ. `sampler_weights` s [N] (E drawn by a sampler other than the policy, docs/maths.md §12):
+    Ĥ = Σ s h / Σ s d and Ĥ' = Σ s w h' / Σ s w d; the weight diagnostics of each row stay those of the step's
+    own w = q_θ'/q_θ (the sampler's are reported once, by the sampler correction)."""
     H_orig = entropy_estimate(h, T, normalize, None if sampler_weights is None else as_float64(sampler_weights))
-    rows, per_seq = [], {}
-    for eta in etas:
-        new = (score_at_eta(engine, E_batch, v_named, eta, mode=mode, optimizer=optimizer, named_params=named_params,
-                            grads=grads, max_grad_norm=max_grad_norm, tf_batch_size=tf_batch_size)
-               if local else None)
-        logw = gather(log_weights(new, base) if local else [], f"log-weights gather (η={eta:g})")
-        h_new = gather(new.seq_entropies.tolist() if local else [], f"new entropies gather (η={eta:g})")
-        est = snis.snis_delta_h(logw, h_new, h, T, normalize=normalize, units=units,
+    rows = []
+    for eta, values in per_eta.items():
+        est = snis.snis_delta_h(values["logw"], values["h_new"], h, T, normalize=normalize, units=units,
                                 sampler_weights=sampler_weights)
-        diag = snis.importance_diagnostics(logw)
+        diag = snis.importance_diagnostics(values["logw"])
         rows.append({"eta": eta, "deltaH_true": est.value, "H_upd": H_orig + est.value, "se": est.se, **diag})
-        per_seq[eta] = {"logw": logw.tolist(), "h_new": h_new.tolist()}
-        if token_weights is not None:
-            bw = beta_log_ratio(new.token_logqs, base.token_logqs, token_weights) if local else []
-            per_seq[eta]["beta_logw"] = gather(bw, f"β-weighted log-ratios gather (η={eta:g})").tolist()
         log.info("η=%+.3g  ΔH=%+.4e ± %.2e  ESS/N=%.3f  k̂=%.2f", eta, est.value, est.se,
                  diag["ess_frac"], diag["psis_khat"])
-    return {"H_orig": H_orig, "true": rows, "per_sequence": per_seq, "base": {"h": h, "T": T},
-            "linearity": snis.linearity_fit([r["eta"] for r in rows], [r["deltaH_true"] for r in rows])}
+    per_sequence = {eta: {k: np.asarray(col).tolist() for k, col in values.items()} for eta, values in per_eta.items()}
+    return DeltaH(H_orig, rows, per_sequence, h, T,
+                  snis.linearity_fit([r["eta"] for r in rows], [r["deltaH_true"] for r in rows]))
+
+
+def measure_delta_h(engine: PolicyEngine, E_batch: Batch, v_named: NamedTensors, etas: list[float], *, normalize: str,
+                    base: SequenceScores | None = None, tf_batch_size: int | None = None,
+                    real_step: RealStep | None = None, sampler_weights: np.ndarray | None = None) -> DeltaH:
+    """ΔH(η) on the whole of `E_batch` for every η of `etas`, θ' = θ + η·v by a parameter override (or
+    `real_step`); `sampler_weights` s [N] as in `delta_h_from_values`. `base` (E's scores at θ) must come from
+    forwards with the layout of `tf_batch_size` rows (the probe passes the e_pass's scores and their layout: no
+    pass at θ here), so that η → 0 gives log w → 0 exactly; without it E is scored at θ first. (The probe's sharded passes: probe/beyond.py.)"""
+    base = base or score_sequences(engine, E_batch, tf_batch_size=tf_batch_size)
+    per_eta = {}
+    for eta in etas:
+        new = score_at_eta(engine, E_batch, v_named, eta, real_step=real_step, tf_batch_size=tf_batch_size)
+        per_eta[eta] = {k: np.asarray(col, dtype=np.float64) for k, col in eta_values(new, base).items()}
+    h = np.asarray(base.seq_entropies.tolist(), dtype=np.float64)
+    T = np.asarray([len(x) for x in base.token_logqs], dtype=np.float64)
+    units = units_of(E_batch.num_prompts, E_batch.num_responses_per_prompt)
+    return delta_h_from_values(h, T, per_eta, normalize=normalize, units=units, sampler_weights=sampler_weights)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
+from ..tensors import NamedTensors
 from .jackknife import (
     Estimate,
     as_float64,
@@ -54,7 +55,6 @@ from .update_direction import named_dot, named_norm
 __all__ = ["BatchColumns", "DisplacementPieces", "displacement_entry", "independent_residuals", "interval_residuals",
            "step_comparison", "u_noise"]
 
-NamedTensors = dict[str, Tensor]
 NAN = float("nan")
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from . import jackknife
+from .delta_h import DeltaH
 from .jackknife import Estimate
 from .paired import paired_residual, residual_entry
 
@@ -61,18 +62,18 @@ def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: 
     return ErrorBars({"E": se_E, "U": se_U, "total": se_total}, consistency, a, r, loo)
 
 
-def paired_residuals(truth: dict, res, bars: ErrorBars, *, normalize: str) -> list[dict]:
+def paired_residuals(truth: DeltaH, res, bars: ErrorBars, *, normalize: str) -> list[dict]:
     """Per η of `truth` (delta_h.measure_delta_h): {value, se, z} of ρ(η) = ΔH(η) − η·D_v H over the same E
     units. D_v H comes from the pieces a, r; without them (variance off) from X̂·v, with SE NaN. With the
     sampler correction (`res.sampler_weights`, docs/maths.md §12) every sum carries s."""
     out = []
-    for row in truth["true"]:
+    for row in truth.rows:
         eta = row["eta"]
         if bars.a is None:
             out.append(residual_entry(Estimate(row["deltaH_true"] - eta * res.x_hat_dot_v, NAN)))
             continue
-        per = truth["per_sequence"][eta]
+        per = truth.per_sequence[eta]
         out.append(residual_entry(paired_residual(
-            per["logw"], per["h_new"], truth["base"]["h"], truth["base"]["T"], bars.a.numpy(), bars.r.numpy(), eta,
+            per["logw"], per["h_new"], truth.h, truth.T, bars.a.numpy(), bars.r.numpy(), eta,
             normalize=normalize, units=res.scores.unit_of_sequence, sampler_weights=res.sampler_weights)))
     return out

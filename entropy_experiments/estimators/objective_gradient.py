@@ -20,11 +20,11 @@ from torch import Tensor, nn
 from ..data.batch import Batch
 from ..errors import ConfigError, NumericsError
 from ..policy.engine import PolicyEngine
+from ..tensors import NamedTensors
 from . import objectives
 from .entropy_terms import TokenStatistics
 from .objectives import ObjectiveOptions, SequenceTerms
 
-NamedTensors = dict[str, Tensor]
 U_GRADIENT = "teacher forcing with grad (U gradient)"
 U_REFERENCE = "teacher forcing (E scoring)"
 

@@ -30,11 +30,11 @@ import torch
 from torch import Tensor
 
 from ..registry import registrar
+from ..tensors import NamedTensors
 from . import jackknife
 from .adam_state import adam_state_by_name, hyper_by_name
 from .update_direction import named_dot, named_norm, preconditioned_gradient_direction
 
-NamedTensors = dict[str, Tensor]
 NAN = float("nan")
 
 

@@ -10,15 +10,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from torch import Tensor
-
+from ..tensors import NamedTensors
 from .adam_state import AdamStateError, adam_state_by_name
 from .objective_gradient import Trainable
 from .objectives import ObjectiveOptions
 from .predictors import DIRECTION_PREDICTORS, StepContext, zero_second_moment_caveat
 from .update_direction import optimizer_step_direction
-
-NamedTensors = dict[str, Tensor]
 
 
 class Policy(Protocol):

@@ -145,8 +145,8 @@ def check_trainer_step(config: ProbeConfig, policy: Policy, pending: PendingTrai
     with parameters_set_to(named, pending.theta):
         realised = measure_delta_h(policy.engine, pending.E, delta, [1.0], normalize=normalize,
                                    base=pending.scores, sampler_weights=weights)
-    per, true, base = realised["per_sequence"][1.0], realised["true"][0], realised["base"]
-    residual = paired_residual(per["logw"], per["h_new"], base["h"], base["T"], pending.pieces[0].numpy(),
+    per, true = realised.per_sequence[1.0], realised.rows[0]
+    residual = paired_residual(per["logw"], per["h_new"], realised.h, realised.T, pending.pieces[0].numpy(),
                                pending.pieces[1].numpy(), 1.0, normalize=normalize,
                                units=pending.scores.unit_of_sequence, sampler_weights=weights)
     step_error = max((float((delta[n] - pending.next_step.step[n].to(delta[n])).abs().max()) for n in delta),

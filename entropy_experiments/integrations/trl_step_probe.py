@@ -44,7 +44,7 @@ from entropy_experiments.probe.recipe import estimate_phase, score_E
 from entropy_experiments.probe.results import DeltaH1Result, Policy, WarningLog
 from entropy_experiments.probe.sampling import sample_phase
 
-NamedTensors = dict
+from ..tensors import NamedTensors
 
 
 @dataclass
@@ -92,22 +92,22 @@ def check_step(config: ProbeConfig, policy: Policy, pending: PendingStep, u_batc
     pieces, realised = displacement_pieces(config, policy, pending, delta)
     res, bars, normalize = pending.res, pending.bars, config.estimator.normalize
     entry = displacement_entry(res.X_hat, delta, pieces, res.scores, normalize=normalize, second=None)
-    per = realised["per_sequence"][1.0]
+    per = realised.per_sequence[1.0]
     units = res.scores.unit_of_sequence
-    residual = paired_residual(per["logw"], per["h_new"], realised["base"]["h"], realised["base"]["T"],
+    residual = paired_residual(per["logw"], per["h_new"], realised.h, realised.T,
                                pieces[0].numpy(), pieces[1].numpy(), 1.0, normalize=normalize, units=units)
-    d = realised["base"]["T"] if normalize == "per_token" else np.ones_like(realised["base"]["T"])
-    columns = BatchColumns(h=realised["base"]["h"], d=d, keys=[str(u) for u in units])
+    d = realised.T if normalize == "per_token" else np.ones_like(realised.T)
+    columns = BatchColumns(h=realised.h, d=d, keys=[str(u) for u in units])
     noise = u_noise(columns, DisplacementPieces(a=pieces[0].numpy(), r=pieces[1].numpy(),
                                                 a_v=None if bars.a is None else bars.a.numpy(),
                                                 r_v=None if bars.r is None else bars.r.numpy()),
                     step_lr=res.learning_rate, steps=1, se_U=bars.se["U"], u_batch_ratio=u_batch_ratio)
-    true = realised["true"][0]
+    true = realised.rows[0]
     warnings = list(pending.warnings)
     if entry["zero_displacement"]:
         warnings.append(f"step {pending.step}: the trainer's step left the adapter unchanged (Δθ = 0): δH_Δθ = 0 "
                         "and the realised change is 0 by construction (a skipped step?)")
-    return {"step": pending.step, "lr": res.learning_rate, "H": realised["H_orig"],
+    return {"step": pending.step, "lr": res.learning_rate, "H": realised.H_orig,
             "delta_h1": res.delta_h1, "se": bars.se["total"], "se_E": bars.se["E"], "se_U": bars.se["U"],
             "realised": true["deltaH_true"], "realised_se": true["se"], "ess_frac": true["ess_frac"],
             "displacement": entry["delta_h1"], "displacement_se": entry["se"],

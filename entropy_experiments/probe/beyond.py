@@ -1,7 +1,7 @@
 """The probe's phases after δH₁ (`recipe.run` runs them): what first order misses and how it compares.
 
-    truth        ΔH(η) by SNIS on the same E, and the paired residuals ΔH(η) − η·X̂·v     (estimators/delta_h.py)
-    second order d2 = D²_v H of the SNIS estimate, η*, the second-order prediction per η  (estimators/second_order.py
+    delta_h      ΔH(η) by SNIS on the same E, and the paired residuals ΔH(η) − η·X̂·v     (estimators/delta_h.py)
+    second_order d2 = D²_v H of the SNIS estimate, η*, the second-order prediction per η  (estimators/second_order.py
                  by jvp, estimators/second_difference.py from the ΔH(±η) passes)
     predictors   the competing predictors of the same step with their SEs and ratios      (estimators/predictors.py)
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from ..estimators.central_difference import (
     r_eta_message,
     r_from_log_ratios,
 )
-from ..estimators.delta_h import eta_grid, measure_delta_h, score_at_eta
+from ..estimators.delta_h import DeltaH, RealStep, delta_h_from_values, eta_grid, eta_values, score_at_eta
 from ..estimators.displacement import displacement_entry, step_comparison
 from ..estimators.entropy_gradient import e_microbatches, entropy_only_gradient_sum
 from ..estimators.error_bars import ErrorBars, paired_residuals
@@ -47,7 +48,6 @@ from ..estimators.predictors import (
 from ..estimators.second_difference import finite_difference_report
 from ..estimators.second_order import second_derivative, second_order_report
 from ..estimators.sequence_scores import SECOND_ORDER_KEYS, second_order_sums, units_of
-from ..estimators.snis import linearity_fit
 from ..estimators.step_directions import no_momentum_caveat, predictor_direction_fns
 from ..policy.progress import progress
 from .parallel import SINGLE, DistContext
@@ -72,35 +72,50 @@ def scoring_share(config: ProbeConfig, E: Batch, dist: DistContext,
     return (E.subset(mine) if mine else None), [b * G + g for b in mine for g in range(G)]
 
 
-def truth_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, dist: DistContext = SINGLE,
-                with_beta: bool = False) -> dict:
-    """ΔH(η) by SNIS on the same E for every η: one no-grad pass per η, none at θ — phase 1's scores are the
-    base, and E is scored at θ' in phase 1's batch layout so that log w is exactly 0 at η = 0. Each rank
-    scores whole chunks of that layout; values are gathered in order. `with_beta`: each η's per-sequence
-    values also carry Σ_k β_ik (ℓ'_ik − ℓ_ik) ("beta_logw", for r_i by the central difference)."""
+def delta_h_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, dist: DistContext = SINGLE,
+                  with_beta: bool = False) -> DeltaH:
+    """ΔH(η) by SNIS on the same E for every η: one no-grad pass per η, none at θ — the e_pass scores are the
+    base, and E is scored at θ' in the e_pass's batch layout so that log w is exactly 0 at η = 0. Each rank
+    scores whole chunks of that layout; values are gathered in order and the estimate runs on the whole E
+    (delta_h.delta_h_from_values). `with_beta`: each η's per-sequence values also carry Σ_k β_ik (ℓ'_ik − ℓ_ik)
+    ("beta_logw", for r_i by the central difference)."""
     imp = config.importance
     if not imp.enabled:
-        return {"true": [], "linearity": linearity_fit([], []), "per_sequence": {}}  # NaN slopes
+        return DeltaH.not_measured()
     G, B = E.num_responses_per_prompt, E.num_prompts
     local_E, rows_mine = scoring_share(config, E, dist, res.scores_tf_batch)
-    beta = [res.coefficients.beta[i] for i in rows_mine] if with_beta and local_E is not None else None
+    local = local_E is not None
+    gather = dist.row_gatherer(rows_mine, B * G)
+    base = res.scores.subset(rows_mine) if local else None
+    beta = [res.coefficients.beta[i] for i in rows_mine] if with_beta and local else None
+    T = gather([len(x) for x in base.token_logqs] if local else [], "E lengths gather")
+    h = gather(base.seq_entropies.tolist() if local else [], "E entropies gather")
+    step = real_step_of(config, policy, res) if imp.mode == "real_step" else None
+    per_eta = {}
+    for eta in eta_grid(imp.eta_list, imp.symmetric):
+        new = (score_at_eta(policy.engine, local_E, res.v, eta, real_step=step, tf_batch_size=res.scores_tf_batch)
+               if local else None)
+        mine = eta_values(new, base, beta) if local else {}
+        keys = ("logw", "h_new", "beta_logw") if with_beta else ("logw", "h_new")
+        per_eta[eta] = {k: gather(mine.get(k, []), f"{k} gather (η={eta:g})") for k in keys}
+    return delta_h_from_values(h, T, per_eta, normalize=config.estimator.normalize, units=units_of(B, G),
+                               sampler_weights=sampler_weights_of(res))
+
+
+def real_step_of(config: ProbeConfig, policy: Policy, res: DeltaH1Result) -> RealStep:
+    """θ' of importance.mode real_step: the loaded AdamW stepped with the U gradient (clipped like the trainer)."""
     t = policy.trainable
-    return measure_delta_h(policy.engine, local_E, res.v, eta_grid(imp.eta_list, imp.symmetric),
-                           normalize=config.estimator.normalize, units=units_of(B, G), mode=imp.mode,
-                           optimizer=policy.optimizer, named_params=list(zip(t.names, t.params)),
-                           grads=res.u_gradients.total, max_grad_norm=config.objective_options().max_grad_norm,
-                           base=res.scores.subset(rows_mine) if local_E is not None else None,
-                           tf_batch_size=res.scores_tf_batch, gather=dist.row_gatherer(rows_mine, B * G),
-                           sampler_weights=sampler_weights_of(res), token_weights=beta if with_beta else None)
+    return RealStep(policy.optimizer, list(zip(t.names, t.params)), res.u_gradients.total,
+                    config.objective_options().max_grad_norm)
 
 
 def central_difference_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result,
-                             dist: DistContext = SINGLE) -> tuple[dict | None, dict[str, float]]:
-    """r_i along v by the central difference (docs/maths.md §6) and with it `res.pieces` (a_i from the L_X
-    backward's D_v L_X,i in `res.r_rows`). η = variance.r_eta, default the largest η ≤ R_ETA_MAX of the ΔH(±η)
-    passes: then ΔH is measured here, before the error bars, and its truth returned for phase 4 to reuse;
-    an η of no ΔH pass gets a pair of its own (no-grad, θ ± η·v as a parameter override). Returns (truth or
-    None, timings)."""
+                             dist: DistContext = SINGLE) -> tuple[DeltaH1Result, DeltaH | None, dict[str, float]]:
+    """r_i along v by the central difference (docs/maths.md §6) and with it the pieces (a_i from the L_X
+    backward's D_v L_X,i in `res.r_rows`): `res` with its pieces, r_eta set and r_rows spent. η = variance.r_eta, default the largest η ≤ R_ETA_MAX of the ΔH(±η)
+    passes: then ΔH is measured here, before the error bars, and its result returned for the delta_h phase to reuse;
+    an η of no ΔH pass gets a pair of its own (no-grad, θ ± η·v as a parameter override). Returns (that result,
+    ΔH or None, timings)."""
     imp = config.importance
     etas = eta_grid(imp.eta_list, imp.symmetric) if imp.enabled else []
     eta = central_difference_eta(config.variance.r_eta, etas)
@@ -108,15 +123,14 @@ def central_difference_phase(config: ProbeConfig, policy: Policy, E: Batch, res:
         raise ConfigError(r_eta_message(imp.enabled))
     t0 = time.perf_counter()
     if eta in etas and -eta in etas:
-        truth = truth_phase(config, policy, E, res, dist, with_beta=True)
-        plus, minus = (truth["per_sequence"][e]["beta_logw"] for e in (eta, -eta))
-        timing = {"phase4_importance": time.perf_counter() - t0}
+        truth = delta_h_phase(config, policy, E, res, dist, with_beta=True)
+        plus, minus = (truth.per_sequence[e]["beta_logw"] for e in (eta, -eta))
+        timing = {"delta_h": time.perf_counter() - t0}
     else:
         truth, (plus, minus) = None, (beta_log_ratios_at(config, policy, E, res, s * eta, dist) for s in (1, -1))
-        timing = {"phase3_r_central_difference": time.perf_counter() - t0}
-    res.pieces = pieces_from_weighted_rows(res.r_rows, r_from_log_ratios(plus, minus, eta), res.coefficients)
-    res.r_eta, res.r_rows = eta, None
-    return truth, timing
+        timing = {"r_central_difference": time.perf_counter() - t0}
+    pieces = pieces_from_weighted_rows(res.r_rows, r_from_log_ratios(plus, minus, eta), res.coefficients)
+    return replace(res, pieces=pieces, r_eta=eta, r_rows=None), truth, timing
 
 
 def beta_log_ratios_at(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, eta: float,
@@ -126,7 +140,7 @@ def beta_log_ratios_at(config: ProbeConfig, policy: Policy, E: Batch, res: Delta
     local_E, rows_mine = scoring_share(config, E, dist, res.scores_tf_batch)
     values = []
     if local_E is not None:
-        new = score_at_eta(policy.engine, local_E, res.v, eta, mode="param_override", tf_batch_size=res.scores_tf_batch)
+        new = score_at_eta(policy.engine, local_E, res.v, eta, tf_batch_size=res.scores_tf_batch)
         base = res.scores.subset(rows_mine)
         values = beta_log_ratio(new.token_logqs, base.token_logqs, [res.coefficients.beta[i] for i in rows_mine])
     return dist.row_gatherer(rows_mine, len(res.scores.token_logqs))(values, f"β-weighted log-ratios (η={eta:g})")
@@ -147,7 +161,7 @@ def second_derivative_along(config: ProbeConfig, policy: Policy, E: Batch, direc
     return d2, cols
 
 
-def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, truth: dict,
+def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, truth: DeltaH,
                        dist: DistContext = SINGLE) -> dict | None:
     """d2 = D²_v H of the SNIS estimate on E with its SE, η* and the prediction per η (None: off): by the nested
     jvp (sharded like ΔH), or by the second difference of `truth`'s ΔH(±η) passes (no model pass)."""
@@ -158,19 +172,19 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: Delta
         d2, _ = second_derivative_along(config, policy, E, res.v, dist, sampler_weights_of(res))
         return second_order_report(d2, res.x_hat_dot_v, etas, "jvp")
     G, B = E.num_responses_per_prompt, E.num_prompts
-    fd = finite_difference_report(truth["per_sequence"], truth["base"]["h"], truth["base"]["T"],
+    fd = finite_difference_report(truth.per_sequence, truth.h, truth.T,
                                   normalize=config.estimator.normalize, units=units_of(B, G),
                                   sampler_weights=sampler_weights_of(res))
     report = second_order_report(Estimate(fd["d2"], fd["se"]), res.x_hat_dot_v, etas, "finite_difference")
     return {**report, **{k: fd[k] for k in ("eta", "bias_bound", "per_eta")}}
 
 
-def displacement_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result,
-                       dist: DistContext = SINGLE) -> dict:
+def displacement_predictor(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result,
+                           dist: DistContext = SINGLE) -> tuple[dict, dict[str, list[float]]]:
     """The `displacement` predictor: δH_Δθ = X̂·Δθ with SE_E from the pieces along Δθ (same E pass as v),
     ½·D²_Δθ H by the nested jvp (only with second_order.enabled: it is a second-order pass over E; None
-    otherwise), and how the probe's own step lr·v compares with Δθ. Its per-sequence pieces and second-order
-    sums go to per_sequence.jsonl (`res.per_sequence_extra`) for the sweep's joint jackknife."""
+    otherwise), and how the probe's own step lr·v compares with Δθ. Returns (its entry, its per-sequence
+    pieces and second-order sums {column: [N]} for per_sequence.jsonl and the sweep's joint jackknife)."""
     delta = policy.displacement
     pieces = res.predictor_pieces.get("displacement")
     s = sampler_weights_of(res)
@@ -183,8 +197,7 @@ def displacement_phase(config: ProbeConfig, policy: Policy, E: Batch, res: Delta
     extra = {k: [float(x) for x in cols[k]] for k in ("s", "s2", "dh", "d2h") if k in cols}
     if pieces is not None:
         extra.update(a=[float(x) for x in pieces[0]], r=[float(x) for x in pieces[1]])
-    res.per_sequence_extra["displacement"] = extra
-    return entry
+    return entry, extra
 
 
 def weighted_normalizer(res: DeltaH1Result, normalize: str) -> float:
@@ -218,10 +231,11 @@ def direct_only_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH
 
 
 def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
-                     truth: dict, dist: DistContext = SINGLE) -> dict | None:
-    """results.json `predictors`: {name: {delta_h1, se, se_E, se_U, from_pieces, ratio_to_measured}} (None: off)."""
+                     truth: DeltaH, dist: DistContext = SINGLE) -> tuple[dict | None, dict[str, dict]]:
+    """results.json `predictors`: {name: {delta_h1, se, se_E, se_U, from_pieces, ratio_to_measured}} (None: off),
+    and the extra per-sequence columns of the predictors that have them ({name: {column: [N]}})."""
     if not config.predictors.enabled:
-        return None
+        return None, {}
     lr, normalize = res.learning_rate, config.estimator.normalize
     out = {config.estimator.update_direction: estimate_entry(res.delta_h1, bars.se["E"], bars.se["U"],
                                                              bars.consistency.get("deltaH1_from_pieces"))}
@@ -231,9 +245,11 @@ def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1
         out[name] = direction_estimate(res.X_hat, v_pred, res.predictor_pieces.get(name), res.scores, lr, loo,
                                        normalize=normalize, sampler_weights=res.sampler_weights)
     out["direct_only"] = direct_only_phase(config, policy, E, res, bars, dist)
+    extra = {}
     if policy.displacement is not None:
-        out = {"displacement": displacement_phase(config, policy, E, res, dist), **out}
-    out = with_ratios(out, measured_reference(truth["true"], lr))
+        entry, extra["displacement"] = displacement_predictor(config, policy, E, res, dist)
+        out = {"displacement": entry, **out}
+    out = with_ratios(out, measured_reference(truth.rows, lr))
     if "no_momentum" in out:
         caveat = no_momentum_caveat(policy, res.u_gradients.total)
         if caveat:
@@ -241,25 +257,25 @@ def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1
             log.warning("predictor no_momentum: %s", caveat)
     for name, reason in res.predictors_unavailable.items():
         out[name] = unavailable_entry(reason)
-    return out
+    return out, extra
 
 
 def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
-                             dist: DistContext = SINGLE, truth: dict | None = None) -> BeyondFirstOrder:
+                             dist: DistContext = SINGLE, truth: DeltaH | None = None) -> BeyondFirstOrder:
     """ΔH(η) (`truth` when measured already) with the paired residuals, the second-order coefficient and the
     competing predictors, timed."""
     timing, t0 = {}, time.perf_counter()
     if truth is None:
-        truth = truth_phase(config, policy, E, res, dist)
+        truth = delta_h_phase(config, policy, E, res, dist)
         if config.importance.enabled:
-            timing["phase4_importance"] = time.perf_counter() - t0
+            timing["delta_h"] = time.perf_counter() - t0
     residuals = paired_residuals(truth, res, bars, normalize=config.estimator.normalize)
     t0 = time.perf_counter()
     second_order = second_order_phase(config, policy, E, res, truth, dist)
     if second_order is not None:
-        timing["phase5_second_order"] = time.perf_counter() - t0
+        timing["second_order"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    predictors = predictors_phase(config, policy, E, res, bars, truth, dist)
+    predictors, extra = predictors_phase(config, policy, E, res, bars, truth, dist)
     if predictors is not None:
-        timing["phase6_predictors"] = time.perf_counter() - t0
-    return BeyondFirstOrder(truth, residuals, second_order, predictors, timing)
+        timing["predictors"] = time.perf_counter() - t0
+    return BeyondFirstOrder(truth, residuals, second_order, predictors, timing, extra)

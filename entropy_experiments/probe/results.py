@@ -1,4 +1,4 @@
-"""The typed results the probe's phases hand each other (recipe.py), and the warnings they collect.
+"""The typed (frozen) results the probe's phases hand each other (recipe.py), and the warnings they collect.
 
 (ErrorBars lives with its maths in estimators/error_bars.py.)
 """
@@ -13,14 +13,15 @@ from torch import Tensor
 
 from ..data.batch import Batch
 from ..data.plan import IndexPlan
+from ..estimators.delta_h import DeltaH
 from ..estimators.error_bars import ErrorBars
 from ..estimators.objective_gradient import Trainable, UGradients
 from ..estimators.sequence_scores import SequenceScores
 from ..estimators.surrogate import SurrogateCoefficients
 from ..policy.engine import PolicyEngine
+from ..tensors import NamedTensors
 
 log = logging.getLogger("entropy_experiments.probe")
-NamedTensors = dict[str, Tensor]
 
 
 class WarningLog:
@@ -36,7 +37,7 @@ class WarningLog:
             self.messages.append(message)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Policy:
     """What the phases share once loaded: the policy engine, the trainable parameters, the optimizer."""
 
@@ -48,9 +49,9 @@ class Policy:
     displacement: NamedTensors | None = None  # Δθ = θ_next − θ (predictors.next_checkpoint; None: not set)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DeltaH1Result:
-    """Phases 1–3 (update + entropy): δH₁ = lr·X̂·v and everything the error bars and the report need."""
+    """update_direction + e_pass: δH₁ = lr·X̂·v and everything the error bars and the report need."""
 
     delta_h1: float
     x_hat_dot_v: float                      # X̂·v: δH₁ per unit lr
@@ -73,16 +74,15 @@ class DeltaH1Result:
     sampler_weights: Tensor | None = None
     # r_i = D_v L_β,i: "backward" (exact, from the E pass) | "central_difference" (the ±η passes, docs/maths.md §6);
     # until those passes ran, `r_rows` holds D_v L_X,i [N] of the one L_X backward and `pieces` is None
+    # (beyond.central_difference_phase returns a copy with the pieces)
     r_method: str = "backward"
     r_eta: float | None = None
     r_rows: Tensor | None = None
-    # extra per-sequence columns for per_sequence.jsonl, {name: {column: [N]}} (filled by later phases)
-    per_sequence_extra: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Samples:
-    """Phase 0: the packed E and U batches and the index plan they were drawn by (None: saved batches)."""
+    """sample: the packed E and U batches and the index plan they were drawn by (None: saved batches)."""
 
     E: Batch
     U: Batch
@@ -92,7 +92,7 @@ class Samples:
 
 @dataclass(frozen=True)
 class UpdateStep:
-    """Phase 1: ∇L_U per group of prompts, v (the update direction per unit lr) and its description."""
+    """update_direction: ∇L_U per group of prompts, v (the update direction per unit lr) and its description."""
 
     gradients: UGradients
     v: NamedTensors
@@ -101,7 +101,7 @@ class UpdateStep:
 
 @dataclass(frozen=True)
 class SurrogatePass:
-    """Phase 2 on E: X̂ = ∇L_X, the E scores, the surrogate's coefficients and, per direction name, the
+    """e_pass (on E): X̂ = ∇L_X, the E scores, the surrogate's coefficients and, per direction name, the
     per-sequence pieces (a, r) along it; `timings` of its passes when they were timed separately."""
 
     X_hat: NamedTensors
@@ -114,21 +114,23 @@ class SurrogatePass:
 
 @dataclass(frozen=True)
 class Estimates:
-    """Phases 1–3: δH₁ (with X̂, v and the scores), its error bars and their timings."""
+    """update_direction, e_pass and error_bars: δH₁ (with X̂, v and the scores), its error bars and their timings."""
 
     delta_h1: DeltaH1Result
     error_bars: ErrorBars
     timing: dict[str, float]
-    truth: dict | None = None  # ΔH(η), when it was measured before the error bars (r_i by the central difference)
+    truth: DeltaH | None = None  # ΔH(η), when it was measured before the error bars (r_i by the central difference)
 
 
 @dataclass(frozen=True)
 class BeyondFirstOrder:
-    """Phases 4–6: ΔH(η) on E (`truth`: the rows and the linearity fits), the paired residual per η, the
+    """delta_h, second_order and predictors: ΔH(η) on E (`truth`: the rows and the linearity fits), the paired residual per η, the
     second-order report, the competing predictors (None: not run) and their timings."""
 
-    truth: dict
+    truth: DeltaH
     residuals: list[dict]
     second_order: dict | None
     predictors: dict | None
     timing: dict[str, float]
+    # extra per-sequence columns for per_sequence.jsonl, {name: {column: [N]}} (the displacement predictor's)
+    per_sequence_extra: dict[str, dict[str, list[float]]] = field(default_factory=dict)

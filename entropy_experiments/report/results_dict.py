@@ -16,6 +16,7 @@ from ..data.batch import Batch
 from ..data.rewards import reward_warnings
 from ..estimators.sampler_correction import correction_diagnostics, sampler_log_weights
 from ..estimators.surrogate import entropy_estimates
+from .results_schema import with_legacy_timing_keys
 
 
 @dataclass
@@ -65,10 +66,12 @@ class ProbeOutcome:
     e_tokens: dict | None = None          # E_tokens table columns (probe/attribution.py; None: not computed)
 
 
-def assemble_results(E: Batch, U: Batch, res, bars, truth: dict, residuals: list[dict], second_order: dict | None,
-                     predictors: dict | None, timing: dict, facts: RunFacts) -> ProbeOutcome:
-    """The results dict from the phases' typed results (`probe.results.DeltaH1Result`, `estimators.error_bars.ErrorBars`, truth and
-    its paired residuals, one per η, the second-order report and the competing predictors)."""
+def assemble_results(E: Batch, U: Batch, estimates, later, timing: dict, facts: RunFacts) -> ProbeOutcome:
+    """The results dict from the phases' typed results: `estimates` (probe.results.Estimates: δH₁ and its error
+    bars) and `later` (probe.results.BeyondFirstOrder: ΔH(η) and its paired residuals, one per η, the
+    second-order report, the competing predictors and their per-sequence columns)."""
+    res, bars, truth = estimates.delta_h1, estimates.error_bars, later.truth
+    second_order, predictors = later.second_order, later.predictors
     scores = res.scores
     results = {
         "deltaH1": res.delta_h1, "x_hat_dot_v": res.x_hat_dot_v,
@@ -78,16 +81,16 @@ def assemble_results(E: Batch, U: Batch, res, bars, truth: dict, residuals: list
         "H_orig": entropy_estimates(scores.seq_entropies, scores.lengths, res.sampler_weights),
         "true": [{**row, "residual": resid,
                   "second_order_prediction": None if second_order is None else second_order["predictions"][f"{row['eta']:g}"]}
-                 for row, resid in zip(truth["true"], residuals)],
+                 for row, resid in zip(truth.rows, later.residuals)],
         "second_order": None if second_order is None else {k: v for k, v in second_order.items() if k != "predictions"},
-        "linearity": truth["linearity"],
+        "linearity": truth.linearity,
         "predictors": predictors,
         "counts": {"B_E": E.num_prompts * E.num_responses_per_prompt,
                    "unique_E_prompts": len(set(E.prompt_ids)), "B_U": U.num_prompts,
                    "G": U.num_responses_per_prompt, "E_tokens": E.count_tokens(), "U_tokens": U.count_tokens(),
                    "zero_advantage_prompts": facts.zero_advantage_prompts,
                    "u_groups": facts.u_groups},
-        "update": res.update_info, "consistency": bars.consistency, "timing": timing,
+        "update": res.update_info, "consistency": bars.consistency, "timing": with_legacy_timing_keys(timing),
         "environment": {**environment_info(facts.model, facts.entropy_fp64, facts.seed),
                         "distributed": {"world_size": facts.world_size, "backend": facts.backend}},
         "config_hash": facts.config_hash,
@@ -95,7 +98,7 @@ def assemble_results(E: Batch, U: Batch, res, bars, truth: dict, residuals: list
         "sampler": sampler_results(E, scores),
         "warnings": facts.warnings + list(dict.fromkeys(facts.sampling_warnings + list(reward_warnings()))),
     }
-    rows = per_sequence_rows(E, scores, bars.a, bars.r, truth["per_sequence"], res.per_sequence_extra)
+    rows = per_sequence_rows(E, scores, bars.a, bars.r, truth.per_sequence, later.per_sequence_extra)
     if E.sampler_logqs is not None:  # log s_i of docs/maths.md §12, before normalisation
         for row, log_w in zip(rows, sampler_log_weights(scores.token_logqs, E.sampler_response_logqs()), strict=True):
             row["sampler_log_weight"] = float(log_w)

@@ -82,6 +82,20 @@ NORMALIZE_MODES = ("per_token", "per_sequence")
 # Legacy keys results.json still writes, each with the same value as its canonical key, for the consumers that
 # read the old name: legacy key -> canonical key.
 LEGACY_RESULT_KEYS: dict[str, str] = {"bars_dot": "x_hat_dot_v"}
+# The timing keys are the phases' names (docs/development.md "The phases of one run"); results.json also writes
+# each under its earlier numbered name, same value: legacy timing key -> phase timing key.
+LEGACY_TIMING_KEYS: dict[str, str] = {
+    "phase0_sampling": "sample", "phase1_3_U_gradient_and_direction": "update_direction",
+    "phase1_3_E_scoring": "e_pass_scoring", "phase1_3_E_backward": "e_pass_backward",
+    "phase3_variance": "error_bars", "phase3_r_central_difference": "r_central_difference",
+    "phase1_3_total": "delta_h1_total", "phase4_importance": "delta_h", "phase5_second_order": "second_order",
+    "phase6_predictors": "predictors", "phase7_attribution": "attribution",
+}
+
+
+def with_legacy_timing_keys(timing: dict[str, float]) -> dict[str, float]:
+    """`timing` plus each of its phase keys under its legacy name too (LEGACY_TIMING_KEYS)."""
+    return {**timing, **{legacy: timing[key] for legacy, key in LEGACY_TIMING_KEYS.items() if key in timing}}
 
 
 def x_hat_dot_v_of(results: dict[str, Any]) -> Any:
@@ -111,10 +125,13 @@ def validate_results_schema(results: dict[str, Any]) -> None:
         raise ValueError(f"results: 'normalize' must be one of {NORMALIZE_MODES}, got {results['normalize']!r}")
     if not isinstance(results["warnings"], list):
         raise ValueError("results: 'warnings' must be a list of strings")  # noqa: TRY004
-    for legacy, canonical in LEGACY_RESULT_KEYS.items():
-        if not _same_value(results[legacy], results[canonical]):
-            raise ValueError(f"results: '{legacy}' must equal '{canonical}' (its legacy alias), "
-                             f"got {results[legacy]!r} and {results[canonical]!r}")
+    aliases = [(results, legacy, key, legacy) for legacy, key in LEGACY_RESULT_KEYS.items()]
+    aliases += [(results["timing"], legacy, key, f"timing.{legacy}") for legacy, key in LEGACY_TIMING_KEYS.items()
+                if key in results["timing"]]
+    for obj, legacy, canonical, where in aliases:
+        if not _same_value(obj.get(legacy), obj[canonical]):
+            raise ValueError(f"results: '{where}' must equal '{canonical}' (its legacy alias), "
+                             f"got {obj.get(legacy)!r} and {obj[canonical]!r}")
 
 
 def _same_value(a: Any, b: Any) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -120,7 +120,18 @@ def predictors_of(results: dict) -> dict[str, dict]:
     return {name: {k: _num(p.get(k)) for k in ("delta_h1", "se", "se_E", "se_U")} for name, p in found.items()}
 
 
-def smallest_eta_truth(results: dict, lr: float) -> tuple[dict | None, float | None]:
+@dataclass(frozen=True)
+class SmallestEtaTruth:
+    """ΔH at the smallest positive η of a run, with its SE, and both scaled by lr/η (comparable with δH₁)."""
+
+    eta: float
+    value: float
+    se: float | None
+    scaled: float
+    se_scaled: float | None
+
+
+def smallest_eta_truth(results: dict, lr: float) -> tuple[SmallestEtaTruth | None, float | None]:
     """(deltaH_true at the smallest positive η with its SE and both scaled by lr/η, that η's paired residual z)."""
     rows = [r for r in results.get("true") or [] if r.get("eta", 0) > 0 and _num(r.get("deltaH_true")) is not None]
     if not rows:
@@ -128,8 +139,7 @@ def smallest_eta_truth(results: dict, lr: float) -> tuple[dict | None, float | N
     row = min(rows, key=lambda r: r["eta"])
     eta, value, se = float(row["eta"]), float(row["deltaH_true"]), _num(row.get("se"))
     scale = lr / eta
-    truth = {"eta": eta, "value": value, "se": se, "scaled": value * scale,
-             "se_scaled": None if se is None else se * scale}
+    truth = SmallestEtaTruth(eta, value, se, value * scale, None if se is None else se * scale)
     return truth, _num((row.get("residual") or {}).get("z"))
 
 
@@ -140,7 +150,7 @@ def _z(diff: float | None, *ses: float | None) -> float | None:
     return diff / total if total > 0 else None
 
 
-def _with_z_own(preds: dict[str, dict], truth: dict | None, residual_z: float | None) -> dict[str, dict]:
+def _with_z_own(preds: dict[str, dict], truth: SmallestEtaTruth | None, residual_z: float | None) -> dict[str, dict]:
     """Each predictor's z against ΔH(η)·lr/η: adamw_step's is the paired residual z (same E, same v); the
     others' (δ − ΔH·lr/η)/√(SE_E² + SE(ΔH·lr/η)²), their U error shared with ΔH's and left out."""
     for name, p in preds.items():
@@ -149,8 +159,8 @@ def _with_z_own(preds: dict[str, dict], truth: dict | None, residual_z: float | 
         elif name == "adamw_step" and residual_z is not None:
             p["z_own"] = residual_z
         else:
-            diff = None if p["delta_h1"] is None else p["delta_h1"] - truth["scaled"]
-            p["z_own"] = _z(diff, p["se_E"], truth["se_scaled"])
+            diff = None if p["delta_h1"] is None else p["delta_h1"] - truth.scaled
+            p["z_own"] = _z(diff, p["se_E"], truth.se_scaled)
     return preds
 
 
@@ -179,7 +189,7 @@ def checkpoint_row(ck: SweepCheckpoint, run: CheckpointRun, normalize: str, swee
     truth, residual_z = smallest_eta_truth(res, lr)
     se = res.get("se") or {}
     return {**row, "lr": lr, "deltaH1": _num(res["deltaH1"]), "se_total": _num(se.get("total")),
-            "se_E": _num(se.get("E")), "se_U": _num(se.get("U")), "deltaH_true": truth, "residual_z": residual_z,
+            "se_E": _num(se.get("E")), "se_U": _num(se.get("U")), "deltaH_true": None if truth is None else asdict(truth), "residual_z": residual_z,
             "predictors": _with_z_own(predictors_of(res), truth, residual_z), "no_prediction": None}
 
 
