@@ -48,7 +48,7 @@ from entropy_experiments.integrations.trl_step_probe import named_params
 from entropy_experiments.probe.parallel import SINGLE
 from entropy_experiments.probe.recipe import score_E
 from entropy_experiments.probe.results import Policy
-from entropy_experiments.probe.sampling import draw_plan, sample_batch
+from entropy_experiments.probe.sampling import BatchDraw, SamplingSpec, draw_plan, sample_batch
 
 TRAINER_STEP, PROBE_U = "trainer_step", "probe_U"
 PREDICT_MODES = (PROBE_U, TRAINER_STEP)
@@ -111,10 +111,11 @@ def sample_E(config: ProbeConfig, policy: Policy, examples: list) -> Batch:
     """A fresh E by the probe's own sampler (its index plan and seed + 1, as the probe's E)."""
     bc = config.batch_config
     plan = draw_plan(config, len(examples), SINGLE)
-    return sample_batch(policy.engine, examples, plan.E_prompt_indices, plan.E_responses_per_prompt,
-                        seed=config.seed + 1, rewards=None, reference=not config.sampler.batched,
-                        chat_template_kwargs=bc.chat_template_kwargs,
-                        memory_budget_gb=config.estimator.memory_budget_gb)
+    spec = SamplingSpec.choose(policy.engine, reference=not config.sampler.batched,
+                               chat_template_kwargs=bc.chat_template_kwargs,
+                               memory_budget_gb=config.estimator.memory_budget_gb)
+    return sample_batch(spec, examples, BatchDraw(plan.E_prompt_indices, plan.E_responses_per_prompt,
+                                                  config.seed + 1, what="E"))
 
 
 def predict_trainer_step(config: ProbeConfig, policy: Policy, examples: list, step: int) -> PendingTrainerStep:
