@@ -59,7 +59,9 @@ def apply_threads(requested: int | None) -> ThreadChoice:
 
     choice = choose_threads(requested, os.environ.get(OMP_ENV), usable_cores(), load_average())
     torch.set_num_threads(choice.threads)
-    log.info("CPU threads: %d (%s)", choice.threads, choice.reason)
+    # a choice the user made (--threads, OMP_NUM_THREADS) is no news: logged with -v only
+    explicit = requested is not None or os.environ.get(OMP_ENV) is not None
+    log.log(logging.DEBUG if explicit else logging.INFO, "CPU threads: %d (%s)", choice.threads, choice.reason)
     return choice
 
 

@@ -41,7 +41,11 @@ def test_summary_prints_the_resolved_objective():
     results = fake_results()
     results["update"]["objective"] = options.to_dict()
     text = render_summary(results)
-    line = " ".join(line for line in text.splitlines() if line.strip().startswith("objective"))
+    # the objective row and the lines it wraps onto, whitespace collapsed
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("objective"))
+    row = [lines[start]] + [line for line in lines[start + 1:start + 4] if line[:20].strip() == ""]
+    line = " ".join(" ".join(row).split())
     for part in ("dr_grpo (trainer trl)", "advantages group (ε 0.0001)", "β 0.04 (k3)", "entropy_coef 0",
                  "max_grad_norm 1", "max_completion_length 24", "micro_batches 1"):
         assert part in line, (part, line)

@@ -60,16 +60,16 @@ def test_hash_changes_only_where_the_numbers_do():
     assert _config(trainer="trl", kl_coef=0.04, use_bias_correction_kl=True).config_hash() == corrected
 
 
-def test_an_unset_switch_warns_where_it_acts():
-    """Offline the run's GRPOConfig is not read: an unset switch that acts (trl, β > 0) is named in a warning."""
+def test_an_unset_switch_is_the_trainers_default_and_is_not_warned_about():
+    """An unset switch is the trainer's default (TRL: true), recorded in results.json: no warning, β or not."""
     def warned(**objective):
         return [w for w in _config(**objective).objective_warnings("trainer") if "use_bias_correction_kl" in w]
 
-    (message,) = warned(trainer="trl", kl_coef=0.04)
-    assert "TRL's default true" in message and "training_args.bin" in message
-    assert not warned(trainer="trl", kl_coef=0.04, use_bias_correction_kl=True)
-    assert not warned(trainer="trl", kl_coef=0.04, use_bias_correction_kl=False)
-    assert not warned(trainer="trl")
+    for objective in ({"trainer": "trl", "kl_coef": 0.04}, {"trainer": "trl"},
+                      {"trainer": "trl", "kl_coef": 0.04, "use_bias_correction_kl": True},
+                      {"trainer": "trl", "kl_coef": 0.04, "use_bias_correction_kl": False}):
+        assert not warned(**objective), objective
+    assert _config(trainer="trl", kl_coef=0.04).objective_options().use_bias_correction_kl is True
 
 
 @pytest.mark.parametrize("switch", [True, False])
