@@ -42,9 +42,10 @@ def test_summary_prints_the_resolved_objective():
     results["update"]["objective"] = options.to_dict()
     text = render_summary(results)
     # the objective row and the lines it wraps onto, whitespace collapsed
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith("objective"))
-    row = [lines[start]] + [line for line in lines[start + 1:start + 4] if line[:20].strip() == ""]
+    row, inside = [], False
+    for text_line in text.splitlines():
+        inside = text_line.strip().startswith("objective") or (inside and text_line[:20].strip() == "")
+        row += [text_line] if inside else []
     line = " ".join(" ".join(row).split())
     for part in ("dr_grpo (trainer trl)", "advantages group (ε 0.0001)", "β 0.04 (k3)", "entropy_coef 0",
                  "max_grad_norm 1", "max_completion_length 24", "micro_batches 1"):
