@@ -55,9 +55,11 @@ def _assert_close_to_exact(exact: dict, lean: dict, eta: float) -> None:
     assert exact["consistency"]["r_method"] == "backward" and exact["consistency"]["r_eta"] is None
     assert lean["consistency"]["r_method"] == "central_difference" and lean["consistency"]["r_eta"] == eta
     assert lean["consistency"]["pieces_method"] == "backward_hooks"
-    assert lean["deltaH1"] == pytest.approx(exact["deltaH1"], rel=1e-5)
+    # rel 1e-4: the two E passes add in different orders (1.4e-5 apart on torch's scalar kernels, ATEN_CPU_CAPABILITY
+    # default); a wrong r_i moves δH₁ by percents
+    assert lean["deltaH1"] == pytest.approx(exact["deltaH1"], rel=1e-4)
     assert lean["consistency"]["deltaH1_from_pieces"] == pytest.approx(exact["consistency"]["deltaH1_from_pieces"],
-                                                                       rel=1e-5)
+                                                                       rel=1e-4)
     assert lean["consistency"]["relative_difference"] < 1e-4
     assert abs(lean["se"]["E"] - exact["se"]["E"]) <= 1e-2 * exact["se"]["E"]
     assert lean["se"]["U"] == pytest.approx(exact["se"]["U"], rel=1e-4)

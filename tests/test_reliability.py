@@ -91,11 +91,13 @@ def test_teacher_forcing_oom_halves_and_gives_the_same_numbers(tiny_peft_model_a
     assert "out of memory during teacher forcing (E scoring) (batch 0) at 4 rows per forward; retrying with 2" \
         in caplog.text
     assert "retrying with 1" in caplog.text
+    # fp32 forwards of 4, 2 and 1 rows pad and add differently: 3.9e-6 apart on torch's scalar kernels
+    # (ATEN_CPU_CAPABILITY=default); a dropped or misaligned row moves a log-prob by O(1)
     for b in range(3):
         for g in range(2):
-            torch.testing.assert_close(got.token_logqs[b][g], want.token_logqs[b][g], rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(got.token_logqs[b][g], want.token_logqs[b][g], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(torch.as_tensor(got.rb_entropies[b][g]),
-                                       torch.as_tensor(want.rb_entropies[b][g]), rtol=1e-6, atol=1e-6)
+                                       torch.as_tensor(want.rb_entropies[b][g]), rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(got_grad.token_logqs[b][g].detach(), want.token_logqs[b][g],
                                        rtol=1e-5, atol=1e-5)
 
