@@ -47,12 +47,21 @@ PATH = re.compile(NOT_BEFORE + r"((?:\.?[\w\-]+/)+[\w\-]*(?:\.[\w\-]+)?/?)" + NO
 FILE = re.compile(NOT_BEFORE + r"((?:[\w\-]+/)*[\w\-]+\.(?:" + "|".join(FILE_SUFFIXES) + r"))" + NOT_AFTER)
 
 
+def ignored_top_level() -> frozenset[str]:
+    """Top-level names the checkout's .gitignore ignores (runs/ after a demo, out/): what a run leaves behind is
+    not part of the repository, so paths the docs write under it are examples, not files to find."""
+    gitignore = ROOT / ".gitignore"
+    lines = gitignore.read_text(encoding="utf-8").splitlines() if gitignore.is_file() else []
+    return frozenset(line.strip().strip("/") for line in lines
+                     if line.strip() and not line.startswith("#") and not any(c in line for c in "*?["))
+
+
 def repo_files() -> list[str]:
     """Every file and directory of the checkout, relative to the root, with '/' (directories end in '/')."""
-    out = []
+    out, ignored = [], ignored_top_level()
     for path in ROOT.rglob("*"):
         rel = path.relative_to(ROOT)
-        if SKIPPED_DIRS & set(rel.parts) or any(p.endswith(".egg-info") for p in rel.parts):
+        if SKIPPED_DIRS & set(rel.parts) or any(p.endswith(".egg-info") for p in rel.parts) or rel.parts[0] in ignored:
             continue
         out.append(rel.as_posix() + ("/" if path.is_dir() else ""))
     return out
