@@ -308,7 +308,9 @@ def test_u_gradient_with_trl_entropy_mask_is_trls(sampled_U, loss_type, M):
     (lp, mask), (h, _) = _padded(logps), _padded(ents)
     rewards = torch.tensor(U.rewards, dtype=torch.float64)
     adv = trl_advantages(rewards.reshape(-1), U.num_responses_per_prompt, "group")
-    theirs = trl_loss_over_micro_batches(lp, mask, adv, num_micro_batches=M, loss_type=loss_type, entropies=h,
+    # TRL's entropies are its model's float32 ones: at float64 TRL's own `>=` against its float32 threshold would
+    # drop the threshold token (n = 67 tokens: the 0.5-quantile IS a token) whenever its float32 rounding went up
+    theirs = trl_loss_over_micro_batches(lp, mask, adv, num_micro_batches=M, loss_type=loss_type, entropies=h.float(),
                                          entropy_coef=0.02, max_completion_length=lp.shape[1],
                                          entropy_controls={"top_entropy_quantile": 0.5})
     want = torch.autograd.grad(theirs, params)

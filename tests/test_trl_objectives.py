@@ -171,3 +171,23 @@ def test_adaptive_entropy_coefficient_equals_trl(last_entropy, applies):
     else:
         assert_same_gradient(ours, theirs, [logps])
         assert torch.autograd.grad(theirs, [entropies], retain_graph=True)[0].abs().max() == 0
+
+
+def test_high_entropy_mask_at_float64_is_trls_at_float32():
+    """The probe scores entropies in float64; TRL's model gives float32 ones and keeps a token when it is ≥ the float32
+    quantile. The token AT the threshold (odd count, q 0.5: the median is a token) whose float32 rounding goes UP must
+    still be kept, as TRL keeps it — compared at float64 it would fall below its own rounded value."""
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    from entropy_experiments.estimators.entropy_terms import high_entropy_masks
+    from tests.trl_reference import OneProcessAccelerator
+
+    middle = next(x for x in (0.5 + k * 1e-9 for k in range(1, 100)) if float(torch.tensor(x).float()) > x)
+    values = torch.tensor([0.1, 0.9, middle, 0.3, 0.7], dtype=torch.float64)
+    ours = high_entropy_masks((values,), micro_batches=1, quantile=0.5)[0]
+    stand_in = SimpleNamespace(accelerator=OneProcessAccelerator())
+    theirs = GRPOTrainer.get_high_entropy_mask(stand_in, values.float()[None], torch.ones(1, 5), 0.5)[0]
+    assert theirs.tolist() == [False, True, True, False, True]
+    assert ours.tolist() == theirs.double().tolist()

@@ -66,7 +66,7 @@ import torch
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 
 
-class _AcceleratorStandIn:
+class OneProcessAccelerator:
     """One process: gather / reduce are the identity (what accelerate does with num_processes = 1)."""
 
     num_processes = 1
@@ -117,7 +117,7 @@ def _stand_in_self(per_token_logps, entropies, *, loss_type, beta, epsilon_low, 
         entropy_coef=entropy_coef, use_adaptive_entropy=adaptive, _entropy_bonus_enabled=entropy_coef != 0.0 or adaptive,
         _last_world_entropy=controls["last_world_entropy"], _entropy_window_stats=None,
         aux_loss_enabled=False, current_gradient_accumulation_steps=gradient_accumulation_steps,
-        max_completion_length=max_completion_length, accelerator=_AcceleratorStandIn(), args=args,
+        max_completion_length=max_completion_length, accelerator=OneProcessAccelerator(), args=args,
         model=SimpleNamespace(training=True), _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
     )
     stand_in.get_high_entropy_mask = lambda *a: GRPOTrainer.get_high_entropy_mask(stand_in, *a)  # TRL's own
@@ -328,7 +328,9 @@ def random_loss_batch(seed: int, B: int, G: int) -> tuple[tuple, torch.Generator
     rewards = torch.randint(0, 4, (B, G), generator=gen).double()
     rewards[1] = 2.0
     ref = logps + 0.2 * torch.randn(logps.shape, generator=gen, dtype=torch.float64)
-    entropies = 2 * torch.rand(logps.shape, generator=gen, dtype=torch.float64)
+    # float32 values (held in float64), as TRL's model gives them: its high-entropy mask compares them with its float32
+    # quantile, so a float64 entropy that float32 rounds up would fall below a threshold that is its own value
+    entropies = (2 * torch.rand(logps.shape, generator=gen, dtype=torch.float64)).float().double()
     return (logps.requires_grad_(True), mask, rewards, lengths, ref, entropies.requires_grad_(True)), gen
 
 

@@ -6,7 +6,9 @@ over U (`TokenStatistics`: every sequence's trainer entropies and log-probs) bef
 
 - TRL `top_entropy_quantile` q < 1 (grpo_trainer.py `get_high_entropy_mask`, trl 1.16.0): per micro-batch, the
   threshold is `torch.quantile` (linear interpolation) at 1 − q of the float32 entropies of its completion tokens;
-  a token is kept when its entropy ≥ that threshold. The policy term (not the KL) and the entropy bonus act on kept
+  a token is kept when its float32 entropy ≥ that threshold (TRL compares its model's float32 entropies; a float64
+  entropy against the float32 threshold would drop the token AT the threshold whenever its float32 rounding went
+  up, i.e. by chance of the CPU's kernels). The policy term (not the KL) and the entropy bonus act on kept
   tokens only; the bonus is their token mean, the policy aggregation's normaliser still counts every token.
 - verl `policy_loss.loss_mode: clip_cov` (core_algos.py `compute_policy_loss_clip_cov`): per micro-batch,
   cov_t = (A_t − mean A)(ℓ_t − mean ℓ) over its response tokens; of the tokens with clip_cov_lb < cov < clip_cov_ub,
@@ -59,7 +61,7 @@ def high_entropy_masks(entropies: tuple[Tensor, ...], micro_batches: int, quanti
             masks.extend(torch.zeros(v.shape, dtype=torch.float64) for v in values)
             continue
         threshold = torch.quantile(pooled, 1.0 - quantile)
-        masks.extend((v >= threshold).to(torch.float64).cpu() for v in values)
+        masks.extend((v.float() >= threshold).to(torch.float64).cpu() for v in values)
     return masks
 
 
