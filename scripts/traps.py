@@ -258,6 +258,10 @@ TRAPS = [
          "    diff = paired_difference(est, baseline, ctx.e_stat)",
          "est = ctx.estimate(config, ctx.res.v, grads)\n    diff = paired_difference(est, baseline, ctx.e_stat)",
          ("tests/test_what_if.py::test_each_variant_equals_a_separate_run",)),
+    Trap("report_what_if_shows_the_unpaired_se", EE + "report/html_what_if.py",
+         'return [_cell(plus_minus(diff, se)), num_cell(z, "+.2f")]',
+         'return [_cell(plus_minus(diff, row.get("se"))), num_cell(z, "+.2f")]',
+         ("tests/test_report_html.py::test_what_if_values_are_escaped_and_an_exact_zero_is_named",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.

@@ -2,7 +2,8 @@
 and shown by a real browser (headless Chromium; those tests skip with the reason where it is not installed).
 
 The tiny run's prompts carry HTML tags, right-to-left text, bidi overrides and control characters, so the page
-a browser renders is checked on exactly the text a user could feed it.
+a browser renders is checked on exactly the text a user could feed it. A second tiny run with `what_if` checks
+the what-if section (report/html_what_if.py) the same way; made-up results check its edge cases.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import pytest
 from entropy_experiments import cli
 from entropy_experiments.config import config_from_dict
 from entropy_experiments.probe.runner import run_probe
+from entropy_experiments.probe.what_if import WhatIfRequest
 from entropy_experiments.report.html_report import render_html_report
+from entropy_experiments.report.html_what_if import plus_minus
 from entropy_experiments.report.token_table import read_token_table
 from tests.probe_helpers import write_prompts
 from tests.report_helpers import fake_results
@@ -149,3 +152,103 @@ def test_chromium_shows_the_table_and_the_coloured_tokens(tiny_run, tmp_path):
     r, g, b = pixels.T
     blue = int(((b - r > 40) & (b - g > 20)).sum())  # tokens coloured by H (the default view)
     assert blue > 200, blue
+
+
+# ----------------------------------------------------------------------------- the what-if section
+WHAT_IFS = (("objective.entropy_coef", 0.05), ("objective.top_entropy_quantile", 0.5),
+            ("objective.epsilon_high", 0.28))  # the last is inactive at ratio 1: exactly the baseline's step
+
+
+@pytest.fixture(scope="module")
+def what_if_run(tiny_model_dir, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("what_if_report")
+    _, config = make_run_setup(folder, tiny_model_dir, batch_config={"B_E": 6, "B_U": 4, "G": 2},
+                               objective={"trainer": "trl"}, importance={"eta_list": [1e-3], "symmetric": False},
+                               second_order={"enabled": False}, predictors={"enabled": False},
+                               variance={"u_groups": 4})
+    request = WhatIfRequest(WHAT_IFS, "objective.entropy_coef", 0.0)
+    with logging_restored():
+        run_probe(config_from_dict(config), out=str(folder / "run"), what_if=request)
+    return folder / "run"
+
+
+def _cell_texts(dom: str, table_id: str) -> list[list[str]]:
+    """The text of each cell of the table `table_id`, row by row, from a page's DOM."""
+    start = dom.index(f'id="{table_id}"')
+    table = dom[start:dom.index("</table>", start)]
+    rows = []
+    for tr in table.split("<tr>")[1:]:
+        cells = [c.split(">", 1)[1] if ">" in c else c for c in tr.replace("</th>", "</td>").split("</td>")[:-1]]
+        rows.append(["".join(_parsed(c).text).strip() for c in cells])
+    return rows
+
+
+@pytest.mark.e2e
+@needs_chromium
+def test_chromium_shows_the_what_if_table_and_the_solved_knob(what_if_run):
+    results = json.loads((what_if_run / "results.json").read_text())
+    page = what_if_run / "report.html"
+    _assert_inert(page.read_text(encoding="utf-8"))
+    dom = _chromium("--dump-dom", page.as_uri()).stdout
+    assert "What-if: other objectives on the same E and U" in "".join(_parsed(dom).text)
+    rows = _cell_texts(dom, "what-if-table")
+    assert rows[0] == ["objective", "δH₁ ± SE", "SE_E / SE_U", "diff from baseline ± paired SE", "z"]
+    base = results["what_if_baseline"]
+    assert rows[1][:2] == ["baseline (the run's objective)", plus_minus(base["deltaH1"], base["se"])]
+    assert len(rows) == 2 + len(WHAT_IFS)
+    for row, entry in zip(rows[2:], results["what_if"]):
+        assert row[0] == f"{entry['key']}={entry['value']}"
+        assert row[1] == plus_minus(entry["deltaH1"], entry["se"])
+    coef, mask, clip_high = results["what_if"]
+    for entry, row in ((coef, rows[2]), (mask, rows[3])):
+        assert entry["diff"] != 0 and row[3] == plus_minus(entry["diff"], entry["diff_se"])
+        assert float(row[4]) == pytest.approx(entry["diff"] / entry["diff_se"], abs=0.006)
+    # ε_high does not act on the first on-policy step: the same v, a difference of exactly 0
+    assert clip_high["diff"] == 0.0 and clip_high["diff_se"] == 0.0
+    assert rows[4][3] == "0 exactly (the baseline's step)"
+    solved = results["solve"]
+    assert solved["value"] is not None
+    solve_rows = dict(_cell_texts(dom, "what-if-solve")[1:])
+    assert solve_rows["value"] == format(solved["value"], ".4g")
+    lo, hi = ("unbounded" if x is None else format(x, ".4g") for x in solved["interval"])
+    assert solve_rows["interval (δH₁ ± SE crosses the target)"] == f"[{lo}, {hi}]"
+    assert solve_rows["δH₁ ± SE of a U backward at the value"] == plus_minus(solved["deltaH1"], solved["se"])
+
+
+def _what_if_results(**solve) -> dict:
+    base = {"deltaH1": -1.2e-4, "se": 3e-5, "se_E": 2e-5, "se_U": 2.2e-5}
+    rows = [{"key": "objective.entropy_coef", "value": 0.01, "deltaH1": -0.9e-4, "se": 3e-5, "se_E": 2e-5,
+             "se_U": 2.2e-5, "diff": 3e-5, "diff_se": 1e-5, "diff_se_E": 6e-6, "diff_se_U": 8e-6, "u_loss": 0.1},
+            {"key": "objective.loss_type", "value": "<b>grpo</b>\u202e", "deltaH1": -1.2e-4, "se": 3e-5,
+             "se_E": 2e-5, "se_U": 2.2e-5, "diff": 0.0, "diff_se": 0.0, "diff_se_E": 0.0, "diff_se_U": 0.0,
+             "u_loss": 0.1}]
+    return fake_results(what_if_baseline=base, what_if=rows, solve=solve or None, what_if_seconds=1.5)
+
+
+def test_no_what_if_no_section():
+    page = render_html_report(fake_results())
+    assert "what-if" not in page.lower()
+    assert 'id="what-if"' in render_html_report(_what_if_results())
+
+
+def test_what_if_values_are_escaped_and_an_exact_zero_is_named():
+    page = render_html_report(_what_if_results())
+    _assert_inert(page)
+    assert "&lt;b&gt;grpo&lt;/b&gt;" in page and '<span class="esc">\\u202e</span>' in page
+    rows = _cell_texts(page, "what-if-table")
+    assert rows[2][3] == "+3e-05 ± 1e-05" and rows[2][4] == "+3.00"
+    assert rows[3][3] == "0 exactly (the baseline's step)" and rows[3][4] == "—"
+    assert "took 1.5 s" in page
+
+
+def test_solved_knob_with_an_open_side_and_an_unreached_target():
+    page = render_html_report(_what_if_results(key="objective.entropy_coef", target=0.0, value=0.0123,
+                                               interval=[0.004, None], deltaH1=1e-9, se=3e-5,
+                                               interpolation_error=2e-10))
+    solve_rows = dict(_cell_texts(page, "what-if-solve")[1:])
+    assert solve_rows["value"] == "0.0123" and solve_rows["interval (δH₁ ± SE crosses the target)"] == \
+        "[0.004, unbounded]"
+    page = render_html_report(_what_if_results(key="objective.entropy_coef", target=0.5, value=None,
+                                               interval=[None, None], deltaH1=None, se=None,
+                                               interpolation_error=None, reason="δH₁ does not reach 0.5"))
+    assert 'id="what-if-solve"' in page and "not reached — δH₁ does not reach 0.5" in page

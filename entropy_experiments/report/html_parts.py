@@ -51,6 +51,19 @@ def num(x, fmt: str = ".4g") -> str:
     return format(x, fmt)
 
 
+def num_cell(x, fmt: str = ".4g") -> str:
+    """A right-aligned table cell holding the number `x`."""
+    return f'<td class="n">{num(x, fmt)}</td>'
+
+
+def rows_table(header: list[str], rows: list[list[str]], cls: str = "", table_id: str = "") -> str:
+    """A <table> of header cells `header` (HTML) and rows of ready cells (<td>/<th> HTML)."""
+    head = "".join(f"<th>{h}</th>" for h in header)
+    body = "".join("<tr>" + "".join(row) + "</tr>" for row in rows)
+    ident = f' id="{table_id}"' if table_id else ""
+    return f'<table class="{cls}"{ident}><tr>{head}</tr>{body}</table>'
+
+
 def rgba(rgb: tuple[int, int, int], alpha: float) -> str:
     a = min(max(alpha, 0.0), 1.0)
     return f"rgba({rgb[0]},{rgb[1]},{rgb[2]},{a:.3f})"

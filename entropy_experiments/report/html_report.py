@@ -18,13 +18,16 @@ from .html_parts import (
     attr,
     delta_h_svg,
     num,
+    num_cell,
     rgba,
+    rows_table,
     scale_of,
     shared_template,
     signed_colour,
     text_html,
     varying_part,
 )
+from .html_what_if import what_if_section
 from .results_schema import load_results, x_hat_dot_v_of
 from .run_dir import HTML_REPORT_FILE, RunDirectory
 from .summary import measured_over_predicted, objective_lines, run_label, verdict_line
@@ -47,16 +50,6 @@ bdi,.t{unicode-bidi:isolate}.plot text{font:11px system-ui,sans-serif}
 """
 
 
-def _rows_table(header: list[str], rows: list[list[str]], cls: str = "") -> str:
-    head = "".join(f"<th>{h}</th>" for h in header)
-    body = "".join("<tr>" + "".join(rows_cell for rows_cell in row) + "</tr>" for row in rows)
-    return f'<table class="{cls}"><tr>{head}</tr>{body}</table>'
-
-
-def _n(x, fmt: str = ".4g") -> str:
-    return f'<td class="n">{num(x, fmt)}</td>'
-
-
 def header_section(res: dict) -> str:
     """What was probed and the verdict: checkpoint, objective, sizes and first order against measured ΔH, in the
     console summary's words (report/summary.verdict_line)."""
@@ -68,7 +61,7 @@ def header_section(res: dict) -> str:
              ("objective", text_html(" · ".join(objective)) if objective else "(not recorded)"),
              ("sizes", text_html(sizes)), ("verdict", text_html(verdict_line(res)))]
     rows = [[f"<th>{k}</th>", f'<td id="header-{k}">{v}</td>'] for k, v in items]
-    return '<div id="header">' + _rows_table(["", ""], rows) + "</div>"
+    return '<div id="header">' + rows_table(["", ""], rows) + "</div>"
 
 
 def summary_section(res: dict) -> str:
@@ -80,21 +73,21 @@ def summary_section(res: dict) -> str:
                                               f"{num((res.get('H_orig') or {}).get('per_sequence'))} nats"))]
     counts = res.get("counts") or {}
     items += [(text_html(k), text_html(str(v))) for k, v in counts.items()]
-    out = ["<h2>Summary</h2>", _rows_table(["", ""], [[f"<th>{k}</th>", f"<td>{v}</td>"] for k, v in items])]
+    out = ["<h2>Summary</h2>", rows_table(["", ""], [[f"<th>{k}</th>", f"<td>{v}</td>"] for k, v in items])]
     slope = x_hat_dot_v_of(res)
-    rows = [[_n(r["eta"], ".3g"), _n(r.get("deltaH_true")), _n(r.get("se")),
-             _n(r["eta"] * slope if slope is not None else None),
-             _n(r.get("ess_frac"), ".3f"), _n(r.get("psis_khat"), ".3f")] for r in res.get("true") or []]
+    rows = [[num_cell(r["eta"], ".3g"), num_cell(r.get("deltaH_true")), num_cell(r.get("se")),
+             num_cell(r["eta"] * slope if slope is not None else None),
+             num_cell(r.get("ess_frac"), ".3f"), num_cell(r.get("psis_khat"), ".3f")] for r in res.get("true") or []]
     if rows:
-        out.append(_rows_table(["η", "ΔH measured", "SE", "η·X̂·v (first order)", "ESS/N", "k̂"], rows))
+        out.append(rows_table(["η", "ΔH measured", "SE", "η·X̂·v (first order)", "ESS/N", "k̂"], rows))
     out.append(delta_h_svg(res.get("true") or [], slope or 0.0))
     out.append('<p class="note">Points: ΔH(η) by importance sampling on E ± SE; orange line: the first-order '
                'prediction η·X̂·v; violet circles: the second-order prediction (when computed).</p>')
     predictors = res.get("predictors") or {}
     if predictors:
-        prow = [[f"<td>{text_html(name)}</td>", _n(e.get("delta_h1")), _n(e.get("se")),
-                 _n(measured_over_predicted(e), ".3f")] for name, e in predictors.items()]
-        out.append(_rows_table(["predictor", "δH (one step)", "SE", "measured/predicted"], prow))
+        prow = [[f"<td>{text_html(name)}</td>", num_cell(e.get("delta_h1")), num_cell(e.get("se")),
+                 num_cell(measured_over_predicted(e), ".3f")] for name, e in predictors.items()]
+        out.append(rows_table(["predictor", "δH (one step)", "SE", "measured/predicted"], prow))
     warnings = res.get("warnings") or []
     if warnings:
         out.append("<ul>" + "".join(f"<li>{text_html(w)}</li>" for w in warnings) + "</ul>")
@@ -138,16 +131,16 @@ def u_section(att: dict, U_prompts: list[str] | None, template: tuple[str, str] 
         width = 120 * abs(r["influence"]) / scale
         bar = f'<span class="bar" style="width:{width:.1f}px;background:{signed_colour(r["influence"], scale)}">'
         cells = "<hr>".join(_prompt_html(_shown(U_prompts, p, template)) for p in r["prompt_index"])
-        rows.append([_n(rank, "d"), f"<td>{', '.join(str(p) for p in r['prompt_index'])}</td>",
+        rows.append([num_cell(rank, "d"), f"<td>{', '.join(str(p) for p in r['prompt_index'])}</td>",
                      f'<td class="prompt">{cells}</td>',
                      f"<td>{text_html(_fmt_lists(r['rewards']))}</td>",
                      f"<td>{text_html(_fmt_lists(r['advantages']))}</td>",
-                     f'<td class="n">{num(r["influence"])} {bar}</span></td>', _n(r.get("delta_h1_without"))])
+                     f'<td class="n">{num(r["influence"])} {bar}</span></td>', num_cell(r.get("delta_h1_without"))])
     s = att.get("U_summary") or {}
     note = (f"<p class='note'>influence = δH₁ − δH₁ without the group (v rebuilt by the exact AdamW step without "
             f"it). Σ influence = {num(s.get('sum_influence'))}, δH₁ = {num(s.get('delta_h1'))} "
             f"(ratio {num(s.get('sum_over_delta_h1'), '.3g')}): the influences are not shares of δH₁.</p>")
-    return "<h2>U prompt groups by |influence| on δH₁</h2>" + note + _rows_table(
+    return "<h2>U prompt groups by |influence| on δH₁</h2>" + note + rows_table(
         ["#", "U rows", "prompt", "rewards", "advantages", "influence (nats)", "δH₁ without"], rows)
 
 
@@ -187,11 +180,11 @@ def e_section(att: dict, tokens: dict | None, E_prompts: list[str] | None, G: in
     summary = att.get("E_tokens")
     if summary:
         out.append(split_note(summary, delta_h1))
-        shares = [[_n(100 * s["fraction"], "g"), _n(s["tokens"], "d"), _n(s["share_of_sum"], ".3f"),
-                   _n(s["share_of_abs_sum"], ".3f")] for s in summary["top_shares"]]
+        shares = [[num_cell(100 * s["fraction"], "g"), num_cell(s["tokens"], "d"), num_cell(s["share_of_sum"], ".3f"),
+                   num_cell(s["share_of_abs_sum"], ".3f")] for s in summary["top_shares"]]
         out.append(f"<p class='note'>{summary['tokens']} tokens; Σ dH = {num(summary['sum_dH'])} nats; "
                    f"Σ dH / D = {num(summary['direct_only'])} (the direct_only predictor).</p>")
-        out.append(_rows_table(["top % by |dH|", "tokens", "share of Σ dH", "share of Σ|dH|"], shares))
+        out.append(rows_table(["top % by |dH|", "tokens", "share of Σ dH", "share of Σ|dH|"], shares))
     if tokens is None:
         out.append("<p class='note'>No E token table in this run directory (predictors were off).</p>")
         return "\n".join(out)
@@ -225,7 +218,7 @@ def render_html_report(results: dict, tokens: dict | None = None, E_batch: dict 
     U_prompts, E_prompts = (b.get("prompts") if b else None for b in (U_batch, E_batch))
     template = shared_template([*(U_prompts or []), *(E_prompts or [])])
     body = [f"<h1>{text_html(title)}</h1>", header_section(results), summary_section(results),
-            template_section(template), u_section(att, U_prompts, template),
+            what_if_section(results), template_section(template), u_section(att, U_prompts, template),
             e_section(att, tokens, E_prompts, G, template, results.get("deltaH1"))]
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{text_html(title)}</title><style>{CSS}</style></head><body>"
