@@ -65,7 +65,7 @@ class EntropyAutopilot(EntropyProbeCallback):
             self.initial_H = pending.H
         H_target = self.target(pending.step, self.initial_H)
         decision = decide(self.rule, predicted=pending.delta_h_next, se=pending.se_E, H=pending.H,
-                          H_target=H_target, previous=self.multiplier)
+                          H_se=pending.H_se, H_target=H_target, previous=self.multiplier)
         self.multiplier = decision.multiplier
         return pending.scaled(decision.multiplier, lr_multiplier=decision.multiplier, H_target=H_target,
                               wanted=decision.wanted, autopilot=decision.reason,
