@@ -123,9 +123,15 @@ def sample_E(config: ProbeConfig, policy: Policy, examples: list) -> Batch:
 def predict_trainer_step(config: ProbeConfig, policy: Policy, examples: list, step: int) -> PendingTrainerStep:
     """Δθ_next from the live gradients and optimizer, a fresh E, and δH_next = X̂·Δθ_next ± SE_E on it."""
     t0 = time.perf_counter()
+    E = sample_E(config, policy, examples)
+    return predict_on_E(config, policy, E, step, t0)
+
+
+def predict_on_E(config: ProbeConfig, policy: Policy, E: Batch, step: int, t0: float) -> PendingTrainerStep:
+    """δH_next = X̂·Δθ_next ± SE_E on a given E, Δθ_next from the gradients now in `.grad` (`t0`: when the
+    probe's work on this step began)."""
     named = named_params(policy)
     upcoming = next_adamw_step(policy.optimizer, named)
-    E = sample_E(config, policy, examples)
     scores = score_E(config, policy, E, upcoming.step)
     weights = sampler_weights(scores, E.sampler_response_logqs())
     pieces = directional_pieces(scores.d_logq, scores.d_entropy, coefficients(scores, config.entropy_options(),
