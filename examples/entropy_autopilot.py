@@ -1,7 +1,7 @@
 """Entropy control in a miniature TRL GRPO run: no control, TRL's adaptive entropy bonus, and `EntropyAutopilot`.
 
     OMP_NUM_THREADS=1 .venv/bin/python examples/entropy_autopilot.py [--steps 30] [--lr 5e-2] [--target 3.2]
-        [--tuned-delta 0.05] [--floor 0.01] [--B-E 64] [--seeds 0,1,2] [--arms none,trl_default,...]
+        [--tuned-delta 0.05] [--floor 0.01] [--push 10] [--B-E 64] [--seeds 0,1,2] [--arms none,trl_default,...]
         [--plot docs/entropy_autopilot.png]
 
 The policy is the tests' tiny random Qwen2 (vocabulary 384) under a LoRA r = 4 on q/v, trained by a real
@@ -17,6 +17,8 @@ same fixed set at every step, float64; not held out, the run trains on them), be
     autopilot     EntropyAutopilot(trainer, target=target, every=1): each step's lr scaled so its predicted
                   entropy change aims at the target (defaults: m in [0.1, 2], max_drop 0.05 per step)
     autopilot min_m=…  the same with a lower floor for m (--floor, default 0.01)
+    … max_push=…  the same with the entropy push on (--push, default 10): where the entropy must rise, an
+                  entropy-gradient term is added to the gradient
 
 Prints per arm the rms and max |H − target| over the steps, the mean reward of the first and last five steps,
 the wall time, and (autopilot) the range of the lr multiplier; draws the curves to --plot.
@@ -168,7 +170,8 @@ def parse_args(argv=None):
     parser.add_argument("--B-E", dest="B_E", type=int, default=64, help="the autopilot's E per probed step")
     parser.add_argument("--seeds", default="0,1,2", help="model, data and sampling seeds; arms share each seed")
     parser.add_argument("--floor", type=float, default=0.01, help="autopilot_floor's min_multiplier")
-    parser.add_argument("--arms", default="none,trl_default,trl_tuned,autopilot,autopilot_floor")
+    parser.add_argument("--push", type=float, default=10.0, help="autopilot_push's max_push")
+    parser.add_argument("--arms", default="none,trl_default,trl_tuned,autopilot,autopilot_floor,autopilot_push")
     parser.add_argument("--plot", default="docs/entropy_autopilot.png")
     return parser.parse_args(argv)
 
@@ -178,9 +181,11 @@ def run_arms(args, tmp: Path) -> list[dict]:
     from entropy_experiments.testing.tiny_model import build_tiny_model_dir
 
     arms = {"none": {}, "trl_default": {"trl_delta": TRL_DEFAULT_DELTA}, "trl_tuned": {"trl_delta": args.tuned_delta},
-            "autopilot": {"autopilot": {}}, "autopilot_floor": {"autopilot": {"min_multiplier": args.floor}}}
+            "autopilot": {"autopilot": {}}, "autopilot_floor": {"autopilot": {"min_multiplier": args.floor}},
+            "autopilot_push": {"autopilot": {"min_multiplier": args.floor, "max_push": args.push}}}
     names = {"trl_default": f"trl δ={TRL_DEFAULT_DELTA:g}", "trl_tuned": f"trl δ={args.tuned_delta:g}",
-             "autopilot_floor": f"autopilot min_m={args.floor:g}"}
+             "autopilot_floor": f"autopilot min_m={args.floor:g}",
+             "autopilot_push": f"autopilot min_m={args.floor:g} max_push={args.push:g}"}
     runs = []
     for seed in (int(s) for s in args.seeds.split(",")):
         model_dir = build_tiny_model_dir(tmp / f"tiny{seed}", seed=seed)

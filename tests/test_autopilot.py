@@ -33,6 +33,16 @@ def test_within_the_deadband_the_multiplier_stays():
     assert d.multiplier == pytest.approx(1.25) and d.reason == "target"
 
 
+def test_a_gap_within_the_entropys_own_noise_asks_for_no_change():
+    # Ĥ = 1.0 ± 0.03, target 1.05: only the gap beyond z·SE_Ĥ is wanted (0.02 at z = 1, 0 at z = 2)
+    d = _decide(predicted=0.01, se=0.001, H=1.0, H_target=1.05, H_se=0.03)
+    assert d.wanted == pytest.approx(0.02) and d.multiplier == pytest.approx(1.5) and d.reason == "target+rate"
+    d = _decide(AutopilotRule(deadband_z=2.0), predicted=-0.01, se=0.001, H=1.05, H_target=1.0, H_se=0.03)
+    assert d.wanted == 0.0 and d.multiplier == pytest.approx(1 / 1.5) and d.reason == "target+rate"
+    # SE_Ĥ = 0: the gap as it is
+    assert _decide(H=1.0, H_target=1.05).wanted == pytest.approx(0.05)
+
+
 def test_a_prediction_within_its_noise_gives_no_signal():
     d = _decide(predicted=0.0005, se=0.001, H=1.0, H_target=1.5, previous=0.8)
     assert d.multiplier == 0.8 and d.reason == "no_signal"

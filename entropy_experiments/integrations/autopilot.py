@@ -9,6 +9,10 @@ the scheduler's value is put back right after it (the trainer's logged `learning
 the row's `lr` is the one used). Between probed steps (every > 1) the last m is kept. The row's prediction is
 for the step really taken (× m); it adds `lr_multiplier`, `H_target`, `wanted` and `autopilot` (why m).
 
+With `max_push` > 0, where the wanted change is a rise the step at m falls short of, an entropy-gradient term is
+added to the trainer's gradients as well and the step is taken at m = max(m, 1) (entropy_push.py); the row then
+adds `entropy_push`, `push_c`, `push_on_E1`, `push_on_E2` and its `autopilot` ends in `+push`.
+
 The multiplier, the previous decision and the initial entropy (target "initial") are stored in the trainer's
 state (`trainer_state.json` of every checkpoint, key `entropy_autopilot`) and restored when training resumes
 from a checkpoint.
@@ -16,10 +20,16 @@ from a checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
-from entropy_experiments.integrations.autopilot_rule import AutopilotRule, decide, target_of
+from entropy_experiments.errors import ConfigError
+from entropy_experiments.integrations.autopilot_rule import KEY, AutopilotRule, decide, target_of
+from entropy_experiments.integrations.entropy_push import push_step
+from entropy_experiments.integrations.live_state import untouched
 from entropy_experiments.integrations.trainer_step import TRAINER_STEP, PendingTrainerStep
 from entropy_experiments.integrations.trl_callback import EntropyProbeCallback
 
@@ -31,10 +41,15 @@ class EntropyAutopilot(EntropyProbeCallback):
 
     def __init__(self, trainer: Any, target: float | str | Callable[[int], float] = "initial", every: int = 1, *,
                  min_multiplier: float = 0.1, max_multiplier: float = 2.0, max_drop: float | None = 0.05,
-                 deadband_z: float = 1.0, max_rate: float = 1.5, gain: float = 1.0, **options: Any):
+                 deadband_z: float = 1.0, max_rate: float = 1.5, gain: float = 1.0, max_push: float = 0.0,
+                 **options: Any):
         super().__init__(trainer, every=every, predict=TRAINER_STEP, **options)
         self.rule = AutopilotRule(min_multiplier, max_multiplier, max_drop, deadband_z, max_rate, gain)
         self.rule.check()
+        if not 0 <= max_push < math.inf:
+            raise ConfigError(f"{KEY}: max_push must be >= 0 (the entropy term's largest size relative to the "
+                              f"trainer's gradient; 0: off), got {max_push!r}")
+        self.max_push = float(max_push)
         self.target = target_of(target)
         self.multiplier = 1.0
         self.initial_H: float | None = None
@@ -54,6 +69,10 @@ class EntropyAutopilot(EntropyProbeCallback):
         super().on_pre_optimizer_step(args, state, control, **kwargs)
         if self.pending is not None and self.pending.step == state.global_step + 1:
             self.pending = self.steered(self.pending)
+            if self.wants_push(self.pending):
+                t0 = time.perf_counter()
+                self.pending = self.pushed(self.pending)
+                self.probe_seconds += time.perf_counter() - t0
         groups = self.policy.optimizer.param_groups
         self.scheduled_lrs = [g["lr"] for g in groups]
         for group in groups:
@@ -65,11 +84,26 @@ class EntropyAutopilot(EntropyProbeCallback):
             self.initial_H = pending.H
         H_target = self.target(pending.step, self.initial_H)
         decision = decide(self.rule, predicted=pending.delta_h_next, se=pending.se_E, H=pending.H,
-                          H_target=H_target, previous=self.multiplier)
+                          H_se=pending.H_se, H_target=H_target, previous=self.multiplier)
         self.multiplier = decision.multiplier
         return pending.scaled(decision.multiplier, lr_multiplier=decision.multiplier, H_target=H_target,
                               wanted=decision.wanted, autopilot=decision.reason,
                               delta_h_next_at_scheduler_lr=pending.delta_h_next)
+
+    def wants_push(self, pending: PendingTrainerStep) -> bool:
+        """The push is on and the wanted change is a rise that the step at m falls short of beyond noise."""
+        wanted = pending.extra["wanted"]
+        return self.max_push > 0 and wanted > 0 and pending.delta_h_next + self.rule.deadband_z * pending.se_E < wanted
+
+    def pushed(self, pending: PendingTrainerStep) -> PendingTrainerStep:
+        """The step with the entropy-gradient term added (entropy_push.py), taken at m = max(m, 1)."""
+        self.multiplier = max(self.multiplier, 1.0)
+        config = self.config.model_copy(update={"seed": self.step_seed(pending.step)})
+        with untouched(self.policy.trainable.model):
+            again, push = push_step(config, self.policy, self.examples, pending, self.multiplier, self.max_push)
+        extra = {**pending.extra, "lr_multiplier": self.multiplier, "autopilot": pending.extra["autopilot"] + "+push",
+                 **push}
+        return dataclasses.replace(again.scaled(self.multiplier, **extra), seconds=again.seconds + pending.seconds)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         if self.scheduled_lrs is not None:

@@ -1,9 +1,11 @@
 """The entropy autopilot's rule: which lr multiplier m the next step gets (pure, no model).
 
 An AdamW step is linear in its learning rate, so with δH_next ± SE_E predicted at the scheduler's lr (m = 1) the
-step taken with lr·m changes the entropy by m·δH_next ± m·SE_E. Given the entropy Ĥ now and the target H*:
+step taken with lr·m changes the entropy by m·δH_next ± m·SE_E. Given the entropy Ĥ ± SE_Ĥ now and the target H*:
 
-    wanted      w = gain·(H* − Ĥ), but never below −max_drop (the most the entropy may fall in one step)
+    gap         g = H* − Ĥ shrunk toward 0 by deadband_z·SE_Ĥ (sign(g)·max(|g| − z·SE_Ĥ, 0)): a gap within
+                Ĥ's own noise asks for no change (the step's lr is lowered, never raised, on noise in Ĥ)
+    wanted      w = gain·g, but never below −max_drop (the most the entropy may fall in one step)
     deadband    |m_prev·δH_next − w| ≤ z·m_prev·SE_E: the previous multiplier already reaches w within noise → keep
     no signal   |δH_next| ≤ z·SE_E: the step's direction of change is noise → keep m_prev
     otherwise   m = w / δH_next (negative — the step moves the wrong way — ends at the smallest allowed m)
@@ -64,9 +66,11 @@ class Decision:
 
 
 def decide(rule: AutopilotRule, *, predicted: float, se: float, H: float, H_target: float,
-           previous: float) -> Decision:
-    """The multiplier of the next step from δH_next ± SE_E at m = 1, Ĥ now, the target and the previous m."""
-    wanted = rule.gain * (H_target - H)
+           previous: float, H_se: float = 0.0) -> Decision:
+    """The multiplier of the next step from δH_next ± SE_E at m = 1, Ĥ ± SE_Ĥ now, the target and the previous m."""
+    gap = H_target - H
+    beyond_noise = max(abs(gap) - rule.deadband_z * H_se, 0.0)
+    wanted = rule.gain * math.copysign(beyond_noise, gap) if beyond_noise else 0.0
     if rule.max_drop is not None:
         wanted = max(wanted, -rule.max_drop)
     if abs(previous * predicted - wanted) <= rule.deadband_z * previous * se:

@@ -53,15 +53,18 @@ def optimizer_lrs(optimizer: torch.optim.Optimizer) -> tuple[float, ...]:
     return tuple(float(g["lr"].item() if isinstance(g["lr"], Tensor) else g["lr"]) for g in optimizer.param_groups)
 
 
-def next_adamw_step(optimizer: torch.optim.Optimizer, named_params: dict[str, nn.Parameter]) -> NextStep:
+def next_adamw_step(optimizer: torch.optim.Optimizer, named_params: dict[str, nn.Parameter],
+                    grads: dict[str, Tensor | None] | None = None) -> NextStep:
     """Δθ of the `optimizer.step()` about to run. `named_params`: {name: parameter} in the optimizer's flattened
     param-group order (every parameter it holds). Nothing is written: state and hyperparameters are read
-    (cloned), the gradients and parameters only read."""
+    (cloned), the gradients and parameters only read. `grads` ({name: gradient}): the step these gradients would
+    make instead of those in `.grad` (None: `.grad`)."""
     names = list(named_params)
     hyper = hyper_by_name(optimizer, names)
     state = adam_state_by_name(optimizer, names)
     params = {n: p.detach() for n, p in named_params.items()}
-    grads = {n: (None if p.grad is None else p.grad.detach()) for n, p in named_params.items()}
+    if grads is None:
+        grads = {n: (None if p.grad is None else p.grad.detach()) for n, p in named_params.items()}
     wide = any(p.dtype == torch.float64 for p in params.values())
     v = adamw_step_direction(params, grads, state, hyper, max_grad_norm=None,
                              dtype=torch.float64 if wide else torch.float32)

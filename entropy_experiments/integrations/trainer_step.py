@@ -40,7 +40,7 @@ from entropy_experiments.estimators.entropy_gradient import coefficients, sample
 from entropy_experiments.estimators.jackknife import se_E
 from entropy_experiments.estimators.paired import paired_residual
 from entropy_experiments.estimators.sequence_scores import SequenceScores
-from entropy_experiments.estimators.surrogate import directional_pieces, entropy_estimate
+from entropy_experiments.estimators.surrogate import directional_pieces
 from entropy_experiments.integrations import trl_trainer_view as view
 from entropy_experiments.integrations.live_state import copy_of, parameters_set_to
 from entropy_experiments.integrations.next_step import NextStep, next_adamw_step
@@ -49,6 +49,7 @@ from entropy_experiments.probe.parallel import SINGLE
 from entropy_experiments.probe.recipe import score_E
 from entropy_experiments.probe.results import Policy
 from entropy_experiments.probe.sampling import BatchDraw, SamplingSpec, draw_plan, sample_batch
+from entropy_experiments.sweep.stats import entropy_with_se
 
 TRAINER_STEP, PROBE_U = "trainer_step", "probe_U"
 PREDICT_MODES = (PROBE_U, TRAINER_STEP)
@@ -85,6 +86,7 @@ class PendingTrainerStep:
     theta: dict[str, Tensor]
     next_step: NextStep
     H: float
+    H_se: float
     delta_h_next: float
     se_E: float
     seconds: float
@@ -93,7 +95,7 @@ class PendingTrainerStep:
 
     def prediction(self) -> dict:
         """The row's numbers known before the step."""
-        return {"step": self.step, "predict": TRAINER_STEP, "H": self.H, "delta_h_next": self.delta_h_next,
+        return {"step": self.step, "predict": TRAINER_STEP, "H": self.H, "H_se": self.H_se, "delta_h_next": self.delta_h_next,
                 "se_E": self.se_E, "lr": self.next_step.lr, "lrs": list(self.next_step.lrs),
                 "step_norm": self.next_step.norm, **self.extra}
 
@@ -121,9 +123,15 @@ def sample_E(config: ProbeConfig, policy: Policy, examples: list) -> Batch:
 def predict_trainer_step(config: ProbeConfig, policy: Policy, examples: list, step: int) -> PendingTrainerStep:
     """Δθ_next from the live gradients and optimizer, a fresh E, and δH_next = X̂·Δθ_next ± SE_E on it."""
     t0 = time.perf_counter()
+    E = sample_E(config, policy, examples)
+    return predict_on_E(config, policy, E, step, t0)
+
+
+def predict_on_E(config: ProbeConfig, policy: Policy, E: Batch, step: int, t0: float) -> PendingTrainerStep:
+    """δH_next = X̂·Δθ_next ± SE_E on a given E, Δθ_next from the gradients now in `.grad` (`t0`: when the
+    probe's work on this step began)."""
     named = named_params(policy)
     upcoming = next_adamw_step(policy.optimizer, named)
-    E = sample_E(config, policy, examples)
     scores = score_E(config, policy, E, upcoming.step)
     weights = sampler_weights(scores, E.sampler_response_logqs())
     pieces = directional_pieces(scores.d_logq, scores.d_entropy, coefficients(scores, config.entropy_options(),
@@ -131,8 +139,9 @@ def predict_trainer_step(config: ProbeConfig, policy: Policy, examples: list, st
     normalize = config.estimator.normalize
     value, se = se_E(pieces[0], pieces[1], scores.seq_entropies, scores.lengths, scores.unit_of_sequence,
                      normalize=normalize, learning_rate=1.0, sampler_weights=weights)
-    H = entropy_estimate(scores.seq_entropies, scores.lengths, normalize, weights)
-    return PendingTrainerStep(step, E, scores, pieces, weights, copy_of(named), upcoming, H, value, se,
+    d = scores.lengths if normalize == "per_token" else torch.ones_like(scores.lengths)
+    H = entropy_with_se(scores.seq_entropies, d, scores.unit_of_sequence, weights)
+    return PendingTrainerStep(step, E, scores, pieces, weights, copy_of(named), upcoming, H.value, H.se, value, se,
                               time.perf_counter() - t0)
 
 
