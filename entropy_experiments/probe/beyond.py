@@ -156,20 +156,29 @@ def second_derivative_along(config: ProbeConfig, policy: Policy, E: Batch, direc
     sums = second_order_sums(policy.engine, local_E, direction) if local_E is not None else None
     gather = dist.row_gatherer(rows_mine, B * G)
     cols = {k: gather(sums[k] if sums else [], f"second-order sums gather ({k})") for k in SECOND_ORDER_KEYS}
-    d2 = second_derivative(cols["s"], cols["s2"], cols["dh"], cols["d2h"], cols["h"], cols["T"],
-                           normalize=config.estimator.normalize, units=units_of(B, G), sampler_weights=sampler_weights)
-    return d2, cols
+    return second_derivative_of(config, E, cols, sampler_weights), cols
+
+
+def second_derivative_of(config: ProbeConfig, E: Batch, sums: dict[str, np.ndarray],
+                         sampler_weights: np.ndarray | None = None) -> Estimate:
+    """D² Ĥ with its SE from the per-sequence second-order sums of all E ({SECOND_ORDER_KEYS: [N]})."""
+    G, B = E.num_responses_per_prompt, E.num_prompts
+    return second_derivative(sums["s"], sums["s2"], sums["dh"], sums["d2h"], sums["h"], sums["T"],
+                             normalize=config.estimator.normalize, units=units_of(B, G),
+                             sampler_weights=sampler_weights)
 
 
 def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, truth: DeltaH,
-                       dist: DistContext = SINGLE) -> dict | None:
+                       dist: DistContext = SINGLE, sums_along_v: dict[str, np.ndarray] | None = None) -> dict | None:
     """d2 = D²_v H of the SNIS estimate on E with its SE, η* and the prediction per η (None: off): by the nested
-    jvp (sharded like ΔH), or by the second difference of `truth`'s ΔH(±η) passes (no model pass)."""
+    jvp (`sums_along_v`: the per-sequence sums of the shared order-2 pass along v, probe/tangent.py; None: a pass
+    of its own), or by the second difference of `truth`'s ΔH(±η) passes (no model pass)."""
     if not config.second_order.enabled:
         return None
     etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
     if config.second_order.method == "jvp":
-        d2, _ = second_derivative_along(config, policy, E, res.v, dist, sampler_weights_of(res))
+        d2 = (second_derivative_along(config, policy, E, res.v, dist, sampler_weights_of(res))[0]
+              if sums_along_v is None else second_derivative_of(config, E, sums_along_v, sampler_weights_of(res)))
         return second_order_report(d2, res.x_hat_dot_v, etas, "jvp")
     G, B = E.num_responses_per_prompt, E.num_prompts
     fd = finite_difference_report(truth.per_sequence, truth.h, truth.T,
@@ -261,9 +270,11 @@ def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1
 
 
 def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
-                             dist: DistContext = SINGLE, truth: DeltaH | None = None) -> BeyondFirstOrder:
+                             dist: DistContext = SINGLE, truth: DeltaH | None = None,
+                             sums_along_v: tuple[dict[str, np.ndarray], float] | None = None) -> BeyondFirstOrder:
     """ΔH(η) (`truth` when measured already) with the paired residuals, the second-order coefficient and the
-    competing predictors, timed."""
+    competing predictors, timed. `sums_along_v`: (the second-order sums, the seconds) of the shared order-2 pass
+    along v (probe/tangent.py), whose seconds count as the second order's; None: the phase makes its own."""
     timing, t0 = {}, time.perf_counter()
     if truth is None:
         truth = delta_h_phase(config, policy, E, res, dist)
@@ -271,9 +282,10 @@ def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res:
             timing["delta_h"] = time.perf_counter() - t0
     residuals = paired_residuals(truth, res, bars, normalize=config.estimator.normalize)
     t0 = time.perf_counter()
-    second_order = second_order_phase(config, policy, E, res, truth, dist)
+    sums, shared = sums_along_v or (None, 0.0)
+    second_order = second_order_phase(config, policy, E, res, truth, dist, sums)
     if second_order is not None:
-        timing["second_order"] = time.perf_counter() - t0
+        timing["second_order"] = time.perf_counter() - t0 + shared
     t0 = time.perf_counter()
     predictors, extra = predictors_phase(config, policy, E, res, bars, truth, dist)
     if predictors is not None:

@@ -67,6 +67,7 @@ from .parallel import SINGLE, DistContext, init_from_env
 from .preflight import preflight
 from .results import DeltaH1Result, Estimates, Policy, Samples, UpdateStep, WarningLog
 from .sampling import sample_phase, saved_batches, warn_zero_advantages
+from .tangent import tangent_phase
 
 # the phase functions of the whole probe, the E pass's included (e_pass.py), by their phase names
 __all__ = ["MAIN", "ProbeOutcome", "delta_h1_phase", "estimate_phase", "load_phase", "one_pass_phase", "run",
@@ -257,13 +258,15 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     estimates = estimate_phase(work, policy, E, U, notes, dist, logger)
     res, bars = estimates.delta_h1, estimates.error_bars
     timing.update(estimates.timing)
-    later = beyond_first_order_phase(work, policy, E, res, bars, dist, estimates.truth)
+    along_v = tangent_phase(work, policy, E, res, dist)  # one pass along v: second order and attribution share it
+    later = beyond_first_order_phase(work, policy, E, res, bars, dist, estimates.truth,
+                                     None if along_v.sums is None else (along_v.sums, along_v.seconds))
     timing.update(later.timing)
     predictors = None if later.predictors is None else {**later.predictors, **u_proxy_entries(policy.engine, U)}
     t0 = time.perf_counter()
-    attribution, e_tokens = attribution_phase(work, policy, E, U, res, bars,
-                                              partial(score_E, work, policy, E, res.v, dist))
-    timing["attribution"] = time.perf_counter() - t0
+    attribution, e_tokens = attribution_phase(work, policy, E, U, res, bars, along_v.scores)
+    # the attribution's time includes the pass along v when it was made for the attribution alone (order 1)
+    timing["attribution"] = time.perf_counter() - t0 + (along_v.seconds if along_v.order == 1 else 0.0)
     timing["total"] = time.perf_counter() - t_start
     facts = RunFacts(normalize=config.estimator.normalize, config_hash=config.config_hash(), seed=config.seed,
                      entropy_fp64=config.precision.entropy_fp64,
