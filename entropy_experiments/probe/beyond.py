@@ -181,11 +181,29 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: Delta
               if sums_along_v is None else second_derivative_of(config, E, sums_along_v, sampler_weights_of(res)))
         return second_order_report(d2, res.x_hat_dot_v, etas, "jvp")
     G, B = E.num_responses_per_prompt, E.num_prompts
-    fd = finite_difference_report(truth.per_sequence, truth.h, truth.T,
+    fd = finite_difference_report(second_difference_values(config, policy, E, res, truth, dist),
+                                  res.scores.seq_entropies.numpy(), res.scores.lengths.numpy(),
                                   normalize=config.estimator.normalize, units=units_of(B, G),
                                   sampler_weights=sampler_weights_of(res))
     report = second_order_report(Estimate(fd["d2"], fd["se"]), res.x_hat_dot_v, etas, "finite_difference")
     return {**report, **{k: fd[k] for k in ("eta", "bias_bound", "per_eta")}}
+
+
+def second_difference_values(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, truth: DeltaH,
+                             dist: DistContext = SINGLE) -> dict[float, dict[str, np.ndarray]]:
+    """{±η: {"logw", "h_new"}} of all E for every η of second_order.eta_list: the ΔH pass's values where `truth`
+    measured that η, else a no-grad pass at θ + η·v of its own in the layout of the scores at θ (each rank its
+    share, gathered in order)."""
+    wanted = [s * eta for eta in config.second_order.eta_list for s in (1, -1)]
+    out = {eta: truth.per_sequence[eta] for eta in wanted if eta in truth.per_sequence}
+    local_E, rows_mine = scoring_share(config, E, dist, res.scores_tf_batch)
+    gather = dist.row_gatherer(rows_mine, len(res.scores.token_logqs))
+    base = res.scores.subset(rows_mine) if local_E is not None else None
+    for eta in (e for e in wanted if e not in out):
+        mine = (eta_values(score_at_eta(policy.engine, local_E, res.v, eta, tf_batch_size=res.scores_tf_batch), base)
+                if local_E is not None else {})
+        out[eta] = {k: gather(mine.get(k, []), f"{k} gather (second difference, η={eta:g})") for k in ("logw", "h_new")}
+    return out
 
 
 def displacement_predictor(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result,
