@@ -11,11 +11,12 @@
     second_order      d2 = D²_v H, η*, the second-order prediction per η             (probe/beyond.py)
     predictors        the competing predictors of the same step                       (probe/beyond.py)
     attribution       δH₁ by U prompt and by E token                                  (probe/attribution.py)
+                      (second_order by jvp and attribution share one pass along v: probe/tangent.py)
     report            the results dict and the per-sequence rows                      (report/results_dict.py)
 
 Each phase returns a frozen typed result (probe/results.py) and edits none; results.json's `timing` has one key
-per phase under these names. Only this module, e_pass.py, beyond.py, sampling.py, runner.py and parallel.py know
-about ranks. Under torchrun rank 0 draws the index plan;
+per phase under these names. Only this module, e_pass.py, beyond.py, tangent.py, sampling.py, runner.py and
+parallel.py know about ranks. Under torchrun rank 0 draws the index plan;
 each rank runs its contiguous share of the work items a single process would run (so every microbatch
 is computed as in one process); float64 sums are all-reduced, per-sequence values gathered in order.
 """
