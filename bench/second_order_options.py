@@ -106,7 +106,7 @@ def main() -> int:
     parser.add_argument("--B-E", dest="B_E", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--etas", type=float, nargs="+", default=[1e-6, 1e-5, 1e-4, 1e-3])
-    parser.add_argument("--fractions", type=float, nargs="+", default=[0.5, 0.25])
+    parser.add_argument("--fractions", type=float, nargs="*", default=[0.5, 0.25])
     parser.add_argument("--no-floor", action="store_true", help="skip the fp64 scoring of the rounding floor")
     args = parser.parse_args()
 
