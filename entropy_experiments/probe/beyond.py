@@ -2,7 +2,7 @@
 
     delta_h      ΔH(η) by SNIS on the same E, and the paired residuals ΔH(η) − η·X̂·v     (estimators/delta_h.py)
     second_order d2 = D²_v H of the SNIS estimate, η*, the second-order prediction per η  (estimators/second_order.py
-                 by jvp, estimators/second_difference.py from the ΔH(±η) passes)
+                 by jvp, estimators/second_difference.py from no-grad passes at θ ± η·v)
     predictors   the competing predictors of the same step with their SEs and ratios      (estimators/predictors.py)
 
 When E was drawn by a sampler other than the policy, every E sum here carries the sampler correction's weight
@@ -172,7 +172,7 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: Delta
                        dist: DistContext = SINGLE, sums_along_v: dict[str, np.ndarray] | None = None) -> dict | None:
     """d2 = D²_v H of the SNIS estimate on E with its SE, η* and the prediction per η (None: off): by the nested
     jvp (`sums_along_v`: the per-sequence sums of the shared order-2 pass along v, probe/tangent.py; None: a pass
-    of its own), or by the second difference of `truth`'s ΔH(±η) passes (no model pass)."""
+    of its own), or by the second difference at each η of second_order.eta_list (`second_difference_values`)."""
     if not config.second_order.enabled:
         return None
     etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
