@@ -13,6 +13,9 @@ checkpoint) after phases 1–3:
   the fp32 rounding floor of ΔH (estimators/rounding_floor.py; fp32 − fp64 scores at θ);
 - the jvp on the first fraction of E's prompts (d2 ± SE of the subsample);
 - one Dr-GRPO training step on E ∪ U (bench/bench_probe.py's baseline) to give each its ratio.
+
+Seconds are wall time, or with `--cpu-time` this process's CPU time (with `--threads 1`, what a shared machine's
+other load leaves alone).
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 
+CLOCK = [time.perf_counter]  # --cpu-time: time.process_time (this process's CPU seconds: robust to other load)
+
 
 def timed(fn):
-    t0 = time.perf_counter()
+    t0 = CLOCK[0]()
     out = fn()
-    return out, time.perf_counter() - t0
+    return out, CLOCK[0]() - t0
 
 
 def tiny_setup(folder: Path, B_E: int, max_new_tokens: int):
@@ -90,10 +95,10 @@ def finite_differences(config, policy, E, res, etas):
     h, T = res.scores.seq_entropies.numpy(), res.scores.lengths.numpy()
     out = {}
     for eta in etas:
-        t0 = time.perf_counter()
+        t0 = CLOCK[0]()
         vals = {s: eta_values(score_at_eta(policy.engine, E, res.v, s * eta, tf_batch_size=res.scores_tf_batch),
                               res.scores) for s in (1, -1)}
-        seconds = time.perf_counter() - t0
+        seconds = CLOCK[0]() - t0
         est = second_difference(vals[1]["logw"], vals[1]["h_new"], vals[-1]["logw"], vals[-1]["h_new"], h, T, eta,
                                 normalize=config.estimator.normalize, units=units)
         out[eta] = (est, seconds)
@@ -108,7 +113,14 @@ def main() -> int:
     parser.add_argument("--etas", type=float, nargs="+", default=[1e-6, 1e-5, 1e-4, 1e-3])
     parser.add_argument("--fractions", type=float, nargs="*", default=[0.5, 0.25])
     parser.add_argument("--no-floor", action="store_true", help="skip the fp64 scoring of the rounding floor")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by this process's CPU seconds (with --threads 1: robust to a shared machine)")
+    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
+    if args.cpu_time:
+        CLOCK[0] = time.process_time
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from bench.bench_probe import DemoProbe, training_step_seconds
     from entropy_experiments.probe import recipe
@@ -121,7 +133,7 @@ def main() -> int:
         samples = recipe.sample_phase(config, policy.engine)
         E, U = samples.E, samples.U
         res = recipe.estimate_phase(config, policy, E, U, recipe.WarningLog()).delta_h1
-        train = training_step_seconds(DemoProbe(config, policy), E, U)["total"]
+        _, train = timed(lambda: training_step_seconds(DemoProbe(config, policy), E, U))
         (d2, cols), t_jvp = timed(lambda: second_derivative_along(config, policy, E, res.v))
         _, t_first = timed(lambda: score_E(config, policy, E, res.v))
         fd = finite_differences(config, policy, E, res, args.etas)
