@@ -75,7 +75,8 @@ def test_residual_entry_reports_z_and_nan_without_an_se():
 @pytest.mark.e2e
 def test_a_probe_run_reports_the_paired_residual_of_every_eta(tiny_model_dir, tmp_path):
     prompts_file = write_prompts(tmp_path / "prompts.jsonl", SHORT_PROMPTS)
-    probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"eta_list": [1e-3, 1e-2], "symmetric": True}})
+    probe = make_probe(tiny_model_dir, prompts_file, {"importance": {"eta_list": [1e-3, 1e-2], "symmetric": True},
+                                                      "second_order": {"method": "jvp"}})
     results = probe.run().results
     # The run takes ρ's slope from the per-sequence pieces along v; the reference takes X̂·v from the backward pass.
     slope = results["x_hat_dot_v"]

@@ -265,7 +265,7 @@ def test_second_order_on_enumerable_model(toy_dir, toy_prompts_file, normalize):
         "seed": 5, "batch_config": {"B_E": 3000, "B_U": 8, "G": 4},
         "generation": {"max_new_tokens": max_new, "gen_batch_size": 1024, "tf_batch_size": 1024},
         "estimator": {"normalize": normalize, "microbatch_size": 1024},
-        "importance": {"eta_list": [2e-2], "symmetric": False}, "second_order": {"enabled": True}})
+        "importance": {"eta_list": [2e-2], "symmetric": False}, "second_order": {"enabled": True, "method": "jvp"}})
     results, _, _, v = _run(probe)
     model64 = copy.deepcopy(probe.model).double()
     params = {n: p.detach() for n, p in model64.named_parameters()}

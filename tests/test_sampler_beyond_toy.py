@@ -43,7 +43,7 @@ def sampled(toy_dir, toy_prompts_file):  # noqa: F811
         "seed": 3, "batch_config": {"B_E": 3000, "B_U": 8, "G": 4},
         "generation": {"max_new_tokens": MAX_NEW, "gen_batch_size": 1024, "tf_batch_size": 1024},
         "estimator": {"microbatch_size": 1024}, "importance": {"eta_list": [ETA], "symmetric": True},
-        "second_order": {"enabled": True}, "variance": {"u_groups": 4}})
+        "second_order": {"enabled": True, "method": "jvp"}, "variance": {"u_groups": 4}})
     _, E, _, _ = _run(probe)
     # U from a smaller set-up: its step v is one along which the sampler moves ΔH(η) by more than ΔH itself
     # (the uncorrected limit, enumerated under q_s, is asserted below), so the test can tell the two apart

@@ -8,7 +8,7 @@ of each.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -332,12 +332,15 @@ class VarianceSection(_Section):
 
 
 class SecondOrderSection(_Section):
-    """The second-order coefficient d2 = D²_v H on E (docs/scaling.md "Second order: cheap or exact"): `jvp`, exact
-    by forward-over-forward mode (one extra pass over E), or `finite_difference`, the second difference of the
-    ΔH(±η) passes (no extra pass; needs importance.enabled and importance.symmetric)."""
+    """The second-order coefficient d2 = D²_v H on E (docs/scaling.md "Second order: cheap or exact"):
+    `finite_difference` (default), the second difference of no-grad passes at θ ± η·v for each η of `eta_list`
+    (the ΔH passes' where they measured that η), or `jvp`, exact by forward-over-forward mode (one pass over E
+    shared with the token attribution)."""
 
     enabled: bool = True
-    method: Literal["finite_difference", "jvp"] = "jvp"
+    method: Literal["finite_difference", "jvp"] = "finite_difference"
+    eta_list: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(  # η of finite_difference, at ±η
+        default_factory=lambda: [3e-4, 1e-3], min_length=1)
 
 
 class PredictorsSection(_Section):

@@ -82,11 +82,7 @@ def score_sequences(engine: PolicyEngine, batch: Batch, *, v_named: Mapping[str,
     setting) fixes the batch layout: the same layout gives bitwise the same numbers at the same θ."""
     units = units_of(batch.num_prompts, batch.num_responses_per_prompt)
     if v_named is not None:
-        rows = [r for row in engine.teacher_force_directional(batch, v_named, phase=E_JVP) for r in row]
-        return SequenceScores(token_logqs=[r["logq"].double() for r in rows],
-                              token_entropies=[r["rb_entropy"].double() for r in rows],
-                              d_logq=[r["d_logq"].double() for r in rows],
-                              d_entropy=[r["d_rb_entropy"].double() for r in rows], unit_of_sequence=units)
+        return jvp_scores(directional_rows(engine, batch, v_named, order=1), units)
     lp = engine.teacher_force_logprobs(batch, with_grad=False, compute_rb=True, params_override=params_override,
                                    tf_batch_size=tf_batch_size,
                                    phase=E_SCORING if params_override is None else ETA_SCORING)
@@ -104,12 +100,30 @@ def log_weights(new: SequenceScores, old: SequenceScores) -> np.ndarray:
 SECOND_ORDER_KEYS = ("s", "s2", "dh", "d2h", "h", "T")
 
 
+def directional_rows(engine: PolicyEngine, batch: Batch, v_named: Mapping[str, Tensor], *,
+                     order: int) -> list[dict[str, Tensor]]:
+    """The forward-mode rows of every sequence in order n = b·G + g (`policy.score.jvp`; order 1: ℓ, H and their
+    derivatives along v; order 2 also the second derivatives)."""
+    phase = E_JVP if order == 1 else E_SECOND_ORDER_JVP
+    return [r for row in engine.teacher_force_directional(batch, v_named, order=order, phase=phase) for r in row]
+
+
+def jvp_scores(rows: list[dict[str, Tensor]], units: list[int]) -> SequenceScores:
+    """The scores with their derivatives along v from forward-mode rows (`directional_rows`, either order)."""
+    return SequenceScores(token_logqs=[r["logq"].double() for r in rows],
+                          token_entropies=[r["rb_entropy"].double() for r in rows],
+                          d_logq=[r["d_logq"].double() for r in rows],
+                          d_entropy=[r["d_rb_entropy"].double() for r in rows], unit_of_sequence=units)
+
+
 def second_order_sums(engine: PolicyEngine, batch: Batch, v_named: Mapping[str, Tensor]) -> dict[str, list[float]]:
     """Per sequence (float64): s = Σ_k D_v ℓ, s2 = Σ_k D²_v ℓ, dh = Σ_k D_v H, d2h = Σ_k D²_v H, h = Σ_k H, T,
     by forward-over-forward mode along v (estimators/second_order.py)."""
-    rows = [r for row in engine.teacher_force_directional(batch, v_named, order=2,
-                                                          phase=E_SECOND_ORDER_JVP)
-            for r in row]
+    return second_order_sums_of(directional_rows(engine, batch, v_named, order=2))
+
+
+def second_order_sums_of(rows: list[dict[str, Tensor]]) -> dict[str, list[float]]:
+    """`second_order_sums` from order-2 rows (`directional_rows`)."""
     keys = ("d_logq", "d2_logq", "d_rb_entropy", "d2_rb_entropy", "rb_entropy")
     out = {name: [float(r[key].double().sum()) for r in rows] for name, key in zip(SECOND_ORDER_KEYS, keys)}
     out["T"] = [float(len(r["logq"])) for r in rows]

@@ -4,14 +4,13 @@ entropy along the step, from what the earlier phases computed (estimators/attrib
 - U groups: from the SE_U jackknife's leave-one-group-out directions (no extra pass); needs the error bars
   (`variance.enabled`) and at least two groups.
 - E tokens: H_t and lr·D_v H_t per realised token from the forward-mode jvp scores of E along v — the same
-  scores the `jvp` pieces method already made (reused), else one jvp scoring pass of E (`score_along_v`), unless
+  scores the `jvp` pieces method already made (reused), else the scores of the one pass along v that the probe
+  shares between the second order and the attribution (probe/tangent.py, handed in as `along_v`), unless
   `output.token_attribution` is off. Their sum is the `direct_only` predictor. Under the sampler's weights
   (docs/maths.md §12) each token's dH carries its sequence's s_i, and D is the weighted one.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from ..config import ProbeConfig
 from ..data.batch import Batch
@@ -51,9 +50,12 @@ def response_token_ids(E: Batch, lengths: list[int]) -> list[int]:
 
 
 def e_token_attribution(policy: Policy, E: Batch, res: DeltaH1Result,
-                        score_along_v: Callable[[], SequenceScores]) -> tuple[dict, dict]:
-    """(results.json `attribution.E_tokens`, the E_tokens table's columns) of every realised E token."""
-    scores = res.scores if res.scores.d_entropy is not None else score_along_v()
+                        along_v: SequenceScores | None) -> tuple[dict, dict]:
+    """(results.json `attribution.E_tokens`, the E_tokens table's columns) of every realised E token, from the E
+    pass's jvp scores when it made them, else from `along_v` (the scores of the shared pass along v)."""
+    scores = res.scores if res.scores.d_entropy is not None else along_v
+    if scores is None or scores.d_entropy is None:
+        raise ValueError("the token attribution needs E's jvp scores along v: none were made")
     tokens = TokenAttribution.from_scores(scores.token_entropies, scores.d_entropy, res.learning_rate,
                                           res.sampler_weights)
     ids = response_token_ids(E, [len(h) for h in scores.token_entropies])
@@ -65,13 +67,14 @@ def e_token_attribution(policy: Policy, E: Batch, res: DeltaH1Result,
 
 
 def attribution_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, res: DeltaH1Result, bars: ErrorBars,
-                      score_along_v: Callable[[], SequenceScores]) -> tuple[dict, dict | None]:
-    """(results.json `attribution` {U_groups, U_summary, E_tokens} with None for what is off, E token columns)."""
+                      along_v: SequenceScores | None) -> tuple[dict, dict | None]:
+    """(results.json `attribution` {U_groups, U_summary, E_tokens} with None for what is off, E token columns);
+    `along_v`: E's scores with their derivatives along v from the shared pass (None: none made)."""
     out: dict = {"U_groups": None, "U_summary": None, "E_tokens": None}
     u = u_attribution(config, U, res, bars)
     if u is not None:
         out["U_groups"], out["U_summary"] = u["groups"], u["summary"]
     columns = None
     if config.output.token_attribution:
-        out["E_tokens"], columns = e_token_attribution(policy, E, res, score_along_v)
+        out["E_tokens"], columns = e_token_attribution(policy, E, res, along_v)
     return out, columns

@@ -2,7 +2,7 @@
 
     delta_h      ΔH(η) by SNIS on the same E, and the paired residuals ΔH(η) − η·X̂·v     (estimators/delta_h.py)
     second_order d2 = D²_v H of the SNIS estimate, η*, the second-order prediction per η  (estimators/second_order.py
-                 by jvp, estimators/second_difference.py from the ΔH(±η) passes)
+                 by jvp, estimators/second_difference.py from no-grad passes at θ ± η·v)
     predictors   the competing predictors of the same step with their SEs and ratios      (estimators/predictors.py)
 
 When E was drawn by a sampler other than the policy, every E sum here carries the sampler correction's weight
@@ -156,27 +156,58 @@ def second_derivative_along(config: ProbeConfig, policy: Policy, E: Batch, direc
     sums = second_order_sums(policy.engine, local_E, direction) if local_E is not None else None
     gather = dist.row_gatherer(rows_mine, B * G)
     cols = {k: gather(sums[k] if sums else [], f"second-order sums gather ({k})") for k in SECOND_ORDER_KEYS}
-    d2 = second_derivative(cols["s"], cols["s2"], cols["dh"], cols["d2h"], cols["h"], cols["T"],
-                           normalize=config.estimator.normalize, units=units_of(B, G), sampler_weights=sampler_weights)
-    return d2, cols
+    return second_derivative_of(config, E, cols, sampler_weights), cols
+
+
+def second_derivative_of(config: ProbeConfig, E: Batch, sums: dict[str, np.ndarray],
+                         sampler_weights: np.ndarray | None = None) -> Estimate:
+    """D² Ĥ with its SE from the per-sequence second-order sums of all E ({SECOND_ORDER_KEYS: [N]})."""
+    G, B = E.num_responses_per_prompt, E.num_prompts
+    return second_derivative(sums["s"], sums["s2"], sums["dh"], sums["d2h"], sums["h"], sums["T"],
+                             normalize=config.estimator.normalize, units=units_of(B, G),
+                             sampler_weights=sampler_weights)
 
 
 def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, truth: DeltaH,
-                       dist: DistContext = SINGLE) -> dict | None:
+                       dist: DistContext = SINGLE, sums_along_v: dict[str, np.ndarray] | None = None) -> dict | None:
     """d2 = D²_v H of the SNIS estimate on E with its SE, η* and the prediction per η (None: off): by the nested
-    jvp (sharded like ΔH), or by the second difference of `truth`'s ΔH(±η) passes (no model pass)."""
+    jvp (`sums_along_v`: the per-sequence sums of the shared order-2 pass along v, probe/tangent.py; None: a pass
+    of its own), or by the second difference at each η of second_order.eta_list (`second_difference_values`)."""
     if not config.second_order.enabled:
         return None
     etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
     if config.second_order.method == "jvp":
-        d2, _ = second_derivative_along(config, policy, E, res.v, dist, sampler_weights_of(res))
+        d2 = (second_derivative_along(config, policy, E, res.v, dist, sampler_weights_of(res))[0]
+              if sums_along_v is None else second_derivative_of(config, E, sums_along_v, sampler_weights_of(res)))
         return second_order_report(d2, res.x_hat_dot_v, etas, "jvp")
     G, B = E.num_responses_per_prompt, E.num_prompts
-    fd = finite_difference_report(truth.per_sequence, truth.h, truth.T,
+    fd = finite_difference_report(second_difference_values(config, policy, E, res, truth, dist),
+                                  res.scores.seq_entropies.numpy(), res.scores.lengths.numpy(),
                                   normalize=config.estimator.normalize, units=units_of(B, G),
                                   sampler_weights=sampler_weights_of(res))
+    if fd["bias_bound"] is not None and not fd["bias_bound"] <= fd["se"]:
+        log.warning("second_order: d2 at η = %g has a bias estimate %.3g above its SE %.3g: the second difference is "
+                    "rounding-bound or past the quadratic regime there; see second_order.per_eta, set another "
+                    "second_order.eta_list or second_order.method: jvp", fd["eta"], fd["bias_bound"], fd["se"])
     report = second_order_report(Estimate(fd["d2"], fd["se"]), res.x_hat_dot_v, etas, "finite_difference")
     return {**report, **{k: fd[k] for k in ("eta", "bias_bound", "per_eta")}}
+
+
+def second_difference_values(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, truth: DeltaH,
+                             dist: DistContext = SINGLE) -> dict[float, dict[str, np.ndarray]]:
+    """{±η: {"logw", "h_new"}} of all E for every η of second_order.eta_list: the ΔH pass's values where `truth`
+    measured that η, else a no-grad pass at θ + η·v of its own in the layout of the scores at θ (each rank its
+    share, gathered in order)."""
+    wanted = [s * eta for eta in config.second_order.eta_list for s in (1, -1)]
+    out = {eta: truth.per_sequence[eta] for eta in wanted if eta in truth.per_sequence}
+    local_E, rows_mine = scoring_share(config, E, dist, res.scores_tf_batch)
+    gather = dist.row_gatherer(rows_mine, len(res.scores.token_logqs))
+    base = res.scores.subset(rows_mine) if local_E is not None else None
+    for eta in (e for e in wanted if e not in out):
+        mine = (eta_values(score_at_eta(policy.engine, local_E, res.v, eta, tf_batch_size=res.scores_tf_batch), base)
+                if local_E is not None else {})
+        out[eta] = {k: gather(mine.get(k, []), f"{k} gather (second difference, η={eta:g})") for k in ("logw", "h_new")}
+    return out
 
 
 def displacement_predictor(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result,
@@ -261,9 +292,11 @@ def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1
 
 
 def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
-                             dist: DistContext = SINGLE, truth: DeltaH | None = None) -> BeyondFirstOrder:
+                             dist: DistContext = SINGLE, truth: DeltaH | None = None,
+                             sums_along_v: tuple[dict[str, np.ndarray], float] | None = None) -> BeyondFirstOrder:
     """ΔH(η) (`truth` when measured already) with the paired residuals, the second-order coefficient and the
-    competing predictors, timed."""
+    competing predictors, timed. `sums_along_v`: (the second-order sums, the seconds) of the shared order-2 pass
+    along v (probe/tangent.py), whose seconds count as the second order's; None: the phase makes its own."""
     timing, t0 = {}, time.perf_counter()
     if truth is None:
         truth = delta_h_phase(config, policy, E, res, dist)
@@ -271,9 +304,10 @@ def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res:
             timing["delta_h"] = time.perf_counter() - t0
     residuals = paired_residuals(truth, res, bars, normalize=config.estimator.normalize)
     t0 = time.perf_counter()
-    second_order = second_order_phase(config, policy, E, res, truth, dist)
+    sums, shared = sums_along_v or (None, 0.0)
+    second_order = second_order_phase(config, policy, E, res, truth, dist, sums)
     if second_order is not None:
-        timing["second_order"] = time.perf_counter() - t0
+        timing["second_order"] = time.perf_counter() - t0 + shared
     t0 = time.perf_counter()
     predictors, extra = predictors_phase(config, policy, E, res, bars, truth, dist)
     if predictors is not None:

@@ -11,11 +11,12 @@
     second_order      d2 = D²_v H, η*, the second-order prediction per η             (probe/beyond.py)
     predictors        the competing predictors of the same step                       (probe/beyond.py)
     attribution       δH₁ by U prompt and by E token                                  (probe/attribution.py)
+                      (second_order by jvp and attribution share one pass along v: probe/tangent.py)
     report            the results dict and the per-sequence rows                      (report/results_dict.py)
 
 Each phase returns a frozen typed result (probe/results.py) and edits none; results.json's `timing` has one key
-per phase under these names. Only this module, e_pass.py, beyond.py, sampling.py, runner.py and parallel.py know
-about ranks. Under torchrun rank 0 draws the index plan;
+per phase under these names. Only this module, e_pass.py, beyond.py, tangent.py, sampling.py, runner.py and
+parallel.py know about ranks. Under torchrun rank 0 draws the index plan;
 each rank runs its contiguous share of the work items a single process would run (so every microbatch
 is computed as in one process); float64 sums are all-reduced, per-sequence values gathered in order.
 """
@@ -67,6 +68,7 @@ from .parallel import SINGLE, DistContext, init_from_env
 from .preflight import preflight
 from .results import DeltaH1Result, Estimates, Policy, Samples, UpdateStep, WarningLog
 from .sampling import sample_phase, saved_batches, warn_zero_advantages
+from .tangent import TangentAlongV, tangent_phase
 
 # the phase functions of the whole probe, the E pass's included (e_pass.py), by their phase names
 __all__ = ["MAIN", "ProbeOutcome", "delta_h1_phase", "estimate_phase", "load_phase", "one_pass_phase", "run",
@@ -218,6 +220,15 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, note
     return Estimates(res, bars, timing, truth)
 
 
+def timed_attribution(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, res: DeltaH1Result, bars: ErrorBars,
+                      along_v: TangentAlongV) -> tuple[dict, dict | None, float]:
+    """attribution_phase's (results, E token columns) and its seconds, which include the pass along v when it was
+    made for the attribution alone (order 1; an order-2 pass counts as the second order's)."""
+    t0 = time.perf_counter()
+    attribution, e_tokens = attribution_phase(config, policy, E, U, res, bars, along_v.scores)
+    return attribution, e_tokens, time.perf_counter() - t0 + (along_v.seconds if along_v.order == 1 else 0.0)
+
+
 def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | None = None,
         batches: tuple[Batch, Batch] | None = None, on_batches=None, chunk_store=None,
         notes: WarningLog | None = None, sampling_warnings: list[str] = (),
@@ -257,13 +268,12 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     estimates = estimate_phase(work, policy, E, U, notes, dist, logger)
     res, bars = estimates.delta_h1, estimates.error_bars
     timing.update(estimates.timing)
-    later = beyond_first_order_phase(work, policy, E, res, bars, dist, estimates.truth)
+    along_v = tangent_phase(work, policy, E, res, dist)  # one pass along v: second order and attribution share it
+    later = beyond_first_order_phase(work, policy, E, res, bars, dist, estimates.truth,
+                                     None if along_v.sums is None else (along_v.sums, along_v.seconds))
     timing.update(later.timing)
     predictors = None if later.predictors is None else {**later.predictors, **u_proxy_entries(policy.engine, U)}
-    t0 = time.perf_counter()
-    attribution, e_tokens = attribution_phase(work, policy, E, U, res, bars,
-                                              partial(score_E, work, policy, E, res.v, dist))
-    timing["attribution"] = time.perf_counter() - t0
+    attribution, e_tokens, timing["attribution"] = timed_attribution(work, policy, E, U, res, bars, along_v)
     timing["total"] = time.perf_counter() - t_start
     facts = RunFacts(normalize=config.estimator.normalize, config_hash=config.config_hash(), seed=config.seed,
                      entropy_fp64=config.precision.entropy_fp64,
