@@ -30,7 +30,7 @@ from .html_parts import (
 from .html_what_if import what_if_section
 from .results_schema import load_results, x_hat_dot_v_of
 from .run_dir import HTML_REPORT_FILE, RunDirectory
-from .summary import measured_over_predicted, objective_lines, run_label, verdict_line
+from .summary import SCALE_FREE_NOTE, measured_over_predicted, objective_lines, run_label, verdict_line
 from .token_table import read_token_table
 
 MAX_SEQUENCES = 60     # E responses rendered: those with the largest Σ|dH| (all of them when fewer)
@@ -88,6 +88,8 @@ def summary_section(res: dict) -> str:
         prow = [[f"<td>{text_html(name)}</td>", num_cell(e.get("delta_h1")), num_cell(e.get("se")),
                  num_cell(measured_over_predicted(e), ".3f")] for name, e in predictors.items()]
         out.append(rows_table(["predictor", "δH (one step)", "SE", "measured/predicted"], prow))
+        if any(e.get("scale_free") for e in predictors.values()):
+            out.append(f'<p class="note">{text_html(SCALE_FREE_NOTE)}</p>')
     warnings = res.get("warnings") or []
     if warnings:
         out.append("<ul>" + "".join(f"<li>{text_html(w)}</li>" for w in warnings) + "</ul>")

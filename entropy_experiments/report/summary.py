@@ -310,6 +310,10 @@ PREDICTOR_MEANINGS = {
     "direct_only": "Σ_k D_v H_k alone",
 }
 SCALE_FREE_MEANING = "scale-free proxy on U: per unit logit step, not nats (maths §13)"
+SCALE_FREE_NOTE = ("The scale-free proxies (Cui et al.'s covariances, Wang et al.'s S*, STEER's Ω; maths §13) are "
+                   "closed forms per unit of a logit-space step of unknown size, not nats/token: their number is "
+                   "comparable with a change only through a scale fitted over a sweep's intervals (its calibration's "
+                   "LOO scale), never on its own.")
 
 
 def _predictors_table(predictors: dict[str, dict[str, Any]], entries: list[dict[str, Any]], unit: str) -> Any:

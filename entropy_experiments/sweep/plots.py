@@ -6,7 +6,8 @@
   and the displacement predictor δH_Δθ ± 1.96·SE_E (the step the run took; calibration.png shows it too).
 * calibration.png — predicted against measured, 1:1 line, one colour per predictor; left the probe against its
   own ΔH(η)·lr/η, right the prediction against the realised change; both axes span the measured values, and a
-  prediction far outside is drawn as ◀ / ▶ at the edge (counted in the legend).
+  prediction far outside is drawn as ◀ / ▶ at the edge (counted in the legend). The scale-free entropy proxies
+  (no unit of their own) are drawn only at their fitted scale c, labelled "name × c (fitted)".
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from ..report.plot import can_plot, save_png
 
-__all__ = ["plot_calibration", "plot_trajectory"]
+__all__ = ["plot_calibration", "plot_trajectory", "plotted_pairs"]
 
 Z95 = 1.96
 
@@ -137,9 +138,25 @@ def _scatter(ax, pairs: dict[str, list[tuple[float, float, float | None]]], titl
     ax.legend(fontsize=8)
 
 
+def plotted_pairs(doc: dict, vs: str, pairs: dict[str, list]) -> dict[str, list]:
+    """The pairs to draw on one panel: a predictor with a scale as it is; a scale-free proxy (a logit-space step of
+    unknown size, maths §13) only at its fitted scale c (calibration.<name>.<vs>.loo_scale.scale), labelled
+    "name × c (fitted)", and left out without one — never as if its number were nats/token."""
+    drawn = {}
+    for name, pts in pairs.items():
+        block = doc["calibration"].get(name, {}).get(vs, {})
+        if not block.get("scale_free"):
+            drawn[name] = pts
+            continue
+        c = (block.get("loo_scale") or {}).get("scale")
+        if _ok(c):
+            drawn[f"{name} × {c:.3g} (fitted)"] = [(c * x, y, se) for x, y, se in pts]
+    return drawn
+
+
 def plot_calibration(doc: dict, path: str | os.PathLike) -> Path | None:
-    """calibration.png from sweep.json `doc`: predicted vs measured with the 1:1 line, one colour per predictor
-    (None: no matplotlib)."""
+    """calibration.png from sweep.json `doc`: predicted vs measured with the 1:1 line, one colour per predictor,
+    the scale-free proxies at their fitted scale (None: no matplotlib)."""
     if not can_plot():
         return None
     names = list(doc["calibration"])
@@ -150,7 +167,8 @@ def plot_calibration(doc: dict, path: str | os.PathLike) -> Path | None:
                 for r in doc["realised"] if n in r["predictors"]
                 and _ok(r["predictors"][n]["dH_predicted"]) and _ok(r["dH_realised"])] for n in names}
     fig, (ax_own, ax_real) = _figure(2)
-    _scatter(ax_own, own, "probe vs its own ΔH(η)·lr/η (per checkpoint)", "measured ΔH(η)·lr/η", doc["units"])
-    _scatter(ax_real, real, "prediction vs realised change (per interval)", "realised ΔH (importance estimate)",
-             doc["units"])
+    _scatter(ax_own, plotted_pairs(doc, "own", own), "probe vs its own ΔH(η)·lr/η (per checkpoint)",
+             "measured ΔH(η)·lr/η", doc["units"])
+    _scatter(ax_real, plotted_pairs(doc, "realised", real), "prediction vs realised change (per interval)",
+             "realised ΔH (importance estimate)", doc["units"])
     return save_png(fig, path)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from ..report.summary import SCALE_FREE_NOTE
+
 __all__ = ["print_sweep_summary"]
 
 
@@ -96,5 +98,7 @@ def print_sweep_summary(doc: dict) -> None:
             print(f"{name:>14} {which:>9} {m['n']:>3} {_f(m['sign_agreement'], '.2f'):>5} {resolved:>12} "
                   f"{_ci(m['pearson']):>24} {_ci(m['spearman']):>24} {_f(m['coverage']['value'], '.2f'):>9} "
                   f"{_f(m['median_ratio'], '.3g'):>16} {_f(m.get('rms_z'), '.2f'):>6} {_loo(m):>18}")
+    if any(m.get("scale_free") for both in doc["calibration"].values() for m in both.values()):
+        print(f"note: {SCALE_FREE_NOTE}")
     for message in doc.get("warnings") or []:
         print(f"warning: {message}")
