@@ -1,12 +1,13 @@
 """Where the probe's time goes: each phase under `torch.profiler`, with its wall time and top entries.
 
     .venv/bin/python bench/profile_probe.py [--checkpoint DIR] [--B-E 8 --B-U 2 --G 4 --max-new-tokens 24]
-                                            [--top 12] [--threads N] [--phases training e_pass delta_h ...]
+                                            [--top 12] [--threads N] [--phases training phases_1_3 delta_h ...]
 
 The same E and U (sampled once, as bench_probe.py samples them) go through: one Dr-GRPO training step
 (bench_probe.training_step_seconds), phases 1–3 (`recipe.estimate_phase`), ΔH(±η) (`beyond.delta_h_phase`),
 the second order (`beyond.second_order_phase`), the predictors and the attribution, each in its own profiler
-session. Per phase: wall seconds, ratio to the training step, and the top entries by self CPU time (the ops a
+session, and the training step again at the end. Per phase: wall seconds, ratio to the mean of the two
+training steps, and the top entries by self CPU time (the ops a
 phase spends its time in: matmuls of the forward and backward, the vocabulary-sized softmax maths, copies,
 Python-side per-sequence work shows as many small ops).
 """
@@ -14,6 +15,8 @@ Python-side per-sequence work shows as many small ops).
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -91,13 +94,16 @@ def main() -> int:
     E, U = sample_E_U(demo)
     print(f"E {E.count_tokens()} response tokens {tuple(E.sequences.shape)}, U {U.count_tokens()} "
           f"{tuple(U.sequences.shape)}; threads {torch.get_num_threads()}", flush=True)
-    fns, train = phase_fns(demo, E, U), None
-    for name in PHASES:  # later phases need the earlier ones' results: run them all, print the asked ones
+    fns, walls = phase_fns(demo, E, U), {}
+    for name in (*PHASES, "training"):  # later phases need the earlier ones' results: run them all
         _, wall, table = profiled(fns[name], args.top)
-        train = wall if name == "training" else train
+        walls.setdefault(name, []).append(wall)
         if name in args.phases:
-            ratio = f" = {wall / train:.2f} × training step" if train else ""
-            print(f"\n=== {name}: {wall:.1f} s{ratio}\n{table}", flush=True)
+            print(f"\n=== {name}: {wall:.1f} s (load average {os.getloadavg()[0]:.1f})\n{table}", flush=True)
+    train = statistics.mean(walls["training"])  # timed first and last: the load moves during the run
+    print(f"\ntraining step {walls['training'][0]:.1f} s first, {walls['training'][1]:.1f} s last")
+    for name in PHASES[1:]:
+        print(f"{name}: {walls[name][0]:.1f} s = {walls[name][0] / train:.2f} × training step (their mean)")
     return 0
 
 
