@@ -19,7 +19,10 @@ checkpoint (made once and cached, as `entropy-probe demo` does), on `--device`.
 
 Per repeat the sides alternate (training step, the whole probe with second_order.method jvp, the same with
 finite_difference) and the median of the per-repeat ratios is reported, so a burst of load elsewhere on the
-machine spoils one repeat, not the verdict. Phases 1–3 target: phases 1–3 / training step ≤ 1.2.
+machine spoils one repeat, not the verdict. A table then gives each part (phases 1–3, ΔH(±η) with its count of
+no-grad passes, each second-order method, the predictors, the attribution) and the whole probe side by side:
+median seconds and median ratio to the training step of the same repeat. Phases 1–3 target: phases 1–3 /
+training step ≤ 1.2.
 With error bars (the default) each E microbatch runs one forward and TWO backwards — ∇L_α' and ∇L_β; the second
 gives each sequence's r_i = D_v L_β,i, without which the delete-one jackknife of SE_E is not exact (Ĥ moves in
 every replicate) — against training's one forward and one backward; `--passes` times those passes on one E
