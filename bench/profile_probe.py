@@ -95,14 +95,17 @@ def main() -> int:
     print(f"E {E.count_tokens()} response tokens {tuple(E.sequences.shape)}, U {U.count_tokens()} "
           f"{tuple(U.sequences.shape)}; threads {torch.get_num_threads()}", flush=True)
     fns, walls = phase_fns(demo, E, U), {}
-    for name in (*PHASES, "training"):  # later phases need the earlier ones' results: run them all
+    needed = {"training", "phases_1_3", "delta_h", *args.phases}  # what the later phases need, and the asked
+    for name in (*PHASES, "training"):
+        if name not in needed:
+            continue
         _, wall, table = profiled(fns[name], args.top)
         walls.setdefault(name, []).append(wall)
         if name in args.phases:
             print(f"\n=== {name}: {wall:.1f} s (load average {os.getloadavg()[0]:.1f})\n{table}", flush=True)
     train = statistics.mean(walls["training"])  # timed first and last: the load moves during the run
     print(f"\ntraining step {walls['training'][0]:.1f} s first, {walls['training'][1]:.1f} s last")
-    for name in PHASES[1:]:
+    for name in (p for p in PHASES[1:] if p in walls):
         print(f"{name}: {walls[name][0]:.1f} s = {walls[name][0] / train:.2f} × training step (their mean)")
     return 0
 
