@@ -19,7 +19,10 @@ checkpoint (made once and cached, as `entropy-probe demo` does), on `--device`.
 
 Per repeat the sides alternate (training step, the whole probe with second_order.method jvp, the same with
 finite_difference) and the median of the per-repeat ratios is reported, so a burst of load elsewhere on the
-machine spoils one repeat, not the verdict. Phases 1–3 target: phases 1–3 / training step ≤ 1.2.
+machine spoils one repeat, not the verdict. A table then gives each part (phases 1–3, ΔH(±η) with its count of
+no-grad passes, each second-order method, the predictors, the attribution) and the whole probe side by side:
+median seconds and median ratio to the training step of the same repeat. Phases 1–3 target: phases 1–3 /
+training step ≤ 1.2.
 With error bars (the default) each E microbatch runs one forward and TWO backwards — ∇L_α' and ∇L_β; the second
 gives each sequence's r_i = D_v L_β,i, without which the delete-one jackknife of SE_E is not exact (Ĥ moves in
 every replicate) — against training's one forward and one backward; `--passes` times those passes on one E
@@ -205,6 +208,19 @@ def phase_seconds(runs: dict[str, dict], default_method: str) -> dict[str, float
     return out
 
 
+def ratio_table(seconds: list[dict[str, float]], baseline: list[float], n_eta_passes: int) -> list[str]:
+    """Each part and the whole side by side: median seconds and median ratio to the training step of the same
+    repeat; ΔH(±η) also per no-grad pass over E (`n_eta_passes`: one per η of the grid)."""
+    lines = [f"{'part':<32}{'seconds':>10}{'× training step':>18}",
+             f"{'training step (Dr-GRPO, E ∪ U)':<32}{statistics.median(baseline):>10.1f}{1.0:>18.2f}"]
+    for part in seconds[0]:
+        secs = statistics.median([s[part] for s in seconds])
+        ratio = statistics.median([s[part] / b for s, b in zip(seconds, baseline)])
+        note = f"  ({n_eta_passes} passes, {ratio / n_eta_passes:.2f} each)" if part == "ΔH(±η)" else ""
+        lines.append(f"{part:<32}{secs:>10.1f}{ratio:>18.2f}{note}")
+    return lines
+
+
 def second_order_lines(runs: dict[str, dict]) -> list[str]:
     """d2 ± SE of each method on the same E, the finite difference's per-η values and bias estimate."""
     lines = []
@@ -236,9 +252,12 @@ def profile_lines(breakdown: dict, train_parts: dict) -> str:
 
 
 def pass_seconds(demo: DemoProbe, E: Batch) -> dict[str, float]:
-    """The passes over ONE E microbatch (second of two timings each): a no-grad forward, a forward with grad, the
+    """The passes over ONE E microbatch (second of two timings each): the model's forward alone (logits of the
+    scored positions, no token maths), a ΔH pass at θ + η·v (a parameter override), a no-grad forward, a forward
+    with grad, the
     backward of L_α' and the backward of L_β — what a training step's forward + backward is made of, and why
     the exact pieces cost a second backward (r_i = D_v L_β,i exists only in a backward of L_β or a tangent)."""
+    from entropy_experiments.estimators.delta_h import score_at_eta
     from entropy_experiments.estimators.entropy_gradient import e_microbatches
     from entropy_experiments.estimators.objective_gradient import Trainable
     from entropy_experiments.estimators.surrogate import (
@@ -246,14 +265,24 @@ def pass_seconds(demo: DemoProbe, E: Batch) -> dict[str, float]:
         surrogate_loss,
         weighted_logq_sum,
     )
+    from entropy_experiments.policy.score import forward_logits
+    from entropy_experiments.policy.tf_batches import tf_batches
 
     engine, options = demo.policy.engine, demo.config.entropy_options()
-    params = Trainable.of(demo.policy.trainable.model).params
+    trainable = Trainable.of(demo.policy.trainable.model)
+    params = trainable.params
+    demo_v = {n: torch.full_like(p, 1e-3) for n, p in zip(trainable.names, params)}  # any direction: cost only
     idx = e_microbatches(E.num_prompts, E.num_responses_per_prompt, options.microbatch_size)[0]
     seqs = E.subset(idx)
     rows = len(idx) * E.num_responses_per_prompt
     out: dict[str, float] = {}
     for _ in range(2):
+        t_model = time.perf_counter()
+        with torch.no_grad():
+            for batch in tf_batches(seqs, rows, engine.device):
+                forward_logits(engine.policy, batch, None, engine.precision.tf_nograd)
+        t_eta = time.perf_counter()
+        score_at_eta(engine, seqs, demo_v, 1e-5, tf_batch_size=rows)
         t0 = time.perf_counter()
         engine.teacher_force_logprobs(seqs, with_grad=False, compute_rb=True, tf_batch_size=rows)
         t1 = time.perf_counter()
@@ -266,7 +295,8 @@ def pass_seconds(demo: DemoProbe, E: Batch) -> dict[str, float]:
         t3 = time.perf_counter()
         torch.autograd.grad(weighted_logq_sum(ell, [b for _, b in coefs]), params)
         t4 = time.perf_counter()
-        out = {"no-grad forward": t1 - t0, "forward with grad": t2 - t1, "backward L_α": t3 - t2,
+        out = {"model forward alone (no token maths)": t_eta - t_model, "ΔH pass at θ + η·v": t0 - t_eta,
+               "no-grad forward": t1 - t0, "forward with grad": t2 - t1, "backward L_α": t3 - t2,
                "backward L_β": t4 - t3}
     return out
 
@@ -299,6 +329,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from entropy_experiments.config.sections import ImportanceSection, SecondOrderSection
+    from entropy_experiments.estimators.delta_h import eta_grid
 
     args.etas = args.etas or ImportanceSection().eta_list
     default_method = SecondOrderSection().method
@@ -345,6 +376,7 @@ def main() -> int:
     for method in ("jvp", "finite_difference"):
         ratio = statistics.median([s[f"second order ({method})"] / s["phases 1–3"] for s in seconds])
         print(f"second order ({method}) / phases 1–3 = {ratio:.3f}")
+    print("\n".join(ratio_table(seconds, baseline, len(eta_grid(args.etas, True)))))
     whole = statistics.median([s["whole probe"] / b for s, b in zip(seconds, baseline)])
     print(f"whole probe (second_order.method {default_method}, no loading or sampling) / training step = {whole:.2f}")
     b, o = statistics.median(baseline), statistics.median(p13)
