@@ -6,7 +6,9 @@
   and the displacement predictor δH_Δθ ± 1.96·SE_E (the step the run took; calibration.png shows it too).
 * calibration.png — predicted against measured, 1:1 line, one colour per predictor; left the probe against its
   own ΔH(η)·lr/η, right the prediction against the realised change; both axes span the measured values, and a
-  prediction far outside is drawn as ◀ / ▶ at the edge (counted in the legend).
+  prediction far outside is drawn as ◀ / ▶ at the edge (counted in the legend). A scale-free proxy
+  (docs/maths.md §13: a logit-space step of unknown size, not nats/token) is drawn at its fitted scale c
+  (calibration.<name>.<vs>.loo_scale.scale), labelled "name × c (fitted)", or left out where c is undefined.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from ..report.plot import can_plot, save_png
 
-__all__ = ["plot_calibration", "plot_trajectory"]
+__all__ = ["at_fitted_scale", "plot_calibration", "plot_trajectory"]
 
 Z95 = 1.96
 
@@ -137,6 +139,22 @@ def _scatter(ax, pairs: dict[str, list[tuple[float, float, float | None]]], titl
     ax.legend(fontsize=8)
 
 
+def at_fitted_scale(pairs: dict[str, list[tuple[float, float, float | None]]], calibration: dict,
+                    which: str) -> dict[str, list[tuple[float, float, float | None]]]:
+    """`pairs` with each scale-free predictor's predictions multiplied by its fitted scale c (calibration[name]
+    [which].loo_scale.scale) under the label "name × c (fitted)"; one without a finite c is left out."""
+    out = {}
+    for name, pts in pairs.items():
+        m = calibration.get(name, {}).get(which) or {}
+        if not m.get("scale_free"):
+            out[name] = pts
+            continue
+        c = (m.get("loo_scale") or {}).get("scale")
+        if _ok(c):
+            out[f"{name} × {c:.3g} (fitted)"] = [(c * x, y, se) for x, y, se in pts]
+    return out
+
+
 def plot_calibration(doc: dict, path: str | os.PathLike) -> Path | None:
     """calibration.png from sweep.json `doc`: predicted vs measured with the 1:1 line, one colour per predictor
     (None: no matplotlib)."""
@@ -149,6 +167,8 @@ def plot_calibration(doc: dict, path: str | os.PathLike) -> Path | None:
     real = {n: [(r["predictors"][n]["dH_predicted"], r["dH_realised"], r["se"])
                 for r in doc["realised"] if n in r["predictors"]
                 and _ok(r["predictors"][n]["dH_predicted"]) and _ok(r["dH_realised"])] for n in names}
+    own, real = (at_fitted_scale(own, doc["calibration"], "own"),
+                 at_fitted_scale(real, doc["calibration"], "realised"))
     fig, (ax_own, ax_real) = _figure(2)
     _scatter(ax_own, own, "probe vs its own ΔH(η)·lr/η (per checkpoint)", "measured ΔH(η)·lr/η", doc["units"])
     _scatter(ax_real, real, "prediction vs realised change (per interval)", "realised ΔH (importance estimate)",

@@ -96,5 +96,8 @@ def print_sweep_summary(doc: dict) -> None:
             print(f"{name:>14} {which:>9} {m['n']:>3} {_f(m['sign_agreement'], '.2f'):>5} {resolved:>12} "
                   f"{_ci(m['pearson']):>24} {_ci(m['spearman']):>24} {_f(m['coverage']['value'], '.2f'):>9} "
                   f"{_f(m['median_ratio'], '.3g'):>16} {_f(m.get('rms_z'), '.2f'):>6} {_loo(m):>18}")
+    if any(m.get("scale_free") for both in doc["calibration"].values() for m in both.values()):
+        print("note: the scale-free proxies (docs/maths.md §13) are logit-space steps of unknown size, not "
+              f"{doc['units']}: their coverage is only through the fitted scale c (LOO scale column)")
     for message in doc.get("warnings") or []:
         print(f"warning: {message}")
