@@ -74,6 +74,26 @@ def test_s_star_is_minus_the_entropy_derivative_along_the_sampled_logit():
         assert wang_s_star(one) == pytest.approx(_slope(z, e_k), rel=1e-10, abs=1e-14)
 
 
+@pytest.mark.parametrize("A", [1.0, -0.7])
+def test_steer_sign_is_that_of_the_exact_entropy_change_along_the_sampled_logits_ratio_step(A):
+    """−Ω·π_k = the exact derivative of H along z_k += A·∂(π_k/π_old)/∂z_k (= A·(1−π_k) at π_old = π): the
+    sign ΔH ≈ −η·Ω, up to the positive factor π_k, for tokens on both sides of ln π + H = 0."""
+    from entropy_experiments.estimators.entropy_proxies import steer_omega
+
+    z = torch.tensor([1.3, -0.2, 0.4, 2.0, -1.1], dtype=torch.float64)
+    logp, H = torch.log_softmax(z, -1), float(_entropy(z))
+    signs = set()
+    for k in range(z.numel()):
+        p_k = float(logp[k].exp())
+        step = torch.zeros_like(z)
+        step[k] = A * (1.0 - p_k)
+        slope = _slope(z, step)
+        assert steer_omega(TokenTable.of([A], [float(logp[k])], [H])) * p_k == pytest.approx(slope, rel=1e-10,
+                                                                                               abs=1e-14)
+        signs.add(slope > 0)
+    assert signs == {True, False}  # both signs occur: not one fixed sign
+
+
 def _loop_cov(x: list[float], y: list[float]) -> float:
     n = len(x)
     mx, my = sum(x) / n, sum(y) / n
