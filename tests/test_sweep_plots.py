@@ -60,3 +60,28 @@ def test_the_printed_summary_says_the_proxies_units_only_when_they_are_there(cap
                          "calibration": calibration, "decomposition": {}})
     out = capsys.readouterr().out
     assert ("logit-space steps of unknown size, not nats/token" in out) == with_proxy
+
+
+def test_the_per_predictor_figure_has_one_panel_per_predictor_the_proxy_at_its_scale(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    titles, points = [], {}
+    real_set_title, real_errorbar = matplotlib.axes.Axes.set_title, matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title",
+                        lambda self, t, *a, **k: titles.append(t) or real_set_title(self, t, *a, **k))
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
+                        lambda self, x, y, *a, **k: points.setdefault(k.get("label"), list(x))
+                        and real_errorbar(self, x, y, *a, **k))
+    calibration = {"adamw_step": {"realised": _metrics(False)}, "cui_npg": {"realised": _metrics(True)}}
+    realised = [{"dH_realised": y, "se": 0.005, "predictors": {"adamw_step": {"dH_predicted": y / 2},
+                                                                "cui_npg": {"dH_predicted": 4 * y}}}
+                for y in (0.02, -0.01)]
+    from entropy_experiments.sweep.plots import plot_predictors
+
+    doc = {"units": "nats/token", "calibration": calibration, "rows": [], "realised": realised}
+    assert plot_predictors(doc, tmp_path / "predictors.png").exists()
+    assert titles == ["adamw_step: r +0.50, Spearman +0.50", "cui_npg × 0.005 (fitted): r +0.50, Spearman +0.50"]
+    assert points["adamw_step"] == [0.01, -0.005]
+    assert points["cui_npg × 0.005 (fitted)"] == [pytest.approx(0.0004), pytest.approx(-0.0002)]
+    assert plot_predictors({**doc, "realised": []}, tmp_path / "none.png") is None
