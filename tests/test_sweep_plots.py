@@ -81,7 +81,7 @@ def test_the_per_predictor_figure_has_one_panel_per_predictor_the_proxy_at_its_s
 
     doc = {"units": "nats/token", "calibration": calibration, "rows": [], "realised": realised}
     assert plot_predictors(doc, tmp_path / "predictors.png").exists()
-    assert titles == ["adamw_step: r +0.50, Spearman +0.50", "cui_npg × 0.005 (fitted): r +0.50, Spearman +0.50"]
+    assert titles == ["adamw_step\nr +0.50, Spearman +0.50", "cui_npg × 0.005 (fitted)\nr +0.50, Spearman +0.50"]
     assert points["adamw_step"] == [0.01, -0.005]
     assert points["cui_npg × 0.005 (fitted)"] == [pytest.approx(0.0004), pytest.approx(-0.0002)]
     assert plot_predictors({**doc, "realised": []}, tmp_path / "none.png") is None

@@ -182,7 +182,7 @@ def plot_predictors(doc: dict, path: str | os.PathLike) -> Path | None:
     for ax, (label, pts) in zip(axes, real.items()):
         m = doc["calibration"][label.split(" ")[0]]["realised"]
         r, rho = (m.get(k, {}).get("r") for k in ("pearson", "spearman"))
-        _scatter(ax, {label: pts}, f"{label}: r {_signed(r)}, Spearman {_signed(rho)}", "realised ΔH", doc["units"])
+        _scatter(ax, {label: pts}, f"{label}\nr {_signed(r)}, Spearman {_signed(rho)}", "realised ΔH", doc["units"])
     for ax in axes[len(real):]:
         ax.set_visible(False)
     return save_png(fig, path)
