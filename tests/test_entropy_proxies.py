@@ -75,7 +75,7 @@ def test_s_star_is_minus_the_entropy_derivative_along_the_sampled_logit():
 
 
 @pytest.mark.parametrize("A", [1.0, -0.7])
-def test_steer_sign_is_that_of_the_exact_entropy_change_along_the_sampled_logits_ratio_step(A):
+def test_steer_sign_matches_the_exact_entropy_change(A):
     """−Ω·π_k = the exact derivative of H along z_k += A·∂(π_k/π_old)/∂z_k (= A·(1−π_k) at π_old = π): the
     sign ΔH ≈ −η·Ω, up to the positive factor π_k, for tokens on both sides of ln π + H = 0."""
     from entropy_experiments.estimators.entropy_proxies import steer_omega
