@@ -17,8 +17,10 @@ The probe's config mirrors the training run: the same prompts, reward, temperatu
 stop string (TRL stops at EOS only), the same max completion length, TRL's loss (`objective.trainer: trl`:
 dapo, group-scaled advantages, clipping at 1.0), U = the trainer's batch (prompts per step × G), and ΔH(η)
 measured at η = lr. With `--schedule linear` the last checkpoint holds lr = 0.0 and is measured for Ĥ only.
-Sizes are chosen to finish in about 18 minutes on 2 idle CPU cores (the nested jvp of the displacement
-predictor is half of it); the README quotes one run's numbers.
+Sizes were chosen to finish in about 18 minutes on 2 idle CPU cores when the displacement predictor's
+second-order term (a nested jvp over E, half of that time) was always measured; it now runs only with
+second_order.enabled, which this config leaves off, so a run is about half as long. docs/examples.md quotes one
+run's numbers.
 """
 
 from __future__ import annotations

@@ -114,6 +114,7 @@ def test_rows_read_the_run_directories(swept):
     se = math.sqrt(first["se"] ** 2 + first["se_predicted"] ** 2 + doc["rows"][0]["se_U"] ** 2)
     assert first["z"] == pytest.approx((first["dH_realised"] - first["dH_predicted"]) / se)
     assert (out / "trajectory.png").stat().st_size > 0 and (out / "calibration.png").stat().st_size > 0
+    assert (out / "predictors.png").stat().st_size > 0
 
 
 @pytest.mark.e2e

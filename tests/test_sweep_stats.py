@@ -216,21 +216,3 @@ def test_independent_residuals_against_written_out_jackknives():
         assert out[key].value == pytest.approx(h_to() - bracket()[j], rel=1e-12)
         assert out[key].se == pytest.approx(math.hypot(se_to, se_from), rel=1e-10)
 
-
-def test_calibration_plot_draws_scale_free_proxies_only_at_their_fitted_scale():
-    """calibration.png's pairs: a predictor with a unit as it is; a scale-free proxy multiplied by its fitted scale c
-    (here the weighted least-squares slope through 0) and named with it; one without a scale is left out."""
-    from entropy_experiments.sweep.plots import plotted_pairs
-
-    x, y, se = [1.0, 2.0, -1.0], [0.011, 0.019, -0.012], [0.001, 0.002, 0.001]
-    c = sum(a * b / s**2 for a, b, s in zip(x, y, se)) / sum(a * a / s**2 for a, s in zip(x, se))
-    doc = {"calibration": {"adamw_step": {"realised": {"scale_free": False}},
-                           "cui_npg": {"realised": {"scale_free": True, "loo_scale": {"scale": c}}},
-                           "steer_omega": {"realised": {"scale_free": True, "loo_scale": {"scale": None}}}}}
-    pts = list(zip(x, y, se))
-    drawn = plotted_pairs(doc, "realised", {"adamw_step": pts, "cui_npg": pts, "steer_omega": pts})
-    assert drawn["adamw_step"] == pts
-    label = next(k for k in drawn if k.startswith("cui_npg"))
-    assert label == f"cui_npg × {c:.3g} (fitted)" and not any(k.startswith("steer_omega") for k in drawn)
-    assert [p[0] for p in drawn[label]] == pytest.approx([c * v for v in x], rel=1e-12)
-    assert [p[1:] for p in drawn[label]] == [p[1:] for p in pts]

@@ -1,4 +1,4 @@
-"""The sweep's two plots, drawn from sweep.json alone (matplotlib is imported when a plot is drawn).
+"""The sweep's three plots, drawn from sweep.json alone (matplotlib is imported when a plot is drawn).
 
 * trajectory.png — left: Ĥ per step with ±1.96·SE bars; from each probed checkpoint a dashed segment to
   (next step, Ĥ + δH₁) (the predicted change of the next step); the line through the Ĥ points is what the run
@@ -6,8 +6,11 @@
   and the displacement predictor δH_Δθ ± 1.96·SE_E (the step the run took; calibration.png shows it too).
 * calibration.png — predicted against measured, 1:1 line, one colour per predictor; left the probe against its
   own ΔH(η)·lr/η, right the prediction against the realised change; both axes span the measured values, and a
-  prediction far outside is drawn as ◀ / ▶ at the edge (counted in the legend). The scale-free entropy proxies
-  (no unit of their own) are drawn only at their fitted scale c, labelled "name × c (fitted)".
+  prediction far outside is drawn as ◀ / ▶ at the edge (counted in the legend). A scale-free proxy
+  (docs/maths.md §13: a logit-space step of unknown size, not nats/token) is drawn at its fitted scale c
+  (calibration.<name>.<vs>.loo_scale.scale), labelled "name × c (fitted)", or left out where c is undefined.
+* predictors.png — the right panel of calibration.png split into one panel per predictor, each titled with its
+  Pearson and Spearman r over the realised intervals.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from ..report.plot import can_plot, save_png
 
-__all__ = ["plot_calibration", "plot_trajectory", "plotted_pairs"]
+__all__ = ["at_fitted_scale", "plot_calibration", "plot_predictors", "plot_trajectory"]
 
 Z95 = 1.96
 
@@ -138,37 +141,71 @@ def _scatter(ax, pairs: dict[str, list[tuple[float, float, float | None]]], titl
     ax.legend(fontsize=8)
 
 
-def plotted_pairs(doc: dict, vs: str, pairs: dict[str, list]) -> dict[str, list]:
-    """The pairs to draw on one panel: a predictor with a scale as it is; a scale-free proxy (a logit-space step of
-    unknown size, maths §13) only at its fitted scale c (calibration.<name>.<vs>.loo_scale.scale), labelled
-    "name × c (fitted)", and left out without one — never as if its number were nats/token."""
-    drawn = {}
+def at_fitted_scale(pairs: dict[str, list[tuple[float, float, float | None]]], calibration: dict,
+                    which: str) -> dict[str, list[tuple[float, float, float | None]]]:
+    """`pairs` with each scale-free predictor's predictions multiplied by its fitted scale c (calibration[name]
+    [which].loo_scale.scale) under the label "name × c (fitted)"; one without a finite c is left out."""
+    out = {}
     for name, pts in pairs.items():
-        block = doc["calibration"].get(name, {}).get(vs, {})
-        if not block.get("scale_free"):
-            drawn[name] = pts
+        m = calibration.get(name, {}).get(which) or {}
+        if not m.get("scale_free"):
+            out[name] = pts
             continue
-        c = (block.get("loo_scale") or {}).get("scale")
+        c = (m.get("loo_scale") or {}).get("scale")
         if _ok(c):
-            drawn[f"{name} × {c:.3g} (fitted)"] = [(c * x, y, se) for x, y, se in pts]
-    return drawn
+            out[f"{name} × {c:.3g} (fitted)"] = [(c * x, y, se) for x, y, se in pts]
+    return out
+
+
+def _realised_points(doc: dict, names: list[str]) -> dict[str, list[tuple[float, float, float | None]]]:
+    """Per predictor: (predicted, realised, its SE) over the realised intervals it predicted."""
+    return {n: [(r["predictors"][n]["dH_predicted"], r["dH_realised"], r["se"])
+                for r in doc["realised"] if n in r["predictors"]
+                and _ok(r["predictors"][n]["dH_predicted"]) and _ok(r["dH_realised"])] for n in names}
+
+
+def plot_predictors(doc: dict, path: str | os.PathLike) -> Path | None:
+    """predictors.png from sweep.json `doc`: one panel per predictor, its prediction against the realised change
+    per interval with the 1:1 line (a scale-free proxy at its fitted scale, see at_fitted_scale), titled with
+    its Pearson and Spearman r (None: no matplotlib, or no realised interval)."""
+    if not can_plot() or not doc["realised"]:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    real = at_fitted_scale(_realised_points(doc, list(doc["calibration"])), doc["calibration"], "realised")
+    cols = min(4, len(real)) or 1
+    rows = math.ceil(len(real) / cols) or 1
+    fig = Figure(figsize=(4.2 * cols, 3.8 * rows), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, (label, pts) in zip(axes, real.items()):
+        m = doc["calibration"][label.split(" ")[0]]["realised"]
+        r, rho = (m.get(k, {}).get("r") for k in ("pearson", "spearman"))
+        _scatter(ax, {label: pts}, f"{label}\nr {_signed(r)}, Spearman {_signed(rho)}", "realised ΔH", doc["units"])
+    for ax in axes[len(real):]:
+        ax.set_visible(False)
+    return save_png(fig, path)
+
+
+def _signed(x) -> str:
+    return f"{x:+.2f}" if _ok(x) else "—"
 
 
 def plot_calibration(doc: dict, path: str | os.PathLike) -> Path | None:
-    """calibration.png from sweep.json `doc`: predicted vs measured with the 1:1 line, one colour per predictor,
-    the scale-free proxies at their fitted scale (None: no matplotlib)."""
+    """calibration.png from sweep.json `doc`: predicted vs measured with the 1:1 line, one colour per predictor
+    (None: no matplotlib)."""
     if not can_plot():
         return None
     names = list(doc["calibration"])
     own = {n: [(r["predictors"][n]["delta_h1"], r["deltaH_true"]["scaled"], r["deltaH_true"]["se_scaled"])
                for r in doc["rows"] if n in r["predictors"] and r["deltaH_true"]
                and _ok(r["predictors"][n]["delta_h1"]) and _ok(r["deltaH_true"]["scaled"])] for n in names}
-    real = {n: [(r["predictors"][n]["dH_predicted"], r["dH_realised"], r["se"])
-                for r in doc["realised"] if n in r["predictors"]
-                and _ok(r["predictors"][n]["dH_predicted"]) and _ok(r["dH_realised"])] for n in names}
+    real = _realised_points(doc, names)
+    own, real = (at_fitted_scale(own, doc["calibration"], "own"),
+                 at_fitted_scale(real, doc["calibration"], "realised"))
     fig, (ax_own, ax_real) = _figure(2)
-    _scatter(ax_own, plotted_pairs(doc, "own", own), "probe vs its own ΔH(η)·lr/η (per checkpoint)",
-             "measured ΔH(η)·lr/η", doc["units"])
-    _scatter(ax_real, plotted_pairs(doc, "realised", real), "prediction vs realised change (per interval)",
-             "realised ΔH (importance estimate)", doc["units"])
+    _scatter(ax_own, own, "probe vs its own ΔH(η)·lr/η (per checkpoint)", "measured ΔH(η)·lr/η", doc["units"])
+    _scatter(ax_real, real, "prediction vs realised change (per interval)", "realised ΔH (importance estimate)",
+             doc["units"])
     return save_png(fig, path)

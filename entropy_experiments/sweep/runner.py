@@ -27,7 +27,7 @@ from .calibration import calibration, decomposition_coverage
 from .cross_scores import interval_path, read_cross_scores, score_intervals
 from .discovery import SweepCheckpoint, find_checkpoints, select_every
 from .entropy_only import measure_entropy_only
-from .plots import plot_calibration, plot_trajectory
+from .plots import plot_calibration, plot_predictors, plot_trajectory
 from .policies import SweepPolicies
 from .reuse import mark_rollout_reuse
 from .rows import checkpoint_row, read_run, realised_rows
@@ -128,6 +128,7 @@ def run_sweep(config: ProbeConfig, checkpoints_dir: str | Path, *, out: str | No
         sweep.write_sweep(doc)
         plot_trajectory(doc, sweep.path / "trajectory.png")
         plot_calibration(doc, sweep.path / "calibration.png")
+        plot_predictors(doc, sweep.path / "predictors.png")
         sweep.mark_status("complete")
         print_sweep_summary(doc)
         logger.info("sweep directory: %s", sweep.path)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-from ..report.summary import SCALE_FREE_NOTE
-
 __all__ = ["print_sweep_summary"]
 
 
@@ -99,6 +97,7 @@ def print_sweep_summary(doc: dict) -> None:
                   f"{_ci(m['pearson']):>24} {_ci(m['spearman']):>24} {_f(m['coverage']['value'], '.2f'):>9} "
                   f"{_f(m['median_ratio'], '.3g'):>16} {_f(m.get('rms_z'), '.2f'):>6} {_loo(m):>18}")
     if any(m.get("scale_free") for both in doc["calibration"].values() for m in both.values()):
-        print(f"note: {SCALE_FREE_NOTE}")
+        print("note: the scale-free proxies (docs/maths.md §13) are logit-space steps of unknown size, not "
+              f"{doc['units']}: their coverage is only through the fitted scale c (LOO scale column)")
     for message in doc.get("warnings") or []:
         print(f"warning: {message}")
