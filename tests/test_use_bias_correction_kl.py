@@ -10,8 +10,8 @@ from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError
 
 # What the code before the key existed wrote (commit 95fc74b, `config_hash()` of these configs). That code's
-# default was generation.gen_batch_size 8 (the default `auto` draws otherwise, so it hashes otherwise): the
-# configs here state it.
+# default was generation.gen_batch_size 8 (the default `auto` draws otherwise, so it hashes otherwise) and
+# second_order.method jvp (finite_difference, the default since, computes d2 otherwise): the configs here state both.
 HASH_BEFORE = {
     "default": "15bd06d456c52722",
     "trl": "6a2ac24be09a4ce3",
@@ -22,7 +22,8 @@ HASH_BEFORE = {
 
 
 def _config(**objective):
-    return config_from_dict({"objective": objective, "generation": {"gen_batch_size": 8}})
+    return config_from_dict({"objective": objective, "generation": {"gen_batch_size": 8},
+                             "second_order": {"method": "jvp"}})
 
 
 @pytest.mark.parametrize("objective, resolved", [
