@@ -124,6 +124,8 @@ def test_finite_difference_on_enumerable_model(toy_dir, tmp_path, normalize, eta
     # the same E: the two methods differ by the O(η²) term and rounding only, far inside the SEs
     assert abs(so["d2"] - jvp.value) < min(so["se"], jvp.se), (so["d2"], jvp)
     assert so["se"] == pytest.approx(jvp.se, rel=0.2)
+    flagged = so["bias_bound"] is not None and not so["bias_bound"] <= so["se"]  # recorded, not only logged
+    assert any(w.startswith("second_order: d2 at η") for w in results["warnings"]) is flagged, (so, flagged)
     row = results["true"][0]
     assert row["second_order_prediction"] == pytest.approx(
         row["eta"] * results["x_hat_dot_v"] + 0.5 * row["eta"] ** 2 * so["d2"])

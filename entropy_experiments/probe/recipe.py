@@ -66,7 +66,7 @@ from .e_pass import MAIN, choose_e_pass, one_pass_phase, progress, score_E, surr
 from .memory_plan import budgeted_config
 from .parallel import SINGLE, DistContext, init_from_env
 from .preflight import preflight
-from .results import DeltaH1Result, Estimates, Policy, Samples, UpdateStep, WarningLog
+from .results import BeyondFirstOrder, DeltaH1Result, Estimates, Policy, Samples, UpdateStep, WarningLog
 from .sampling import sample_phase, saved_batches, warn_zero_advantages
 from .tangent import TangentAlongV, tangent_phase
 
@@ -229,6 +229,14 @@ def timed_attribution(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, r
     return attribution, e_tokens, time.perf_counter() - t0 + (along_v.seconds if along_v.order == 1 else 0.0)
 
 
+def record_later(later: BeyondFirstOrder, timing: dict[str, float], notes: WarningLog) -> None:
+    """The later phases' seconds into the run's `timing`, the second order's warning (its bias above its SE) into
+    `notes`, so that results.json `warnings` carries it."""
+    timing.update(later.timing)
+    if later.second_order and later.second_order.get("warning"):
+        notes.warn(later.second_order["warning"])
+
+
 def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | None = None,
         batches: tuple[Batch, Batch] | None = None, on_batches=None, chunk_store=None,
         notes: WarningLog | None = None, sampling_warnings: list[str] = (),
@@ -271,7 +279,7 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     along_v = tangent_phase(work, policy, E, res, dist)  # one pass along v: second order and attribution share it
     later = beyond_first_order_phase(work, policy, E, res, bars, dist, estimates.truth,
                                      None if along_v.sums is None else (along_v.sums, along_v.seconds))
-    timing.update(later.timing)
+    record_later(later, timing, notes)
     predictors = None if later.predictors is None else {**later.predictors, **u_proxy_entries(policy.engine, U)}
     attribution, e_tokens, timing["attribution"] = timed_attribution(work, policy, E, U, res, bars, along_v)
     timing["total"] = time.perf_counter() - t_start
