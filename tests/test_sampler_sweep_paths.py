@@ -19,10 +19,10 @@ from entropy_experiments.estimators.displacement import (
     interval_residuals,
     u_noise,
 )
+from entropy_experiments.estimators.jackknife import entropy_with_se
 from entropy_experiments.estimators.realised_change import paired_change_replicates
 from entropy_experiments.sweep.realised import interval_realised_change
 from entropy_experiments.sweep.rows import CheckpointRun
-from entropy_experiments.sweep.stats import entropy_with_se
 
 
 def jackknife(stat, units: list[str]) -> tuple[float, float]:

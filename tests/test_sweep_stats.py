@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
+from entropy_experiments.estimators.jackknife import entropy_with_se
 from entropy_experiments.sweep.calibration import calibration
 from entropy_experiments.sweep.stats import (
     bootstrap_ci,
-    entropy_with_se,
     fitted_scale,
     loo_scale_z,
     paired_difference,

@@ -34,6 +34,7 @@ __all__ = [
     "delta_h1_per_sequence",
     "delta_h1_per_token",
     "delta_h1_slope",
+    "entropy_with_se",
     "jackknife_estimate",
     "jackknife_from_unit_sums",
     "jackknife_ratio_se",
@@ -236,3 +237,10 @@ def se_U(X_hat: dict[str, torch.Tensor], loo_directions: list[dict[str, torch.Te
 def se_total(se_e: float, se_u: float) -> float:
     """√(SE_E² + SE_U²); an unavailable side (NaN) counts as missing, not as zero."""
     return math.sqrt(se_e ** 2 + se_u ** 2)
+
+
+def entropy_with_se(h: Sequence[float], d: Sequence[float], units: Sequence, sampler_weights=None) -> Estimate:
+    """(Σh/Σd, its delete-one jackknife SE over the units), nats per token (d = T) or per sequence (d = 1);
+    Σ s h/Σ s d with the sampler correction's weights s (None: unweighted, docs/maths.md §12)."""
+    return jackknife_estimate(sum_by_unit(sampler_weighted([as_float64(h), as_float64(d)], sampler_weights), units),
+                              _ratio)

@@ -37,7 +37,7 @@ from entropy_experiments.data.batch import Batch
 from entropy_experiments.errors import ConfigError
 from entropy_experiments.estimators.delta_h import measure_delta_h
 from entropy_experiments.estimators.entropy_gradient import coefficients, sampler_weights
-from entropy_experiments.estimators.jackknife import se_E
+from entropy_experiments.estimators.jackknife import entropy_with_se, se_E
 from entropy_experiments.estimators.paired import paired_residual
 from entropy_experiments.estimators.sequence_scores import SequenceScores
 from entropy_experiments.estimators.surrogate import directional_pieces
@@ -49,7 +49,6 @@ from entropy_experiments.probe.parallel import SINGLE
 from entropy_experiments.probe.recipe import score_E
 from entropy_experiments.probe.results import Policy
 from entropy_experiments.probe.sampling import BatchDraw, SamplingSpec, draw_plan, sample_batch
-from entropy_experiments.sweep.stats import entropy_with_se
 
 TRAINER_STEP, PROBE_U = "trainer_step", "probe_U"
 PREDICT_MODES = (PROBE_U, TRAINER_STEP)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 
+from ..estimators.jackknife import entropy_with_se
 from ..estimators.realised_change import realised_change_entry
-from .stats import entropy_with_se, paired_difference
+from .stats import paired_difference
 
 __all__ = ["MIN_CHANGED_UNITS", "MIN_ESS_FRAC", "interval_realised_change"]
 

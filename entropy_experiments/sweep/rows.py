@@ -18,11 +18,11 @@ import numpy as np
 from ..checkpoint.rollouts import NUM_ITERATIONS_KEY
 from ..checkpoint.trainer_batch import recorded_trainer_batch
 from ..errors import OutputError
+from ..estimators.jackknife import entropy_with_se
 from ..report.run_dir import PER_SEQUENCE_FILE
 from .decomposition import interval_decomposition
 from .discovery import SweepCheckpoint
 from .realised import interval_realised_change
-from .stats import entropy_with_se
 
 __all__ = ["ENTROPY_ONLY_FILE", "CheckpointRun", "checkpoint_row", "read_run", "realised_rows"]
 

@@ -5,7 +5,7 @@ every entropy here is in nats per token (per sequence). A jackknife unit is one 
 prompt drawn from the pool with its response(s), the probe's own unit (`prompt_index`) — its sequences summed
 (estimators/jackknife.py).
 
-- `entropy_with_se`: Ĥ = Σh/Σd and its delete-one jackknife SE over the units.
+- `entropy_with_se` (estimators/jackknife.py): Ĥ = Σh/Σd and its delete-one jackknife SE over the units.
 - `paired_difference`: Ĥ(to) − Ĥ(from) on two E batches, with the jackknife over the units of either batch,
   the difference of the two ratios recomputed in every replicate (paired where a unit is in both).
 - `pearson`, `spearman` (Pearson of average ranks), `bootstrap_ci` (percentile bootstrap over rows), and
@@ -22,26 +22,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..estimators.jackknife import Estimate, as_float64, jackknife_estimate, sampler_weighted, sum_by_unit
+from ..estimators.jackknife import as_float64
 from ..estimators.realised_change import paired_change_replicates
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "PairedDifference", "bootstrap_ci", "coverage",
-           "entropy_with_se", "fitted_scale", "loo_scale_z", "median_ratio", "paired_difference", "pearson",
+           "fitted_scale", "loo_scale_z", "median_ratio", "paired_difference", "pearson",
            "rank_average", "rms", "sign_agreement", "spearman"]
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
-
-
-def _ratio(sums: np.ndarray) -> float:
-    return float(sums[0] / sums[1])
-
-
-def entropy_with_se(h: Sequence[float], d: Sequence[float], units: Sequence, sampler_weights=None) -> Estimate:
-    """(Σh/Σd, its delete-one jackknife SE over the units), nats per token (d = T) or per sequence (d = 1);
-    Σ s h/Σ s d with the sampler correction's weights s (None: unweighted, docs/maths.md §12)."""
-    return jackknife_estimate(sum_by_unit(sampler_weighted([as_float64(h), as_float64(d)], sampler_weights), units),
-                              _ratio)
 
 
 class PairedDifference(NamedTuple):
