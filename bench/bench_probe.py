@@ -53,7 +53,8 @@ import torch
 if TYPE_CHECKING:
     from entropy_experiments.data.batch import Batch
 
-TARGET = 1.2
+TARGET = 1.2        # phases 1–3 / training step
+WHOLE_TARGET = 2.5  # the whole default probe (no loading or sampling) / training step
 
 
 @dataclass
@@ -66,7 +67,7 @@ class DemoProbe:
 
 def demo_probe(args) -> DemoProbe:
     """`--checkpoint DIR` (else the embedded model's cached demo checkpoint) loaded on `--device`, with the default
-    config's phases on (importance at ±`--etas`, second order, predictors) and the demo's data and reward."""
+    config's phases (importance at ±`--etas` when given) and the demo's data and reward."""
     from entropy_experiments.config import config_from_dict, load_config, packaged_config_path
     from entropy_experiments.make_checkpoint.trained import ensure_demo_checkpoint
     from entropy_experiments.probe import recipe
@@ -74,11 +75,12 @@ def demo_probe(args) -> DemoProbe:
 
     defaults = load_config(packaged_config_path("default")).to_dict()
     d = load_config(packaged_config_path("demo")).to_dict()
-    for section in ("importance", "second_order", "predictors"):
+    for section in ("importance", "second_order", "predictors", "output"):
         d[section] = defaults[section]
     d["batch_config"].update({"B_E": args.B_E, "B_U": args.B_U, "G": args.G})
     d["generation"]["max_new_tokens"] = args.max_new_tokens
-    d["importance"].update(eta_list=list(args.etas), symmetric=True)
+    if args.etas:
+        d["importance"].update(eta_list=list(args.etas), symmetric=True)
     d["checkpoint"]["device_map"] = args.device
     if args.checkpoint:
         d["checkpoint"].update({"checkpoint_path": str(args.checkpoint), "base_model": None})
@@ -185,56 +187,77 @@ def r_method_lines(rows: list[dict[str, dict]], baseline: list[float]) -> list[s
     return lines
 
 
-PHASES = (("phases 1–3", "phase1_3_total"), ("ΔH(±η)", "phase4_importance"), ("predictors", "phase6_predictors"),
-          ("attribution", "phase7_attribution"))
+PHASES = (("phases 1–3", "phase1_3_total"), ("ΔH(η)", "phase4_importance"), ("second order", "phase5_second_order"),
+          ("predictors", "phase6_predictors"), ("attribution", "phase7_attribution"))
+
+# the default of the previous release: three η at ±η, the second difference at two η, the predictors (and the
+# field's proxies), and the token attribution by its own forward-mode pass along v
+PREVIOUS_DEFAULT = {"importance": {"eta_list": [1e-6, 3e-6, 1e-5], "symmetric": True},
+                    "second_order": {"method": "finite_difference", "eta_list": [3e-4, 1e-3]},
+                    "predictors": {"enabled": True}, "output": {"token_attribution_method": "jvp"}}
+JVP_SECOND_ORDER = {"second_order": {"method": "jvp"}}  # the release before: the exact nested jvp
 
 
-def whole_probe(demo: DemoProbe, E: Batch, U: Batch, default_method: str, variance: bool = True) -> dict[str, dict]:
-    """{method: results} of the whole probe (sampling and loading apart) with each second_order.method; the run
-    of the method that is not the default has the predictors (and with them the attribution) off: they do not
-    change phases 1–3, ΔH or the second order."""
-    return {method: probe_run(demo, E, U, variance={"enabled": variance}, second_order={"method": method},
-                              predictors={"enabled": method == default_method})
-            for method in ("jvp", "finite_difference")}
+def whole_probe(demo: DemoProbe, E: Batch, U: Batch, sides: dict[str, dict], variance: bool = True
+                ) -> dict[str, dict]:
+    """{side: results} of the whole probe (sampling and loading apart) under each side's config sections merged
+    onto the default ({}: the default itself)."""
+    out = {}
+    for side, sections in sides.items():
+        merged = {"variance": {"enabled": variance}}
+        for section, values in sections.items():
+            merged[section] = {**merged.get(section, {}), **values}
+        out[side] = probe_run(demo, E, U, **merged)
+    return out
 
 
-def phase_seconds(runs: dict[str, dict], default_method: str) -> dict[str, float]:
-    """Seconds per phase: PHASES from the default method's run, `second order (<method>)` from each run, and
-    `whole probe` (the default run's total: no loading or sampling happened in it)."""
-    timing = runs[default_method]["timing"]
+def phase_seconds(results: dict) -> dict[str, float]:
+    """Seconds per part (PHASES; 0 where the part did not run) and `whole probe` (the run's total: no loading or
+    sampling happened in it)."""
+    timing = results["timing"]
     out = {name: timing.get(key, 0.0) for name, key in PHASES}
-    out.update({f"second order ({m})": r["timing"].get("phase5_second_order", 0.0) for m, r in runs.items()})
     out["whole probe"] = timing["total"] - timing.get("phase0_sampling", 0.0)
     return out
 
 
-def ratio_table(seconds: list[dict[str, float]], baseline: list[float], n_eta_passes: int) -> list[str]:
-    """Each part and the whole side by side: median seconds and median ratio to the training step of the same
-    repeat; ΔH(±η) also per no-grad pass over E (`n_eta_passes`: one per η of the grid)."""
-    lines = [f"{'part':<32}{'seconds':>10}{'× training step':>18}",
-             f"{'training step (Dr-GRPO, E ∪ U)':<32}{statistics.median(baseline):>10.1f}{1.0:>18.2f}"]
-    for part in seconds[0]:
-        secs = statistics.median([s[part] for s in seconds])
-        ratio = statistics.median([s[part] / b for s, b in zip(seconds, baseline)])
-        note = f"  ({n_eta_passes} passes, {ratio / n_eta_passes:.2f} each)" if part == "ΔH(±η)" else ""
-        lines.append(f"{part:<32}{secs:>10.1f}{ratio:>18.2f}{note}")
+def passes_line(results: dict) -> str:
+    """What a side measured: the no-grad passes of ΔH and of the second order, the predictors, the attribution."""
+    so = results.get("second_order") or {}
+    tokens = (results.get("attribution") or {}).get("E_tokens") or {}
+    return (f"ΔH at η {[r['eta'] for r in results['true']]}; second order {so.get('method')} "
+            f"(η {[r['eta'] for r in so.get('per_eta', [])]}); predictors {sorted(results.get('predictors') or [])}; "
+            f"token dH by {tokens.get('dH_method')} (η {tokens.get('dH_eta')})")
+
+
+def ratio_table(seconds: dict[str, list[dict[str, float]]], baseline: list[float]) -> list[str]:
+    """Each part and the whole, one column pair per side: median seconds and median ratio to the training step
+    of the same repeat."""
+    sides = list(seconds)
+    head = f"{'part':<32}" + "".join(f"{side + ' s':>22}{'×':>8}" for side in sides)
+    lines = [head, f"{'training step (Dr-GRPO, E ∪ U)':<32}"
+             + "".join(f"{statistics.median(baseline):>22.1f}{1.0:>8.2f}" for _ in sides)]
+    for part in seconds[sides[0]][0]:
+        row = f"{part:<32}"
+        for side in sides:
+            secs = statistics.median([s[part] for s in seconds[side]])
+            ratio = statistics.median([s[part] / b for s, b in zip(seconds[side], baseline)])
+            row += f"{secs:>22.1f}{ratio:>8.2f}"
+        lines.append(row)
     return lines
 
 
 def second_order_lines(runs: dict[str, dict]) -> list[str]:
-    """d2 ± SE of each method on the same E, the finite difference's per-η values and bias estimate."""
+    """d2 ± SE of each side's second order on the same E (the finite difference's per-η values and bias estimate)."""
     lines = []
-    for method, results in runs.items():
-        so = results["second_order"]
-        line = f"d2 ({method}) = {so['d2']:+.5g} ± {so['se']:.3g}"
-        if method == "finite_difference":
+    for side, results in runs.items():
+        so = results.get("second_order")
+        if not so:
+            continue
+        line = f"d2 ({side}, {so['method']}) = {so['d2']:+.5g} ± {so['se']:.3g}"
+        if so["method"] == "finite_difference":
             line += f" at η {so['eta']:g}, bias ≤ {so['bias_bound']}; per η: " + ", ".join(
-                f"{r['eta']:g}: {r['d2']:+.4g} ± {r['se']:.2g} (bias ≤ {r['bias_bound']:.2g})" if r["bias_bound"]
-                is not None else f"{r['eta']:g}: {r['d2']:+.4g} ± {r['se']:.2g}" for r in so["per_eta"])
+                f"{r['eta']:g}: {r['d2']:+.4g} ± {r['se']:.2g}" for r in so["per_eta"])
         lines.append(line)
-    jvp, fd = runs["jvp"]["second_order"], runs["finite_difference"]["second_order"]
-    gap = abs(jvp["d2"] - fd["d2"])
-    lines.append(f"|d2 jvp − d2 finite_difference| = {gap:.3g} = {gap / jvp['se']:.2f} SE(jvp)")
     return lines
 
 
@@ -313,7 +336,10 @@ def parse_args():
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--etas", type=float, nargs="+", default=None,
                         help="importance.eta_list, measured at ±η (default: the default config's)")
-    parser.add_argument("--compare-jvp", action="store_true")
+    parser.add_argument("--compare-jvp", action="store_true", help="also time phases 1–3 with the jvp pieces")
+    parser.add_argument("--no-previous", action="store_true", help="time the default alone, not the previous one")
+    parser.add_argument("--compare-second-order", action="store_true",
+                        help="also run the previous default with the exact (jvp) second order")
     parser.add_argument("--no-variance", action="store_true",
                         help="variance.enabled false: no pieces, E scored without grad then one backward")
     parser.add_argument("--passes", action="store_true", help="also time the passes over one E microbatch")
@@ -328,11 +354,12 @@ def main() -> int:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from entropy_experiments.config.sections import ImportanceSection, SecondOrderSection
-    from entropy_experiments.estimators.delta_h import eta_grid
 
-    args.etas = args.etas or ImportanceSection().eta_list
-    default_method = SecondOrderSection().method
+    sides = {"default": {}}
+    if not args.no_previous:
+        sides["previous default"] = PREVIOUS_DEFAULT
+    if args.compare_second_order:
+        sides["previous, jvp second order"] = {**PREVIOUS_DEFAULT, **JVP_SECOND_ORDER}
     demo = demo_probe(args)
     t0 = time.perf_counter()
     E, U = sample_E_U(demo)
@@ -340,24 +367,25 @@ def main() -> int:
           f"({U.count_tokens()} response tokens, {U.sequences.shape}) in {time.perf_counter() - t0:.0f} s on "
           f"{args.device}; threads {torch.get_num_threads()}; load average {os.getloadavg()[0]:.1f}", flush=True)
 
-    baseline, seconds, jvp, runs, train_parts, r_rows = [], [], [], {}, {}, []
+    baseline, seconds, jvp, runs, train_parts, r_rows = [], {s: [] for s in sides}, [], {}, {}, []
     for rep in range(args.repeats):
         train_parts = training_step_seconds(demo, E, U)
         baseline.append(train_parts["total"])
-        runs = whole_probe(demo, E, U, default_method, variance=not args.no_variance)
-        seconds.append(phase_seconds(runs, default_method))
-        line = (f"repeat {rep + 1}: training step {baseline[-1]:.1f} s; "
-                + ", ".join(f"{k} {v:.1f} s" for k, v in seconds[-1].items()))
+        runs = whole_probe(demo, E, U, sides, variance=not args.no_variance)
+        for side, results in runs.items():
+            seconds[side].append(phase_seconds(results))
+        line = f"repeat {rep + 1}: training step {baseline[-1]:.1f} s; " + "; ".join(
+            f"{side}: whole {seconds[side][-1]['whole probe']:.1f} s" for side in sides)
         if args.compare_jvp:
             jvp.append(phases_1_3_seconds(demo, E, U, "jvp", variance=not args.no_variance)[0])
             line += f", phases 1–3 with jvp pieces {jvp[-1]:.1f} s"
         if args.r_methods:
-            r_rows.append(r_method_runs(demo, E, U, max(args.etas)))
+            r_rows.append(r_method_runs(demo, E, U, max(args.etas or [1e-5])))
             line += ", phases 1–3 " + ", ".join(f"({m}) {r_rows[-1][m]['timing']['phase1_3_total']:.1f} s"
                                                 for m in R_METHODS)
         print(line + f" (load average {os.getloadavg()[0]:.1f})", flush=True)
 
-    results = runs[default_method]
+    results = runs["default"]
     breakdown = {k: round(v, 1) for k, v in results["timing"].items() if k.startswith("phase1_3")}
     print(f"phases 1–3 breakdown (last repeat, s): {breakdown}")
     print(profile_lines(breakdown, train_parts))
@@ -366,22 +394,22 @@ def main() -> int:
         print("one E microbatch: " + ", ".join(f"{k} {v:.2f} s" for k, v in passes.items()))
     print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se'].get('total', float('nan')):.2e}, pieces: "
           f"{results['consistency'].get('pieces_method')}")
+    for side, side_results in runs.items():
+        print(f"{side}: {passes_line(side_results)}")
     print("\n".join(second_order_lines(runs)))
     if r_rows:
         print("\n".join(r_method_lines(r_rows, baseline)))
     if jvp:
         jvp_ratio = statistics.median([j / b for j, b in zip(jvp, baseline)])
         print(f"phases 1–3 with jvp pieces / training step = {jvp_ratio:.2f} (reference)")
-    p13 = [s["phases 1–3"] for s in seconds]
-    for method in ("jvp", "finite_difference"):
-        ratio = statistics.median([s[f"second order ({method})"] / s["phases 1–3"] for s in seconds])
-        print(f"second order ({method}) / phases 1–3 = {ratio:.3f}")
-    print("\n".join(ratio_table(seconds, baseline, len(eta_grid(args.etas, True)))))
-    whole = statistics.median([s["whole probe"] / b for s, b in zip(seconds, baseline)])
-    print(f"whole probe (second_order.method {default_method}, no loading or sampling) / training step = {whole:.2f}")
+    print("\n".join(ratio_table(seconds, baseline)))
+    p13 = [s["phases 1–3"] for s in seconds["default"]]
     b, o = statistics.median(baseline), statistics.median(p13)
-    return print_verdict("phases 1–3 / training step", [o_ / b_ for o_, b_ in zip(p13, baseline)], TARGET,
-                         f"; medians {o:.1f} s / {b:.1f} s")
+    print_verdict("phases 1–3 / training step", [o_ / b_ for o_, b_ in zip(p13, baseline)], TARGET,
+                  f"; medians {o:.1f} s / {b:.1f} s")
+    whole = [s["whole probe"] for s in seconds["default"]]
+    return print_verdict("whole default probe / training step", [w / b_ for w, b_ in zip(whole, baseline)],
+                         WHOLE_TARGET)
 
 
 def print_verdict(what: str, ratios: list[float], limit: float, detail: str = "") -> int:

@@ -116,7 +116,8 @@ def make_probe(model_dir: Path, data_path: Path, config: dict, *, lora_seed: int
         "generation": {"max_new_tokens": 6, "gen_batch_size": 64, "tf_batch_size": 64},
         "reward": {"name": "tests.probe_rewards:count_a"},
         "estimator": {"microbatch_size": 64},
-        "importance": {"eta_list": [1e-3]},
+        "importance": {"eta_list": [1e-3], "symmetric": True},
+        "predictors": {"enabled": True},
         "output": {"plot": False},
     }
     merge_sections(base, config)

@@ -43,7 +43,8 @@ def base_config(tiny_model_dir: Path, data: Path, **sections) -> dict:
         "generation": {"max_new_tokens": 8, "gen_batch_size": 8, "tf_batch_size": 8},
         "reward": {"name": "tests.probe_rewards:count_a"},
         "estimator": {"microbatch_size": 8},
-        "importance": {"eta_list": [1.0e-4, 1.0e-3]},
+        "importance": {"eta_list": [1.0e-4, 1.0e-3], "symmetric": True},
+        "predictors": {"enabled": True},
         "output": {"plot": False},
     }
     merge_sections(config, sections)

@@ -36,6 +36,7 @@ def sweep_config(toy_dir: Path, data: Path, **sections) -> dict:
         "importance": {"eta_list": [1.0e-2], "symmetric": False},
         "variance": {"u_groups": 4},
         "second_order": {"enabled": False},
+        "predictors": {"enabled": True},  # the displacement predictor, the decomposition and the proxies
         "output": {"plot": False},
     }
     merge_sections(config, sections)

@@ -53,7 +53,9 @@ def test_defaults_match_contract():
     assert cfg.precision.matmul_precision == "highest" and cfg.precision.entropy_fp64 is True
     assert cfg.sampler.batched is True
     assert cfg.estimator.update_direction == "adamw_step" and cfg.estimator.microbatch_size == 4
-    assert cfg.importance.eta_list == [1e-6, 3e-6, 1e-5]
+    assert cfg.importance.eta_list == [1e-5] and cfg.importance.symmetric is False  # one no-grad pass over E
+    assert cfg.second_order.method == "finite_difference" and cfg.second_order.eta_list == [1e-3]
+    assert cfg.predictors.enabled is False and cfg.output.token_attribution_method == "finite_difference"
     assert cfg.variance.u_groups is None and cfg.reward.name == "tag_pref"
     assert isinstance(cfg.distributed.timeout_s, float) and cfg.distributed.timeout_s == 600.0
     assert cfg.output.run_dir is None
@@ -230,7 +232,7 @@ def test_config_hash_is_taken_over_the_sections_pre_rename_spelling(batched):
     code before the rename computed (sha256 of the sorted compact JSON, `output` / `distributed` left out)."""
     # gen_batch_size stated as every run directory's config.yaml states it (the default before "auto": 8)
     cfg = config_from_dict({"sampler": {"batched": batched}, "seed": 7, "generation": {"gen_batch_size": 8},
-                            "second_order": {"method": "jvp"}})  # and the second order by jvp, the default then
+                            "second_order": {"method": "jvp", "eta_list": [3e-4, 1e-3]}})  # jvp: the default then
     d = cfg.to_dict()
     for key in ("output", "distributed", "sampler"):
         del d[key]
@@ -251,7 +253,10 @@ def test_config_hash_is_taken_over_the_sections_pre_rename_spelling(batched):
         del d["variance"][key]
     old = hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert cfg.config_hash() == old
-    old_default = config_from_dict({"generation": {"gen_batch_size": 8}, "second_order": {"method": "jvp"}})
+    old_default = config_from_dict({"generation": {"gen_batch_size": 8},
+                                    "second_order": {"method": "jvp", "eta_list": [3e-4, 1e-3]},
+                                    "importance": {"eta_list": [1e-6, 3e-6, 1e-5], "symmetric": True},
+                                    "predictors": {"enabled": True}})  # the defaults then, stated
     assert old_default.config_hash() == "15bd06d456c52722"  # what the code before the rename wrote (294fa60)
     # the default gen_batch_size "auto" changes the draws (row-keyed), so it changes a default config's hash
     assert ProbeConfig().config_hash() != old_default.config_hash()

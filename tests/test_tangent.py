@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from entropy_experiments.probe import beyond, recipe
-from entropy_experiments.probe.attribution import e_token_attribution
+from entropy_experiments.probe.attribution import e_token_attribution, token_rows
 from entropy_experiments.probe.e_pass import score_E
 from entropy_experiments.probe.tangent import TangentAlongV, tangent_order, tangent_phase
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
@@ -42,7 +42,7 @@ def _config(probe, **second_order):
 
 
 def _attribution(probe, E, res, scores) -> tuple[dict, dict]:
-    return e_token_attribution(probe.policy, E, res, scores)
+    return e_token_attribution(probe.policy, E, res, token_rows(probe.config, res, scores, None))
 
 
 def test_shared_order_two_pass_gives_the_second_orders_own_d2_bit_for_bit(estimated):

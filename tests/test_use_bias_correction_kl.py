@@ -22,8 +22,12 @@ HASH_BEFORE = {
 
 
 def _config(**objective):
+    """The config the pinned hashes were taken of: the defaults of then stated (the second order by jvp, three η at
+    ±η, the predictors on)."""
     return config_from_dict({"objective": objective, "generation": {"gen_batch_size": 8},
-                             "second_order": {"method": "jvp"}})
+                             "second_order": {"method": "jvp", "eta_list": [3e-4, 1e-3]},
+                             "importance": {"eta_list": [1e-6, 3e-6, 1e-5], "symmetric": True},
+                             "predictors": {"enabled": True}})
 
 
 @pytest.mark.parametrize("objective, resolved", [

@@ -304,8 +304,8 @@ class ImportanceSection(_Section):
 
     enabled: bool = True
     mode: Literal["param_override", "real_step"] = "param_override"
-    eta_list: list[float] = Field(default_factory=lambda: [1e-6, 3e-6, 1e-5], min_length=1)
-    symmetric: bool = True  # also evaluate -η for symmetric slopes
+    eta_list: list[float] = Field(default_factory=lambda: [1e-5], min_length=1)
+    symmetric: bool = False  # also evaluate -η, for symmetric slopes (one more no-grad pass over E per η)
 
     @field_validator("eta_list")
     @classmethod
@@ -332,15 +332,12 @@ class VarianceSection(_Section):
 
 
 class SecondOrderSection(_Section):
-    """The second-order coefficient d2 = D²_v H on E (docs/scaling.md "Second order: cheap or exact"):
-    `finite_difference` (default), the second difference of no-grad passes at θ ± η·v for each η of `eta_list`
-    (the ΔH passes' where they measured that η), or `jvp`, exact by forward-over-forward mode (one pass over E
-    shared with the token attribution)."""
+    """d2 = D²_v H on E (docs/maths.md §10): `finite_difference`, from no-grad passes at θ ± η·v per η of `eta_list`
+    (the ΔH passes' where they measured it), or `jvp`, exact (forward over forward, shared with the attribution)."""
 
     enabled: bool = True
     method: Literal["finite_difference", "jvp"] = "finite_difference"
-    eta_list: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(  # η of finite_difference, at ±η
-        default_factory=lambda: [3e-4, 1e-3], min_length=1)
+    eta_list: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(default_factory=lambda: [1e-3], min_length=1)
 
 
 class PredictorsSection(_Section):
@@ -348,7 +345,7 @@ class PredictorsSection(_Section):
     next_checkpoint: the checkpoint the run reached next; set, it adds the `displacement` predictor
     δH_Δθ = X̂·(θ_next − θ) (README "Across a run"; the sweep sets it from the next swept checkpoint)."""
 
-    enabled: bool = True
+    enabled: bool = False  # one more forward + backward over E (direct_only) and a no-grad pass over U
     next_checkpoint: str | None = None
 
 
@@ -390,7 +387,9 @@ class OutputSection(_Section):
     run_dir: str | None = None  # None: runs/<timestamp>
     save_batches: bool = True
     plot: bool = True
-    token_attribution: bool = True  # E_tokens.parquet and the report's coloured tokens (one jvp pass over E)
+    token_attribution: bool = True  # E_tokens.parquet and the report's coloured tokens
+    # D_v H_t: from the ΔH passes (no ΔH pass: jvp) | jvp, exact (one pass over E unless one was made anyway)
+    token_attribution_method: Literal["finite_difference", "jvp"] = "finite_difference"
 
 
 def section_type(model: type[BaseModel], name: str) -> type[BaseModel] | None:

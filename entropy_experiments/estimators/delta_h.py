@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -82,7 +82,8 @@ class RealStep:
 class DeltaH:
     """ΔH(η) on E for every η (docs/maths.md §5): Ĥ at θ, the results.json "true" rows (eta, deltaH_true, H_upd,
     se and the weight diagnostics), the per-sequence values of each η ({eta: {"logw", "h_new"[, "beta_logw"]}}),
-    the per-sequence h and T at θ of all E (float64 [N], for the paired residuals) and the linearity fits."""
+    the per-sequence h and T at θ of all E (float64 [N], for the paired residuals), the linearity fits and, for
+    the η the token attribution differences (token_derivatives.py), the per-token entropies at θ + η·v of all E."""
 
     H_orig: float | None
     rows: list[dict]
@@ -90,6 +91,7 @@ class DeltaH:
     h: np.ndarray | None
     T: np.ndarray | None
     linearity: dict
+    token_entropies: dict[float, list[Tensor]] = field(default_factory=dict)
 
     @classmethod
     def not_measured(cls) -> DeltaH:

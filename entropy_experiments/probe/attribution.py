@@ -3,21 +3,27 @@ entropy along the step, from what the earlier phases computed (estimators/attrib
 
 - U groups: from the SE_U jackknife's leave-one-group-out directions (no extra pass); needs the error bars
   (`variance.enabled`) and at least two groups.
-- E tokens: H_t and lr·D_v H_t per realised token from the forward-mode jvp scores of E along v — the same
-  scores the `jvp` pieces method already made (reused), else the scores of the one pass along v that the probe
-  shares between the second order and the attribution (probe/tangent.py, handed in as `along_v`), unless
-  `output.token_attribution` is off. Their sum is the `direct_only` predictor. Under the sampler's weights
-  (docs/maths.md §12) each token's dH carries its sequence's s_i, and D is the weighted one.
+- E tokens: H_t and lr·D_v H_t per realised token, unless `output.token_attribution` is off. D_v H_t is exact where
+  a forward-mode pass along v was made anyway (the `jvp` pieces method's scores, or the second order's order-2
+  pass, probe/tangent.py, handed in as `along_v`); otherwise, with `output.token_attribution_method:
+  finite_difference` (the default), a difference of the per-token entropies of the ΔH passes at θ ± η·v
+  (estimators/token_derivatives.py; `token_choice` picks the η), and with `jvp` the order-1 pass along v that
+  tangent.py makes for it. Their sum is the `direct_only` predictor. Under the sampler's weights (docs/maths.md
+  §12) each token's dH carries its sequence's s_i, and D is the weighted one.
 """
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from ..config import ProbeConfig
 from ..data.batch import Batch
 from ..estimators.attribution import TokenAttribution, influence_summary, token_summary, u_group_influences
+from ..estimators.delta_h import DeltaH, eta_grid
 from ..estimators.error_bars import ErrorBars
 from ..estimators.objective_gradient import split_into_groups, u_terms
 from ..estimators.sequence_scores import SequenceScores
+from ..estimators.token_derivatives import TokenPassChoice, token_derivatives, token_pass_choice
 from .results import DeltaH1Result, Policy
 
 TOP_K_TOKENS = 20
@@ -49,32 +55,56 @@ def response_token_ids(E: Batch, lengths: list[int]) -> list[int]:
     return ids
 
 
+def token_choice(config: ProbeConfig) -> TokenPassChoice | None:
+    """The ΔH passes whose per-token entropies give D_v H_t (`token_derivatives.token_pass_choice` over the
+    importance η grid); None: the attribution takes a forward-mode pass (`output.token_attribution_method: jvp`,
+    the attribution off, or no ΔH pass)."""
+    out = config.output
+    if not out.token_attribution or out.token_attribution_method != "finite_difference" or not config.importance.enabled:
+        return None
+    return token_pass_choice(eta_grid(config.importance.eta_list, config.importance.symmetric))
+
+
+def token_rows(config: ProbeConfig, res: DeltaH1Result, along_v: SequenceScores | None,
+               truth: DeltaH | None) -> tuple[list[Tensor], list[Tensor], dict]:
+    """(H_t, D_v H_t per E sequence, how D_v H_t was made {method, eta}): exact from jvp scores where a pass made
+    them (the E pass's, else `along_v`), else the difference of the ΔH passes (`truth`) that `token_choice` names."""
+    for scores in (res.scores, along_v):
+        if scores is not None and scores.d_entropy is not None:
+            return scores.token_entropies, scores.d_entropy, {"method": "jvp", "eta": None}
+    choice = token_choice(config)
+    if choice is None or truth is None or any(e not in truth.token_entropies for e in choice.etas()):
+        raise ValueError("the token attribution needs E's jvp scores along v or the ΔH passes' per-token "
+                         "entropies: neither was made")
+    d = token_derivatives(choice, truth.token_entropies, res.scores.token_entropies)
+    return res.scores.token_entropies, d, {"method": f"{choice.kind}_difference", "eta": choice.eta}
+
+
 def e_token_attribution(policy: Policy, E: Batch, res: DeltaH1Result,
-                        along_v: SequenceScores | None) -> tuple[dict, dict]:
-    """(results.json `attribution.E_tokens`, the E_tokens table's columns) of every realised E token, from the E
-    pass's jvp scores when it made them, else from `along_v` (the scores of the shared pass along v)."""
-    scores = res.scores if res.scores.d_entropy is not None else along_v
-    if scores is None or scores.d_entropy is None:
-        raise ValueError("the token attribution needs E's jvp scores along v: none were made")
-    tokens = TokenAttribution.from_scores(scores.token_entropies, scores.d_entropy, res.learning_rate,
-                                          res.sampler_weights)
-    ids = response_token_ids(E, [len(h) for h in scores.token_entropies])
+                        rows: tuple[list[Tensor], list[Tensor], dict]) -> tuple[dict, dict]:
+    """(results.json `attribution.E_tokens`, the E_tokens table's columns) of every realised E token from `rows`
+    (`token_rows`: H_t, D_v H_t per sequence and how D_v H_t was made)."""
+    entropies, derivatives, how = rows
+    tokens = TokenAttribution.from_scores(entropies, derivatives, res.learning_rate, res.sampler_weights)
+    ids = response_token_ids(E, [len(h) for h in entropies])
     tokenizer = policy.tokenizer if policy.tokenizer is not None else policy.engine.tokenizer
     texts = tokenizer.batch_decode([[t] for t in ids])  # each token decoded on its own
     columns = {"sequence": tokens.sequence, "position": tokens.position, "token_id": ids, "token": texts,
                "H": tokens.H, "dH": tokens.dH}
-    return token_summary(tokens, float(res.coefficients.D), ids, texts, TOP_K_TOKENS), columns
+    summary = token_summary(tokens, float(res.coefficients.D), ids, texts, TOP_K_TOKENS)
+    return {**summary, "dH_method": how["method"], "dH_eta": how["eta"]}, columns
 
 
 def attribution_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, res: DeltaH1Result, bars: ErrorBars,
-                      along_v: SequenceScores | None) -> tuple[dict, dict | None]:
+                      along_v: SequenceScores | None, truth: DeltaH | None = None) -> tuple[dict, dict | None]:
     """(results.json `attribution` {U_groups, U_summary, E_tokens} with None for what is off, E token columns);
-    `along_v`: E's scores with their derivatives along v from the shared pass (None: none made)."""
+    `along_v`: E's scores with their derivatives along v from the shared pass (None: none made); `truth`: the ΔH
+    passes (their per-token entropies at the η of `token_choice`)."""
     out: dict = {"U_groups": None, "U_summary": None, "E_tokens": None}
     u = u_attribution(config, U, res, bars)
     if u is not None:
         out["U_groups"], out["U_summary"] = u["groups"], u["summary"]
     columns = None
     if config.output.token_attribution:
-        out["E_tokens"], columns = e_token_attribution(policy, E, res, along_v)
+        out["E_tokens"], columns = e_token_attribution(policy, E, res, token_rows(config, res, along_v, truth))
     return out, columns

@@ -50,6 +50,7 @@ from ..estimators.second_order import second_derivative, second_order_report
 from ..estimators.sequence_scores import SECOND_ORDER_KEYS, second_order_sums, units_of
 from ..estimators.step_directions import no_momentum_caveat, predictor_direction_fns
 from ..policy.progress import progress
+from .attribution import token_choice
 from .parallel import SINGLE, DistContext
 from .results import BeyondFirstOrder, DeltaH1Result, NamedTensors, Policy
 
@@ -78,7 +79,8 @@ def delta_h_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Res
     base, and E is scored at θ' in the e_pass's batch layout so that log w is exactly 0 at η = 0. Each rank
     scores whole chunks of that layout; values are gathered in order and the estimate runs on the whole E
     (delta_h.delta_h_from_values). `with_beta`: each η's per-sequence values also carry Σ_k β_ik (ℓ'_ik − ℓ_ik)
-    ("beta_logw", for r_i by the central difference)."""
+    ("beta_logw", for r_i by the central difference). The per-token entropies of the passes the token attribution
+    differences (attribution.token_choice) are kept, gathered over all E."""
     imp = config.importance
     if not imp.enabled:
         return DeltaH.not_measured()
@@ -91,15 +93,21 @@ def delta_h_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Res
     T = gather([len(x) for x in base.token_logqs] if local else [], "E lengths gather")
     h = gather(base.seq_entropies.tolist() if local else [], "E entropies gather")
     step = real_step_of(config, policy, res) if imp.mode == "real_step" else None
-    per_eta = {}
+    choice = token_choice(config)
+    keep = choice.etas() if choice is not None else ()
+    per_eta, tokens = {}, {}
     for eta in eta_grid(imp.eta_list, imp.symmetric):
         new = (score_at_eta(policy.engine, local_E, res.v, eta, real_step=step, tf_batch_size=res.scores_tf_batch)
                if local else None)
         mine = eta_values(new, base, beta) if local else {}
         keys = ("logw", "h_new", "beta_logw") if with_beta else ("logw", "h_new")
         per_eta[eta] = {k: gather(mine.get(k, []), f"{k} gather (η={eta:g})") for k in keys}
-    return delta_h_from_values(h, T, per_eta, normalize=config.estimator.normalize, units=units_of(B, G),
-                               sampler_weights=sampler_weights_of(res))
+        if eta in keep:
+            tokens[eta] = dist.gather_rows(dict(zip(rows_mine, new.token_entropies)) if local else {}, B * G,
+                                           f"token entropies gather (η={eta:g})")
+    truth = delta_h_from_values(h, T, per_eta, normalize=config.estimator.normalize, units=units_of(B, G),
+                                sampler_weights=sampler_weights_of(res))
+    return replace(truth, token_entropies=tokens)
 
 
 def real_step_of(config: ProbeConfig, policy: Policy, res: DeltaH1Result) -> RealStep:

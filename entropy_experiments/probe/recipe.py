@@ -39,6 +39,7 @@ from ..config import ProbeConfig
 from ..data.batch import Batch
 from ..data.rewards import clear_reward_warnings
 from ..errors import ConfigError
+from ..estimators.delta_h import DeltaH
 from ..estimators.entropy_gradient import (
     pieces_method,
 )
@@ -221,11 +222,12 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, note
 
 
 def timed_attribution(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, res: DeltaH1Result, bars: ErrorBars,
-                      along_v: TangentAlongV) -> tuple[dict, dict | None, float]:
+                      along_v: TangentAlongV, truth: DeltaH) -> tuple[dict, dict | None, float]:
     """attribution_phase's (results, E token columns) and its seconds, which include the pass along v when it was
-    made for the attribution alone (order 1; an order-2 pass counts as the second order's)."""
+    made for the attribution alone (order 1; an order-2 pass counts as the second order's; the ΔH passes whose
+    per-token entropies it differences count as ΔH's)."""
     t0 = time.perf_counter()
-    attribution, e_tokens = attribution_phase(config, policy, E, U, res, bars, along_v.scores)
+    attribution, e_tokens = attribution_phase(config, policy, E, U, res, bars, along_v.scores, truth)
     return attribution, e_tokens, time.perf_counter() - t0 + (along_v.seconds if along_v.order == 1 else 0.0)
 
 
@@ -235,6 +237,17 @@ def record_later(later: BeyondFirstOrder, timing: dict[str, float], notes: Warni
     timing.update(later.timing)
     if later.second_order and later.second_order.get("warning"):
         notes.warn(later.second_order["warning"])
+
+
+def with_proxies(later: BeyondFirstOrder, engine: PolicyEngine, U: Batch, timing: dict[str, float]) -> BeyondFirstOrder:
+    """`later` with the field's proxies beside its predictors (none without predictors): one no-grad pass over U,
+    timed with the predictors."""
+    if later.predictors is None:
+        return later
+    t0 = time.perf_counter()
+    predictors = {**later.predictors, **u_proxy_entries(engine, U)}
+    timing["predictors"] += time.perf_counter() - t0
+    return replace(later, predictors=predictors)
 
 
 def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | None = None,
@@ -280,8 +293,9 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     later = beyond_first_order_phase(work, policy, E, res, bars, dist, estimates.truth,
                                      None if along_v.sums is None else (along_v.sums, along_v.seconds))
     record_later(later, timing, notes)
-    predictors = None if later.predictors is None else {**later.predictors, **u_proxy_entries(policy.engine, U)}
-    attribution, e_tokens, timing["attribution"] = timed_attribution(work, policy, E, U, res, bars, along_v)
+    later = with_proxies(later, policy.engine, U, timing)
+    attribution, e_tokens, timing["attribution"] = timed_attribution(work, policy, E, U, res, bars, along_v,
+                                                                     later.truth)
     timing["total"] = time.perf_counter() - t_start
     facts = RunFacts(normalize=config.estimator.normalize, config_hash=config.config_hash(), seed=config.seed,
                      entropy_fp64=config.precision.entropy_fp64,
@@ -289,7 +303,6 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
                      model=policy.trainable.model, checkpoint_info=policy.checkpoint_info, world_size=dist.world_size,
                      backend=dist.backend, warnings=list(notes.messages), sampling_warnings=list(sampling_warnings),
                      zero_advantage_prompts=n_zero, plan=samples.plan)
-    later = replace(later, predictors=predictors)
     outcome = assemble_results(E, U, estimates, later, timing, facts)
     outcome.results["attribution"], outcome.e_tokens, outcome.policy = attribution, e_tokens, policy
     # what drew E and U, then the estimators' correction diagnostics (assemble_results)

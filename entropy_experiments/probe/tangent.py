@@ -6,7 +6,8 @@ tangent pass along v"):
 
 With the second order by jvp the pass is forward over forward (order 2), and its order-0 and order-1 values are
 the attribution's scores: the attribution costs no pass of its own. Without it, an order-1 pass when the
-attribution wants one and the E pass made no jvp scores (pieces by backward hooks); else no pass. The result is
+attribution wants the exact D_v H_t (`output.token_attribution_method: jvp`, or no ΔH pass to difference) and
+the E pass made no jvp scores (pieces by backward hooks); else no pass. The result is
 frozen and handed to each phase by recipe.py; no phase edits it.
 
 Like beyond.py this module knows the ranks: each rank scores its share of E and the rows are gathered in order.
@@ -29,6 +30,7 @@ from ..estimators.sequence_scores import (
     second_order_sums_of,
     units_of,
 )
+from .attribution import token_choice
 from .beyond import scoring_share
 from .parallel import SINGLE, DistContext
 from .results import DeltaH1Result, Policy
@@ -47,10 +49,12 @@ class TangentAlongV:
 
 
 def tangent_order(config: ProbeConfig, res: DeltaH1Result) -> int:
-    """2 with the second order by jvp; 1 for the token attribution when the E pass left no jvp scores; else 0."""
+    """2 with the second order by jvp; 1 for the token attribution when the E pass left no jvp scores and no ΔH
+    passes give D_v H_t (attribution.token_choice); else 0."""
     if config.second_order.enabled and config.second_order.method == "jvp":
         return 2
-    return 1 if config.output.token_attribution and res.scores.d_entropy is None else 0
+    wanted = config.output.token_attribution and res.scores.d_entropy is None
+    return 1 if wanted and token_choice(config) is None else 0
 
 
 def tangent_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result,

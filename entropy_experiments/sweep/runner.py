@@ -63,6 +63,9 @@ def _announce(config: ProbeConfig, chosen: list[SweepCheckpoint], found: int, ev
     if config.checkpoint.checkpoint_path is not None:
         logger.info("sweep: the config's checkpoint.checkpoint_path %s is not used (each checkpoint sets its own)",
                     config.checkpoint.checkpoint_path)
+    if not config.predictors.enabled:
+        logger.info("sweep: predictors.enabled is false (the default), so no interval gets the displacement "
+                    "predictor, its decomposition or the field's proxies; set predictors.enabled: true for them")
     if config.learning_rate is not None:
         logger.warning("sweep: learning_rate = %g is set, so every checkpoint's δH₁ uses it, not the lr its "
                        "optimizer saved (the lr of its next step)", config.learning_rate)
