@@ -1,8 +1,9 @@
 """Benchmark of the whole probe, phase by phase, against one plain Dr-GRPO training step on the same tokens.
 
     .venv/bin/python bench/bench_probe.py [--checkpoint DIR] [--device cpu|cuda] [--repeats N]
-                                          [--B-E 32 --B-U 4 --G 4 --max-new-tokens 40] [--etas 1e-6 3e-6 1e-5]
-                                          [--no-variance] [--passes] [--compare-jvp] [--r-methods] [--threads N]
+                                          [--B-E 32 --B-U 4 --G 4 --max-new-tokens 40] [--etas 1e-5 1e-4]
+                                          [--no-previous] [--compare-second-order] [--no-variance] [--passes]
+                                          [--compare-jvp] [--r-methods] [--threads N]
 
 Both sides run on the SAME sampled E and U sequences of one checkpoint: `--checkpoint DIR` (a checkpoint the
 probe loads: adapter + optimizer state, or a full model), by default the embedded SmolLM2-135M with the demo
@@ -12,17 +13,16 @@ checkpoint (made once and cached, as `entropy-probe demo` does), on `--device`.
   the Dr-GRPO loss (E sequences given advantage 1 so that they carry gradient), gradient clipping and
   `torch.optim.AdamW.step()` (on a copy of the optimizer; parameters restored afterwards);
 - ours: the probe's phases as `recipe.run` times them, sampling and loading apart (the batches and the loaded
-  model are handed in): phases 1–3 (U gradient, v from the AdamW state, X̂ on E, δH₁ with SE_E, SE_U,
-  SE_total), ΔH(η) on E at ±η (`--etas`), the second order by each `second_order.method` (jvp: the nested
-  forward-over-forward pass; finite_difference: the second difference of the ΔH(±η) passes), the predictors
-  and the attribution; each second-order method's d2 ± SE is printed beside the other's.
+  model are handed in), under the default config (`--etas`: importance.eta_list at ±η instead) and, unless
+  `--no-previous`, under the previous default (PREVIOUS_DEFAULT: three η at ±η, the second difference at two η,
+  the predictors, the attribution's own jvp pass); `--compare-second-order` adds that with the exact (jvp) second
+  order. Each side's d2 ± SE is printed.
 
-Per repeat the sides alternate (training step, the whole probe with second_order.method jvp, the same with
-finite_difference) and the median of the per-repeat ratios is reported, so a burst of load elsewhere on the
-machine spoils one repeat, not the verdict. A table then gives each part (phases 1–3, ΔH(±η) with its count of
-no-grad passes, each second-order method, the predictors, the attribution) and the whole probe side by side:
-median seconds and median ratio to the training step of the same repeat. Phases 1–3 target: phases 1–3 /
-training step ≤ 1.2.
+Per repeat the sides alternate (training step, then each side) and the median of the per-repeat ratios is
+reported, so a burst of load elsewhere on the machine spoils one repeat, not the verdict. A table then gives each
+part (phases 1–3, ΔH(η), the second order, the predictors, the attribution) and the whole probe, one column pair
+per side: median seconds and median ratio to the training step of the same repeat. Targets: the whole default
+probe ≤ 2.5 × the training step (the exit status), phases 1–3 ≤ 1.2 ×.
 With error bars (the default) each E microbatch runs one forward and TWO backwards — ∇L_α' and ∇L_β; the second
 gives each sequence's r_i = D_v L_β,i, without which the delete-one jackknife of SE_E is not exact (Ĥ moves in
 every replicate) — against training's one forward and one backward; `--passes` times those passes on one E

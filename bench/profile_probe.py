@@ -43,8 +43,8 @@ def phase_fns(demo, E, U):
     """{phase: callable} running each phase on the same batches; later phases use the estimates' results."""
     from entropy_experiments.probe import beyond, recipe
     from entropy_experiments.probe.attribution import attribution_phase
-    from entropy_experiments.probe.e_pass import score_E
     from entropy_experiments.probe.results import WarningLog
+    from entropy_experiments.probe.tangent import tangent_phase
 
     config, policy, state = demo.config, demo.policy, {}
 
@@ -59,7 +59,8 @@ def phase_fns(demo, E, U):
 
     def attribution():
         res, bars = state["est"].delta_h1, state["est"].error_bars
-        return attribution_phase(config, policy, E, U, res, bars, lambda: score_E(config, policy, E, res.v))
+        along_v = tangent_phase(config, policy, E, res).scores  # a pass only where the attribution needs one
+        return attribution_phase(config, policy, E, U, res, bars, along_v, state["truth"])
 
     return {
         "training": lambda: training_step_seconds(demo, E, U),

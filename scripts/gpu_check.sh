@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU check, ~8 minutes on one H100 (docs/scaling.md "Checking a GPU"): `scripts/gpu_check.sh [--quick] [OUT]`.
 #   1. tests/test_cuda.py: every phase on CUDA against the CPU on the same batches (tolerances from ΔH's rounding floor);
-#   2. bench/bench_probe.py on a `make-checkpoint --synthetic qwen2.5-1.5b` checkpoint with --device cuda: the phases
-#      beside one Dr-GRPO training step on the same tokens;
+#   2. bench/bench_probe.py on a `make-checkpoint --synthetic qwen2.5-1.5b` checkpoint with --device cuda: the default
+#      probe's phases and the whole beside one Dr-GRPO training step on the same tokens (goal: whole ≤ 2.5×);
 #   3. bench/bench_precision.py --tf32: δH₁, SE_E, SE_U, ΔH(η) at lr/1000 … 100·lr and seconds for fp32, fp32 + TF32 and a
 #      bf16 base on the same E and U.
 # --quick: the same steps on the CPU with the embedded model's demo checkpoint and tiny sizes (the script's own check).
@@ -36,7 +36,7 @@ else
   PREC=(--checkpoint "$OUT/qwen1.5b" --B_E 32 --B_U 4 --G 4 --T 64)
 fi
 step test_cuda python -m pytest -q tests/test_cuda.py -rs
-step bench_probe python bench/bench_probe.py "${CKPT_ARGS[@]}" --device "$DEVICE" --repeats 1 "${SIZES[@]}"
+step bench_probe python bench/bench_probe.py "${CKPT_ARGS[@]}" --device "$DEVICE" --repeats 1 --no-previous "${SIZES[@]}"
 step precision python bench/bench_precision.py "${PREC[@]}" --device "$DEVICE" --tf32 --symmetric \
      --out "$OUT/precision.json"
 echo "gpu_check: logs in $OUT; $( [[ $status -eq 0 ]] && echo 'every step exited 0' || echo 'a step FAILED' )"
