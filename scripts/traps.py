@@ -70,7 +70,7 @@ TRAPS = [
          ("tests/test_trl_objectives.py::test_high_entropy_mask_at_float64_is_trls_at_float32",)),
     Trap("second_order_bias_warning_only_logged", EE + "probe/recipe.py",
          'notes.warn(later.second_order["warning"])', "pass",
-         ("tests/test_second_difference.py::test_finite_difference_on_enumerable_model[per_token-None]",)),
+         ("tests/test_second_difference.py::test_finite_difference_on_enumerable_model[per_token-etas2]",)),
     Trap("token_forward_difference_over_two_eta", EE + "estimators/token_derivatives.py",
          "return [(n.double() - b.double()) / eta for n, b in zip(new, base)]",
          "return [(n.double() - b.double()) / (2.0 * eta) for n, b in zip(new, base)]",
