@@ -4,7 +4,8 @@
   gradient on U minus that group's prompts, its AdamW step from the loaded state and X̂ on the same E, all
   through a fresh `recipe.delta_h1_phase` (no leave-one-out shortcut);
 - E tokens: on the enumerable model, each token's dH/lr against the central difference in float64 of that
-  prefix's exact entropy along v; Σ dH / D against the `direct_only` predictor;
+  prefix's exact entropy along v, by the jvp and by the differences of the ΔH passes (the default's forward
+  difference at 1e−5, the central one at 1e−4) within their measured errors; Σ dH / D against `direct_only`;
 - the share of the top tokens against a sort written in the test.
 """
 
@@ -113,21 +114,32 @@ def _prefix_entropies(model64, params: dict, E: dict, n: int) -> torch.Tensor:
     return -(logq.exp() * logq).sum(-1)
 
 
+# (variance.directional, importance, the derivative expected, its tolerance relative to the largest |D_v H_t|)
+TOKEN_CASES = [("auto", {"enabled": False}, ("jvp", None), 1e-4),       # no ΔH pass: the jvp pass
+               ("jvp", {"enabled": False}, ("jvp", None), 1e-4),        # the jvp pieces' scores, reused
+               ("auto", {"eta_list": [1e-5], "symmetric": False}, ("forward_difference", 1e-5), 5e-2),  # default
+               ("auto", {"eta_list": [1e-4], "symmetric": True}, ("central_difference", 1e-4), 2e-3)]
+
+
 @pytest.mark.e2e
-@pytest.mark.parametrize("directional", ["auto", "jvp"])
-def test_token_dH_is_the_exact_derivative_of_each_prefix_entropy(toy_dir, toy_prompts_file, directional):  # noqa: F811
+@pytest.mark.parametrize(("directional", "importance", "method", "tolerance"), TOKEN_CASES)
+def test_token_dH_is_the_exact_derivative_of_each_prefix_entropy(toy_dir, toy_prompts_file, directional,  # noqa: F811
+                                                                 importance, method, tolerance):
     probe = make_probe(toy_dir, toy_prompts_file, {
         "seed": 3, "batch_config": {"B_E": 12, "B_U": 4, "G": 2},
-        "generation": {"max_new_tokens": 4}, "importance": {"enabled": False},
+        "generation": {"max_new_tokens": 4}, "importance": importance,
         "second_order": {"enabled": False}, "variance": {"directional": directional}})
     outcome, E, _ = _outcome(probe)
     res, cols = outcome.results, outcome.e_tokens
     lr, v = res["learning_rate"], outcome.update_vector
     assert res["consistency"]["pieces_method"] == ("backward_hooks" if directional == "auto" else "jvp")
+    summary = res["attribution"]["E_tokens"]
+    assert (summary["dH_method"], summary["dH_eta"]) == method
     model64 = _true_float64(probe.model)
     params = {n: p.detach() for n, p in model64.named_parameters()}
     eps = 1e-5
     seq = np.asarray(cols["sequence"])
+    errors, scale = [], 0.0
     for n in sorted(set(seq.tolist())):
         at = seq == n
         H0 = _prefix_entropies(model64, params, E, n).numpy()
@@ -135,15 +147,21 @@ def test_token_dH_is_the_exact_derivative_of_each_prefix_entropy(toy_dir, toy_pr
                   - _prefix_entropies(model64, _shifted(params, v, -eps), E, n)) / (2 * eps)).numpy()
         assert np.asarray(cols["position"])[at].tolist() == list(range(len(H0)))
         np.testing.assert_allclose(np.asarray(cols["H"])[at], H0, rtol=1e-5, atol=1e-6)
-        # the probe's jvp runs through the fp32 model: agreement to fp32 rounding (measured ≤ 5e-5 relative)
-        np.testing.assert_allclose(np.asarray(cols["dH"])[at] / lr, slope, rtol=1e-4,
-                                   atol=1e-6 * np.abs(slope).max())
+        # the probe's jvp runs through the fp32 model: agreement to fp32 rounding (measured ≤ 5e-5 relative); a
+        # difference of the ΔH passes to its truncation and rounding (docs/attribution.md "How dH is computed")
+        errors.append(np.abs(np.asarray(cols["dH"])[at] / lr - slope).max())
+        scale = max(scale, np.abs(slope).max())
+        if method[0] == "jvp":
+            np.testing.assert_allclose(np.asarray(cols["dH"])[at] / lr, slope, rtol=1e-4,
+                                       atol=1e-6 * np.abs(slope).max())
+    print(f"\n{method}: largest error {max(errors) / scale:.2e} of the largest |D_v H_t|")
+    assert max(errors) <= tolerance * scale
     assert np.abs(np.asarray(cols["dH"])).max() > 0
     # Σ_t dH_t / D is the direct_only predictor (a backward X_H·v: fp32 gradient buffers)
-    summary, direct = res["attribution"]["E_tokens"], res["predictors"]["direct_only"]["delta_h1"]
+    direct = res["predictors"]["direct_only"]["delta_h1"]
     assert summary["tokens"] == len(seq) == res["counts"]["E_tokens"]
     assert summary["normalizer"] == len(seq)  # per_token: D = Σ T
-    assert summary["direct_only"] == pytest.approx(direct, rel=1e-4)
+    assert summary["direct_only"] == pytest.approx(direct, rel=max(1e-4, tolerance))
     top = summary["top"][0]
     assert abs(top["dH"]) == pytest.approx(np.abs(cols["dH"]).max(), rel=1e-12)
     assert top["token"] == probe.tokenizer.decode([top["token_id"]])
