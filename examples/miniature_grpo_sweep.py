@@ -96,6 +96,7 @@ def probe_config(model_dir: Path, data: Path, lr: float, B_E: int) -> dict:
         "estimator": {"microbatch_size": 256},
         "importance": {"eta_list": [lr], "symmetric": False},
         "second_order": {"enabled": False},
+        "predictors": {"enabled": True},  # the displacement predictor and the field's proxies, scored by the sweep
         "output": {"plot": False},
     }
 

@@ -70,6 +70,7 @@ def probe_config(lr: float, B_E: int) -> dict:
         "estimator": {"microbatch_size": 8},
         "importance": {"eta_list": [lr], "symmetric": False},
         "second_order": {"enabled": False},
+        "predictors": {"enabled": True},  # the displacement predictor and the field's proxies, scored by the sweep
         "output": {"plot": True},
     }
 
