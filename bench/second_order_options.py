@@ -69,6 +69,17 @@ def embedded_setup(B_E: int, max_new_tokens: int):
     return demo.config, demo.policy
 
 
+def estimated_run(folder: Path, model: str, B_E: int, max_new_tokens: int):
+    """(config, policy, E, U, the δH₁ result) of `model` (tiny | embedded) after sampling and phases 1–3."""
+    from entropy_experiments.probe import recipe
+
+    config, policy = (tiny_setup(folder, B_E, max_new_tokens) if model == "tiny"
+                      else embedded_setup(B_E, max_new_tokens))
+    samples = recipe.sample_phase(config, policy.engine)
+    res = recipe.estimate_phase(config, policy, samples.E, samples.U, recipe.WarningLog()).delta_h1
+    return config, policy, samples.E, samples.U, res
+
+
 def rounding_floor(policy, config, E) -> float:
     """F of estimators/rounding_floor.py from fp32 − fp64 scores of E at θ."""
     from entropy_experiments.estimators.rounding_floor import delta_h_rounding_floor, per_token_rounding
@@ -123,16 +134,11 @@ def main() -> int:
         torch.set_num_threads(args.threads)
 
     from bench.bench_probe import DemoProbe, training_step_seconds
-    from entropy_experiments.probe import recipe
     from entropy_experiments.probe.beyond import second_derivative_along
     from entropy_experiments.probe.e_pass import score_E
 
     with tempfile.TemporaryDirectory() as tmp:
-        config, policy = (tiny_setup(Path(tmp), args.B_E, args.max_new_tokens) if args.model == "tiny"
-                          else embedded_setup(args.B_E, args.max_new_tokens))
-        samples = recipe.sample_phase(config, policy.engine)
-        E, U = samples.E, samples.U
-        res = recipe.estimate_phase(config, policy, E, U, recipe.WarningLog()).delta_h1
+        config, policy, E, U, res = estimated_run(Path(tmp), args.model, args.B_E, args.max_new_tokens)
         _, train = timed(lambda: training_step_seconds(DemoProbe(config, policy), E, U))
         (d2, cols), t_jvp = timed(lambda: second_derivative_along(config, policy, E, res.v))
         _, t_first = timed(lambda: score_E(config, policy, E, res.v))

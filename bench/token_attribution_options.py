@@ -55,21 +55,16 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from bench.second_order_options import embedded_setup, tiny_setup
+    from bench.second_order_options import estimated_run
     from entropy_experiments.estimators.delta_h import score_at_eta
     from entropy_experiments.estimators.token_derivatives import (
         central_token_derivatives,
         forward_token_derivatives,
     )
-    from entropy_experiments.probe import recipe
     from entropy_experiments.probe.e_pass import score_E
 
     with tempfile.TemporaryDirectory() as tmp:
-        config, policy = (tiny_setup(Path(tmp), args.B_E, args.max_new_tokens) if args.model == "tiny"
-                          else embedded_setup(args.B_E, args.max_new_tokens))
-        samples = recipe.sample_phase(config, policy.engine)
-        E, U = samples.E, samples.U
-        res = recipe.estimate_phase(config, policy, E, U, recipe.WarningLog()).delta_h1
+        config, policy, E, _, res = estimated_run(Path(tmp), args.model, args.B_E, args.max_new_tokens)
         t0 = time.perf_counter()
         exact_scores = score_E(config, policy, E, res.v)
         t_jvp = time.perf_counter() - t0

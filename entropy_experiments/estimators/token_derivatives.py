@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .second_difference import symmetric_etas
+
 #: The largest η (per unit of v) whose ±η passes the token derivatives take by default: the second-order passes'
 #: default η; above it the truncation (η²/6)·D³_v H_t grows past a percent of D_v H_t on the measured models
 #: (docs/attribution.md).
@@ -43,8 +45,8 @@ class TokenPassChoice:
 def token_pass_choice(etas: Iterable[float]) -> TokenPassChoice | None:
     """The central difference at the largest η ≤ TOKEN_ETA_MAX with both +η and −η in `etas` (the η of the no-grad
     passes the probe makes), else the forward difference at the smallest +η; None when no η > 0 is measured."""
-    values = {float(e) for e in etas}
-    pairs = [e for e in values if 0 < e <= TOKEN_ETA_MAX and -e in values]
+    values = [float(e) for e in etas]
+    pairs = [e for e in symmetric_etas(values) if e <= TOKEN_ETA_MAX]
     if pairs:
         return TokenPassChoice("central", max(pairs))
     positive = [e for e in values if e > 0]
