@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_callback.py [--model-dir DIR | --embedded] [--steps 4] [--repeats 2]
                                              [--B-E 16 --B-U 2] [--max-new-tokens 16]
-                                             [--modes probe_U,trainer_step]
+                                             [--modes probe_U,trainer_step] [--device cpu|cuda]
 
 Side by side and alternating, the same TRL GRPOTrainer run (same seed, same model, same data) is trained for
 `--steps` optimizer steps without the callback and with it probing EVERY step (every=1), once per `predict`
@@ -13,7 +13,8 @@ no generation beyond E). The callback's own timer gives the probe's seconds; the
 
 and, as a check that the timer accounts for the difference, the wall-time difference of the two runs per step.
 The default model is the tiny random Qwen2 of the tests (fast, overhead-dominated); `--embedded` uses the
-embedded SmolLM2-135M (LoRA on q/v, as the tests' runs).
+embedded SmolLM2-135M (LoRA on q/v, as the tests' runs). `--device cuda` trains (and so probes) on the GPU; the
+trainer stays fp32 with eager attention, as on the CPU.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def one_run(model_dir: Path, out: Path, args, mode: str | None) -> tuple[float, 
 
     trainer = tiny_grpo_trainer(out, steps=args.steps, model_dir=model_dir, learning_rate=1e-4,
                                 max_completion_length=args.max_new_tokens, num_generations=4, prompts_per_step=2,
-                                save_strategy="no", gradient_checkpointing=False)
+                                save_strategy="no", gradient_checkpointing=False, use_cpu=args.device == "cpu")
     callback = None
     if mode is not None:
         callback = EntropyProbeCallback(trainer, every=1, B_E=args.B_E, B_U=args.B_U, predict=mode)
@@ -55,6 +56,7 @@ def main() -> int:
     parser.add_argument("--B-U", dest="B_U", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--modes", default="probe_U,trainer_step", help="predict modes, comma-separated")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the trainer runs")
     args = parser.parse_args()
     modes = args.modes.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,7 +81,7 @@ def main() -> int:
                 walls[mode].append((probed - plain) / args.steps / step)
                 print(f"  {mode}: probe {probe_s / args.steps:.2f} s per probed step; wall-time difference "
                       f"{(probed - plain) / args.steps:.2f} s per step", flush=True)
-    print(f"{torch.get_num_threads()} threads, B_E {args.B_E}, B_U {args.B_U}, {args.max_new_tokens} new tokens, "
+    print(f"{args.device}, {torch.get_num_threads()} threads, B_E {args.B_E}, B_U {args.B_U}, {args.max_new_tokens} new tokens, "
           f"{args.steps} steps, median of {args.repeats} repeats:")
     for mode in modes:
         print(f"  {mode:>12}: overhead per probed step / training step = {statistics.median(ratios[mode]):.2f} "
