@@ -50,6 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from entropy_experiments.report.summary import sampler_lines
+
 if TYPE_CHECKING:
     from entropy_experiments.data.batch import Batch
 
@@ -218,22 +220,6 @@ def phase_seconds(results: dict) -> dict[str, float]:
     out = {name: timing.get(key, 0.0) for name, key in PHASES}
     out["whole probe"] = timing["total"] - timing.get("phase0_sampling", 0.0)
     return out
-
-
-def sampler_line(results: dict) -> str:
-    """How E and U were drawn (dtype, engine, rows per call, new tokens/s) and the correction's ESS/E."""
-    sampler = results.get("sampler") or {}
-    parts = [f"sampler {sampler.get('dtype')}, {sampler.get('engine')}"]
-    for side in ("E", "U"):
-        record = sampler.get(side) or {}
-        if record:
-            parts.append(f"{side}: {record['new_tokens']} new tokens in {record['seconds']:.1f} s "
-                         f"({record['tokens_per_s']:.0f}/s, {record['rows_per_call']} rows per call)")
-    correction = sampler.get("correction")
-    parts.append("no correction (the policy sampled)" if correction is None else
-                 f"correction ESS/E {correction['ess_frac']:.4f}, k̂ {correction['psis_khat']}, mean token KL "
-                 f"{correction['mean_token_kl']:.2e}, max |Δlog q| {correction['max_abs_dlogq']:.3f}")
-    return "; ".join(parts)
 
 
 def passes_line(results: dict) -> str:
@@ -410,7 +396,8 @@ def main() -> int:
         print("one E microbatch: " + ", ".join(f"{k} {v:.2f} s" for k, v in passes.items()))
     print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se'].get('total', float('nan')):.2e}, pieces: "
           f"{results['consistency'].get('pieces_method')}")
-    print(sampler_line(results))
+    for label, text in sampler_lines(results.get("sampler")):
+        print(f"{label}: {text}")
     for side, side_results in runs.items():
         print(f"{side}: {passes_line(side_results)}")
     print("\n".join(second_order_lines(runs)))

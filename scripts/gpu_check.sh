@@ -46,9 +46,9 @@ cd "$ROOT"
 DEADLINE=$(( $(date +%s) + BUDGET ))
 status=0
 wanted() { [[ -z "$ONLY" || ",$ONLY," == *",$1,"* ]]; }
-step() {  # step NAME CAP_S COMMAND...: run under timeout, keep the log, print its tail and the seconds
+step() { wanted "$1" && run_step "$@"; return 0; }  # a step that --only may leave out
+run_step() {  # run_step NAME CAP_S COMMAND...: run under timeout, keep the log, print its tail and the seconds
   local name="$1" cap="$2"; shift 2
-  wanted "$name" || return 0
   local left=$(( DEADLINE - $(date +%s) ))
   (( left < cap )) && cap=$left
   if (( cap < 10 )); then echo "== $name: skipped, the budget is spent"; status=1; return 0; fi
@@ -82,10 +82,8 @@ torch.cuda.get_device_name()); print(\"transformers\", transformers.__version__,
 needs_checkpoint=0
 for s in "${probe_steps[@]}"; do wanted "$s" && needs_checkpoint=1; done
 if [[ -n "$CKPT" && $needs_checkpoint -eq 1 && ! -f "$CKPT/optimizer.pt" ]]; then
-  ONLY_SAVED="$ONLY"; ONLY=""
-  step make_checkpoint 240 python -m entropy_experiments.cli make-checkpoint --synthetic qwen2.5-1.5b --steps 1 \
+  run_step make_checkpoint 240 python -m entropy_experiments.cli make-checkpoint --synthetic qwen2.5-1.5b --steps 1 \
        --out "$CKPT" --set checkpoint.device_map=cuda --set batch_config.B_U=4
-  ONLY="$ONLY_SAVED"
 fi
 step sampling 150 bash -c "python bench/bench_sampling.py ${MODEL_ARGS[*]} --device $DEVICE ${SAMPLE_BIG[*]} --rows auto \
      --dtypes bf16 --engines generate && python bench/bench_sampling.py ${MODEL_ARGS[*]} --device $DEVICE \
