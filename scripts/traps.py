@@ -290,6 +290,23 @@ TRAPS = [
          'return [_cell(plus_minus(diff, se)), num_cell(z, "+.2f")]',
          'return [_cell(plus_minus(diff, row.get("se"))), num_cell(z, "+.2f")]',
          ("tests/test_report_html.py::test_what_if_values_are_escaped_and_an_exact_zero_is_named",)),
+    # ---- checkpoint loading read top to bottom; data/ and policy/ one way (tests/test_checkpoint_load_order.py)
+    Trap("tokenizer_loaded_twice_for_its_record", EE + "checkpoint/load.py",
+         'info["tokenizer"] = tokenizer_entry', 'info["tokenizer"] = load_policy_tokenizer(ck, files.tokenizer_dir, base)[1]',
+         ("tests/test_checkpoint_load_order.py::test_own_checkpoint_loads_step_by_step",)),
+    Trap("tokenizer_before_the_adapter", EE + "checkpoint/load.py",
+         "        model = load_model(ck, read.adapter_dir, base, device_map or ck.device_map, runtime_dtype)\n"
+         "    tokenizer, tokenizer_entry = load_policy_tokenizer(ck, files.tokenizer_dir, base)\n",
+         "        tokenizer, tokenizer_entry = load_policy_tokenizer(ck, files.tokenizer_dir, base)\n"
+         "        model = load_model(ck, read.adapter_dir, base, device_map or ck.device_map, runtime_dtype)\n",
+         ("tests/test_checkpoint_load_order.py::test_own_checkpoint_loads_step_by_step",)),
+    Trap("base_model_imports_layout_again", EE + "checkpoint/base_model.py",
+         "from .file_names import ADAPTER_CONFIG_FILE", "from .layout import ADAPTER_CONFIG_FILE",
+         ("tests/test_checkpoint_load_order.py::test_no_import_circle_in_checkpoint",)),
+    Trap("data_imports_policy_again", EE + "data/rewards/sequence_rewards.py",
+         "from entropy_experiments.data.batch import Batch, completion_ids",
+         "from entropy_experiments.data.batch import Batch\nfrom entropy_experiments.policy.sequences import completion_ids",
+         ("tests/test_checkpoint_load_order.py::test_data_never_imports_policy",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.

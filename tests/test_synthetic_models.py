@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from entropy_experiments import cli
-from entropy_experiments.checkpoint.load import load_for_probe, locate_checkpoint
+from entropy_experiments.checkpoint.load import load_for_probe
 from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError
 from entropy_experiments.make_checkpoint import synthetic as synthetic_checkpoint
@@ -97,8 +97,7 @@ def test_make_checkpoint_synthetic_gives_a_checkpoint_the_probe_loads(tmp_path, 
     recorded = json.loads((out / "model" / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert recorded == str((out / "synthetic_base").resolve())
     config = config_from_dict({"checkpoint": {"checkpoint_path": str(out), "device_map": "cpu"}})
-    files, base = locate_checkpoint(config.checkpoint)
-    loaded = load_for_probe(config.checkpoint, files, base, None)
+    loaded = load_for_probe(config.checkpoint, None)
     state = loaded.optimizer.state_dict()["state"]
     assert state and all(float(s["step"]) == 1.0 for s in state.values())
     assert any(float(s["exp_avg"].abs().max()) > 0 for s in state.values())  # a real, non-zero step

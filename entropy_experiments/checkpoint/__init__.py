@@ -1,5 +1,6 @@
 """Getting a checkpoint off disk correctly: its files, the base model, the adapter, the AdamW state, the lr.
 
+* `file_names`: the names of a checkpoint's files;
 * `layout`: which files a checkpoint is made of (own / Trainer / adapter + parent optimizer / ...);
 * `base_model`: which base model (config or adapter_config.json) and loading it and its tokenizer;
 * `dtype_device`: `checkpoint.dtype` and `checkpoint.device_map`;
@@ -21,7 +22,7 @@ from .base_model import (
     resolve_base_model_id,
 )
 from .dtype_device import resolve_device, resolve_dtype
-from .layout import (
+from .file_names import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_SUBDIR,
     CHECKPOINT_META_FILE,
@@ -29,6 +30,8 @@ from .layout import (
     PARAM_NAMES_FILE,
     SCHEDULER_FILE,
     TRAINER_STATE_FILE,
+)
+from .layout import (
     CheckpointFiles,
     adapter_dir_of,
     checkpoint_info,

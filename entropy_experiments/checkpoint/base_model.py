@@ -20,7 +20,7 @@ import torch
 from ..errors import CheckpointError
 from ..library_noise import quiet_library_loading
 from ..models.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir, ensure_embedded_model
-from .layout import ADAPTER_CONFIG_FILE
+from .file_names import ADAPTER_CONFIG_FILE
 from .messages import first_line
 
 __all__ = ["BaseModelChoice", "load_base_model", "load_tokenizer", "resolve_base_model", "resolve_base_model_id",

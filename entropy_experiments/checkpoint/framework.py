@@ -1,6 +1,7 @@
 """Checkpoints of other training frameworks (verl FSDP2), consolidated in memory for the probe.
 
-`read_framework_checkpoint` dispatches on the layout `layout.resolve_checkpoint` recognised and returns a
+`consolidate_framework_checkpoint` is the one entry: it reads the checkpoint and writes its adapter where it has no
+PEFT one. `read_framework_checkpoint` dispatches on the layout `layout.resolve_checkpoint` recognised and returns a
 `FrameworkCheckpoint`: the LoRA weights, the adapter's settings, one torch AdamW state_dict keyed by
 parameter name, and the scheduler's lr. `write_peft_adapter` writes the adapter as PEFT's
 `save_pretrained` would (adapter_config.json + adapter_model.safetensors) into a scratch directory, so that
@@ -13,12 +14,25 @@ import json
 from pathlib import Path
 
 from ..errors import CheckpointError
-from .layout import ADAPTER_CONFIG_FILE, VERL_FSDP_LAYOUT, CheckpointFiles
+from .file_names import ADAPTER_CONFIG_FILE
+from .layout import VERL_FSDP_LAYOUT, CheckpointFiles
 from .verl_fsdp import FrameworkCheckpoint, read_verl_actor
 
-__all__ = ["FrameworkCheckpoint", "framework_tokenizer_dir", "read_framework_checkpoint", "write_peft_adapter"]
+__all__ = ["FrameworkCheckpoint", "consolidate_framework_checkpoint", "read_framework_checkpoint",
+           "write_peft_adapter"]
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def consolidate_framework_checkpoint(files: CheckpointFiles, base_model: str,
+                                     scratch: Path) -> tuple[FrameworkCheckpoint, Path]:
+    """(the checkpoint consolidated in memory, its PEFT adapter directory — written under `scratch` when the
+    framework saved none)."""
+    checkpoint = read_framework_checkpoint(files)
+    adapter_dir = files.adapter_dir
+    if not (adapter_dir / ADAPTER_CONFIG_FILE).is_file():
+        adapter_dir = write_peft_adapter(checkpoint, base_model, scratch)
+    return checkpoint, adapter_dir
 
 
 def read_framework_checkpoint(files: CheckpointFiles) -> FrameworkCheckpoint:
@@ -28,13 +42,6 @@ def read_framework_checkpoint(files: CheckpointFiles) -> FrameworkCheckpoint:
     if files.layout == VERL_FSDP_LAYOUT:
         return read_verl_actor(files.optimizer_path)
     raise CheckpointError(f"{files.optimizer_path}: no reader for layout {files.layout!r}")
-
-
-def framework_tokenizer_dir(files: CheckpointFiles) -> Path | None:
-    """Where the framework saved the training tokenizer (verl: the actor's `huggingface/`)."""
-    if files.layout == VERL_FSDP_LAYOUT and files.optimizer_path is not None:
-        return files.optimizer_path / "huggingface"
-    return None
 
 
 def write_peft_adapter(checkpoint: FrameworkCheckpoint, base_model: str, directory: Path) -> Path:

@@ -31,12 +31,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, ConfigError
+from .file_names import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_SUBDIR,
+    CHECKPOINT_META_FILE,
+    OPTIMIZER_FILE,
+    PARAM_NAMES_FILE,
+    SCHEDULER_FILE,
+    TRAINER_STATE_FILE,
+)
 from .verl_fsdp import is_verl_actor_dir
 
 if TYPE_CHECKING:
     from .base_model import BaseModelChoice
     from .learning_rate import LearningRate
 
+# the file names (file_names.py) are part of what a layout is, and are importable from here with it
 __all__ = [
     "ADAPTER_CONFIG_FILE",
     "ADAPTER_SUBDIR",
@@ -53,14 +63,6 @@ __all__ = [
     "log_checkpoint_files",
     "resolve_checkpoint",
 ]
-
-OPTIMIZER_FILE = "optimizer.pt"
-PARAM_NAMES_FILE = "optimizer_param_names.json"
-CHECKPOINT_META_FILE = "checkpoint.json"
-ADAPTER_SUBDIR = "model"
-ADAPTER_CONFIG_FILE = "adapter_config.json"
-SCHEDULER_FILE = "scheduler.pt"
-TRAINER_STATE_FILE = "trainer_state.json"
 
 VERL_FSDP_LAYOUT = "verl_fsdp"
 FRAMEWORK_LAYOUTS = (VERL_FSDP_LAYOUT,)  # read shard by shard and consolidated in memory when loaded
@@ -86,6 +88,14 @@ class CheckpointFiles:
         """How saved state without names maps onto parameters: "trainer" (a Hugging Face Trainer's
         decay / no-decay groups) when trainer_state.json lies beside the optimizer state, else "model"."""
         return "trainer" if self.trainer_state_path is not None else "model"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """Where the trainer saved its tokenizer, if it saved one: verl beside its shards (`huggingface/`), every
+        other layout in the adapter directory (tokenizer_source.py decides whether one is there)."""
+        if self.layout == VERL_FSDP_LAYOUT and self.optimizer_path is not None:
+            return self.optimizer_path / "huggingface"
+        return self.adapter_dir
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .layout import TRAINER_STATE_FILE
+from .file_names import TRAINER_STATE_FILE
 
 __all__ = ["LR_FROM_CONFIG", "LR_FROM_OPTIMIZER", "LearningRate", "resolve_learning_rate", "schedule_hint"]
 

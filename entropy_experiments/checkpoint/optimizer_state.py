@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, OptimizerStateError
-from .layout import PARAM_NAMES_FILE
+from .file_names import PARAM_NAMES_FILE
 from .messages import first_line
 from .optimizer_mapping import TRAINER_ORDER, map_by_name, map_by_position, saved_group_names
 

@@ -36,6 +36,14 @@ def load_chosen_tokenizer(choice: TokenizerChoice, *, trust_remote_code: bool = 
     return load_tokenizer(choice.path, trust_remote_code=trust_remote_code)
 
 
+def load_checkpoint_tokenizer(directory: Path | None, base: BaseModelChoice, *,
+                              trust_remote_code: bool = False) -> tuple[Any, dict[str, Any]]:
+    """The tokenizer of `directory` when it holds one, else the base model's, and its results.json entry."""
+    choice = choose_tokenizer(directory, base)
+    tokenizer = load_chosen_tokenizer(choice, trust_remote_code=trust_remote_code)
+    return tokenizer, tokenizer_info(choice, tokenizer)
+
+
 def tokenizer_info(choice: TokenizerChoice, tokenizer: Any) -> dict[str, Any]:
     """The `checkpoint.tokenizer` entry of results.json."""
     return {"source": choice.source, "path": choice.path,

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .layout import CHECKPOINT_META_FILE, TRAINER_STATE_FILE
+from .file_names import CHECKPOINT_META_FILE, TRAINER_STATE_FILE
 
 
 def saved_train_batch_size(trainer_state_path: Path | None) -> int | None:

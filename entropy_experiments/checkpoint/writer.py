@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .. import io_utils
-from .layout import ADAPTER_SUBDIR, CHECKPOINT_META_FILE, OPTIMIZER_FILE, PARAM_NAMES_FILE
+from .file_names import ADAPTER_SUBDIR, CHECKPOINT_META_FILE, OPTIMIZER_FILE, PARAM_NAMES_FILE
 
 __all__ = ["save_checkpoint"]
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Batch", "BatchContractError", "take_prompts", "take_rows"]
+__all__ = ["Batch", "BatchContractError", "completion_ids", "take_prompts", "take_rows"]
 
 _REQUIRED_KEYS = ("sequences", "attention_masks", "prompt_lens", "gen_lens", "advantages", "rewards",
                   "max_lengths", "prompt_ids", "num_prompts", "num_responses_per_prompt")
@@ -50,6 +50,13 @@ def take_prompts(tensor: Tensor, prompt_indices: Sequence[int]) -> Tensor:
 def take_rows(rows: list | None, prompt_indices: Sequence[int]) -> list | None:
     """The entries of a per-prompt list [B] for the listed prompts (None stays None)."""
     return None if rows is None else [rows[int(i)] for i in prompt_indices]
+
+
+def completion_ids(sequences: Batch, b: int) -> list[list[int]]:
+    """Token ids of prompt b's G responses (the gen_lens[b][g] tokens after the padded prompt)."""
+    start = sequences.prompt_lens[b]
+    row = sequences.sequences[b]
+    return [row[g, start:start + T].tolist() for g, T in enumerate(sequences.gen_lens[b])]
 
 
 class BatchContractError(ValueError):

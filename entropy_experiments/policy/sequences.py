@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from entropy_experiments.data.batch import Batch
+# completion_ids belongs to the batch (data/ never imports policy/); it stays importable here beside the other
+# helpers on the packed layout.
+from entropy_experiments.data.batch import Batch, completion_ids
 from entropy_experiments.policy.distribution_diagnostics import DiagnosticsPack
 
 __all__ = ["BatchedSequences", "DiagnosticsResults", "LogprobResults", "completion_ids", "global_prompt_id",
@@ -60,13 +62,6 @@ class DiagnosticsResults:
 def response_tokens(sequences: Batch, b: int, g: int) -> Tensor:
     Lp, T = int(sequences.prompt_lens[b]), int(sequences.gen_lens[b][g])
     return sequences.sequences[b, g, Lp:Lp + T]
-
-
-def completion_ids(sequences: Batch, b: int) -> list[list[int]]:
-    """Token ids of prompt b's G responses (the gen_lens[b][g] tokens after the padded prompt)."""
-    start = sequences.prompt_lens[b]
-    row = sequences.sequences[b]
-    return [row[g, start:start + T].tolist() for g, T in enumerate(sequences.gen_lens[b])]
 
 
 def global_prompt_id(example: Any, default: int) -> int:

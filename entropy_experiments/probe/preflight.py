@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from ..checkpoint.load import locate_checkpoint
-from ..checkpoint.tokenizer_source import choose_tokenizer, load_chosen_tokenizer
+from ..checkpoint.tokenizer_source import load_checkpoint_tokenizer
 from ..config import ProbeConfig
 from ..data.prompt_rendering import check_chat_template, render_prompt
 from ..data.rewards.weighted import RewardSet
@@ -25,8 +25,9 @@ log = logging.getLogger("entropy_experiments.probe")
 def checked_tokenizer(config: ProbeConfig, logger: logging.Logger = log) -> tuple[Any, str]:
     """The tokenizer the probe will load (without the model) and where it comes from."""
     files, base = locate_checkpoint(config.checkpoint, logger)
-    choice = choose_tokenizer(files.adapter_dir, base)
-    return load_chosen_tokenizer(choice, trust_remote_code=config.checkpoint.trust_remote_code), choice.source
+    tokenizer, entry = load_checkpoint_tokenizer(files.tokenizer_dir, base,
+                                                 trust_remote_code=config.checkpoint.trust_remote_code)
+    return tokenizer, entry["source"]
 
 
 def pool_warning(examples: list, pool_size: int) -> str | None:

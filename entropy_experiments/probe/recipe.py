@@ -30,7 +30,9 @@ from functools import partial
 
 from ..checkpoint.displacement import NEXT_CHECKPOINT_KEY, displacement_to
 from ..checkpoint.learning_rate import resolve_learning_rate
-from ..checkpoint.load import load_for_probe, locate_checkpoint
+from ..checkpoint.base_model import BaseModelChoice
+from ..checkpoint.layout import CheckpointFiles
+from ..checkpoint.load import load_for_probe
 from ..checkpoint.rollouts import refuse_rollout_reuse
 from ..checkpoint.runtime_precision import runtime_precision_warnings
 from ..checkpoint.trainer_batch import trainer_batch_record
@@ -88,26 +90,31 @@ def process_context(config: ProbeConfig) -> DistContext:
 def load_phase(config: ProbeConfig, dist: DistContext, notes: WarningLog, logger: logging.Logger = log) -> Policy:
     """The checkpoint of `config.checkpoint` loaded: policy model (one GPU per rank under nccl), AdamW, lr."""
     ck = config.checkpoint
-    files, base = locate_checkpoint(ck, logger)
-    refuse_rollout_reuse(config.objective.num_iterations, files.trainer_state_path, str(ck.checkpoint_path))
+    device_map = f"cuda:{dist.local_rank}" if dist.backend == "nccl" else None
+    loaded = load_for_probe(ck, config.learning_rate, before_loading=partial(checked_files, config, notes),
+                            device_map=device_map, runtime_dtype=config.precision.runtime_dtype, logger=logger)
+    for message in loaded.warnings:
+        notes.warn(message)
+    bc = config.batch_config
+    loaded.info["trainer_batch"], batch_warning = trainer_batch_record(
+        config.objective.trainer_batch_completions, loaded.files.trainer_state_path, bc.B_U, bc.G)
+    if batch_warning is not None:
+        notes.warn(batch_warning)
+    engine = PolicyEngine(loaded.model, loaded.tokenizer, config.policy_settings(), logger)
+    return Policy(engine, Trainable.of(loaded.model), loaded.optimizer, loaded.tokenizer, loaded.info)
+
+
+def checked_files(config: ProbeConfig, notes: WarningLog, files: CheckpointFiles, base: BaseModelChoice) -> None:
+    """Before the model loads: a checkpoint whose next step reuses rollouts is refused, and what the files say
+    about the trainer (objective, vLLM correction, rollout reuse, a base model other than the adapter's) is noted."""
+    refuse_rollout_reuse(config.objective.num_iterations, files.trainer_state_path,
+                         str(config.checkpoint.checkpoint_path))
     if base.warning is not None:
         notes.warn(base.warning)
     for message in [*config.objective_warnings(files.layout), *vllm_correction_warnings(
             files.trainer_state_path, config.objective.vllm_importance_sampling_correction),
             *rollout_reuse_warnings(files.trainer_state_path, config.objective.num_iterations)]:
         notes.warn(message)
-    device_map = f"cuda:{dist.local_rank}" if dist.backend == "nccl" else None
-    loaded = load_for_probe(ck, files, base, config.learning_rate, device_map=device_map,
-                            runtime_dtype=config.precision.runtime_dtype, logger=logger)
-    for message in loaded.warnings:
-        notes.warn(message)
-    bc = config.batch_config
-    loaded.info["trainer_batch"], batch_warning = trainer_batch_record(
-        config.objective.trainer_batch_completions, files.trainer_state_path, bc.B_U, bc.G)
-    if batch_warning is not None:
-        notes.warn(batch_warning)
-    engine = PolicyEngine(loaded.model, loaded.tokenizer, config.policy_settings(), logger)
-    return Policy(engine, Trainable.of(loaded.model), loaded.optimizer, loaded.tokenizer, loaded.info)
 
 
 def load_displacement(config: ProbeConfig, policy: Policy, notes: WarningLog) -> NamedTensors | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ProbeConfig
-from ..data.batch import Batch
+from ..data.batch import Batch, completion_ids
 from ..data.datasets import load_examples
 from ..data.plan import IndexPlan, draw_index_plan
 from ..data.prompt_rendering import render_prompts
@@ -30,7 +30,6 @@ from ..estimators.objectives import batch_advantages
 from ..policy.engine import PolicyEngine
 from ..policy.reference_sampler import ReferenceSampler
 from ..policy.samplers import DrawRequest, Sampler
-from ..policy.sequences import completion_ids
 from ..report.results_dict import sampler_block
 from .parallel import SINGLE, DistContext, rank_seed
 from .results import Samples

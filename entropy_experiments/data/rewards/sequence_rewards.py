@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from entropy_experiments.data.batch import Batch
+from entropy_experiments.data.batch import Batch, completion_ids
 from entropy_experiments.data.rewards.registry import compute_rewards, get_reward
-from entropy_experiments.policy.sequences import completion_ids
 
 __all__ = ["NO_EXAMPLES_WARNING", "rewards_for_sequences"]
 
