@@ -307,6 +307,23 @@ TRAPS = [
          "from entropy_experiments.data.batch import Batch, completion_ids",
          "from entropy_experiments.data.batch import Batch\nfrom entropy_experiments.policy.sequences import completion_ids",
          ("tests/test_checkpoint_load_order.py::test_data_never_imports_policy",)),
+    # ---- a user's trial: rewards from the working directory, the report's checkpoint, --what-if's "did you mean"
+    Trap("reward_not_looked_for_in_the_working_directory", EE + "data/rewards/registry.py",
+         "if top is None or not _in_working_directory(top):", "if True:",
+         ("tests/test_rough_edges.py::test_reward_module_in_the_working_directory_is_imported_from_there",)),
+    Trap("working_directory_first_on_the_import_path", EE + "data/rewards/registry.py",
+         "sys.path.append(os.getcwd())", "sys.path.insert(0, os.getcwd())",
+         ("tests/test_rough_edges.py::test_working_directory_never_shadows_an_installed_module",)),
+    Trap("report_checkpoint_from_name_or_path_only", EE + "report/summary.py",
+         'value = value.get("name") or value.get("path") or _checkpoint_directory(value)',
+         'value = value.get("name") or value.get("path")',
+         ("tests/test_report_html.py::test_header_names_the_checkpoint_results_json_records[trainer]",)),
+    Trap("report_checkpoint_is_the_own_layouts_model_dir", EE + "report/summary.py",
+         "return str(PurePath(adapter).parent) if own else adapter", "return adapter",
+         ("tests/test_report_html.py::test_header_names_the_checkpoint_results_json_records[own]",)),
+    Trap("what_if_key_without_did_you_mean", EE + "probe/what_if.py",
+         '(unknown_key_problem(key) or "not an objective key "', '(None or "not an objective key "',
+         ("tests/test_what_if.py::test_misspelt_what_if_key_gets_the_did_you_mean_of_set[objective.entropy_coeff]",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.

@@ -263,3 +263,27 @@ def test_scale_free_proxies_carry_their_units_note():
     without = render_html_report(fake_results(predictors={"adamw_step": adamw}))
     note = "not nats/token"
     assert with_proxy.count(note) == 1 and note not in without
+
+
+@pytest.mark.parametrize("layout", ["own", "trainer"])
+def test_header_names_the_checkpoint_results_json_records(tmp_path, layout):
+    """The header's checkpoint is the directory results.json's `checkpoint` entry was read from (the entry as
+    checkpoint_info writes it for a file tree laid out by hand), in the page and the console summary."""
+    from entropy_experiments.checkpoint.base_model import BaseModelChoice
+    from entropy_experiments.checkpoint.layout import checkpoint_info, resolve_checkpoint
+    from entropy_experiments.checkpoint.learning_rate import LearningRate
+    from entropy_experiments.report.summary import render_summary, run_label
+
+    root = tmp_path / "checkpoint-40"
+    adapter = root / "model" if layout == "own" else root
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text('{"base_model_name_or_path": "Org/base"}')
+    (root / "optimizer.pt").write_bytes(b"")
+    if layout == "trainer":
+        (root / "trainer_state.json").write_text("{}")
+    info = checkpoint_info(resolve_checkpoint(str(root), None, None), BaseModelChoice("Org/base", "config"),
+                           LearningRate(1e-5, "config"))
+    results = json.loads(json.dumps(fake_results(checkpoint=info)))  # as read back from results.json
+    header = dict(_cell_texts(render_html_report(results), "header")[1:])
+    assert header["checkpoint"] == str(root) == run_label(results)
+    assert str(root) in render_summary(results)

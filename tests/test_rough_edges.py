@@ -74,9 +74,9 @@ def test_summary_ratios_all_read_measured_over_predicted():
     assert "ratio " not in text  # no unlabelled ratio left
 
 
-# ---- c. a module:function reward that is not on the import path: the message says what to do ----------------
+# ---- c. a module:function reward in the working directory is imported from there, as the docs say ----------------
 
-def test_reward_module_in_the_working_directory_but_not_on_the_path(tmp_path, monkeypatch):
+def test_reward_module_in_the_working_directory_is_imported_from_there(tmp_path, monkeypatch):
     import sys
 
     import pytest
@@ -85,22 +85,40 @@ def test_reward_module_in_the_working_directory_but_not_on_the_path(tmp_path, mo
     from entropy_experiments.errors import RewardError
 
     (tmp_path / "my_rewards_rough_edge.py").write_text("def fn(prompt, responses, example):\n    return [0.0]\n")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.chdir(tmp_path.parent)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path), str(tmp_path.parent))])
+    # elsewhere: one line saying where it was looked for and what to do
     with pytest.raises(RewardError) as info:
         get_reward("my_rewards_rough_edge:fn")
     message = str(info.value)
     assert message.startswith("reward 'my_rewards_rough_edge:fn': cannot import module 'my_rewards_rough_edge' "
                               "(ModuleNotFoundError: No module named 'my_rewards_rough_edge')")
-    assert f"is in the working directory {tmp_path}" in message and "PYTHONPATH=$PWD entropy-probe" in message
+    assert f"nor in the working directory {tmp_path.parent}" in message and "PYTHONPATH" in message
     assert "\n" not in message
-    # elsewhere: it says which directory to add
-    monkeypatch.chdir(tmp_path.parent)
-    with pytest.raises(RewardError, match=r"add the directory that holds my_rewards_rough_edge\.py .*to PYTHONPATH"):
-        get_reward("my_rewards_rough_edge:fn")
-    # with the directory on the path, the same spec resolves (the message's advice works)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    # run from the directory that holds it (as README.md and docs/user-guide.md say): it resolves
+    monkeypatch.chdir(tmp_path)
     assert get_reward("my_rewards_rough_edge:fn")("p", ["r"], None) == [0.0]
+    assert sys.path[-1] == str(tmp_path)  # appended, after every installed package
+
+
+def test_working_directory_never_shadows_an_installed_module(tmp_path, monkeypatch):
+    """A `colorsys.py` beside the config does not replace the standard library's, even after a reward was imported
+    from the working directory: it is searched only for names found nowhere else."""
+    import sys
+
+    import pytest
+
+    from entropy_experiments.data.rewards import get_reward
+    from entropy_experiments.errors import RewardError
+
+    (tmp_path / "my_rewards_shadow_check.py").write_text("def fn(prompt, responses, example):\n    return [1.0]\n")
+    (tmp_path / "colorsys.py").write_text("def fn(prompt, responses, example):\n    return [1.0]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    assert get_reward("my_rewards_shadow_check:fn")("p", ["r"], None) == [1.0]
+    with pytest.raises(RewardError, match=r"'colorsys' has no attribute 'fn'"):
+        get_reward("colorsys:fn")
 
 
 def test_reward_module_whose_own_import_fails_gets_no_path_hint(tmp_path, monkeypatch):

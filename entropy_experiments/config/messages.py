@@ -89,6 +89,14 @@ def _unknown_key_message(loc: tuple) -> str:
     return f"unknown key '{path}' (valid keys: {', '.join(valid)})"
 
 
+def unknown_key_problem(dotted: str) -> str | None:
+    """`--set`'s message for a dotted key the config does not have ("unknown key … (did you mean …?)"); None for
+    one it has. Every command-line option that names a config key says it in these words."""
+    if dotted in _all_keys(ProbeConfig):
+        return None
+    return _unknown_key_message(tuple(dotted.split(".")))
+
+
 def _error_message(err: dict[str, Any]) -> str:
     kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
     path = _dotted(loc)

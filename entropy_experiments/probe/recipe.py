@@ -28,10 +28,10 @@ import time
 from dataclasses import replace
 from functools import partial
 
-from ..checkpoint.displacement import NEXT_CHECKPOINT_KEY, displacement_to
-from ..checkpoint.learning_rate import resolve_learning_rate
 from ..checkpoint.base_model import BaseModelChoice
+from ..checkpoint.displacement import NEXT_CHECKPOINT_KEY, displacement_to
 from ..checkpoint.layout import CheckpointFiles
+from ..checkpoint.learning_rate import resolve_learning_rate
 from ..checkpoint.load import load_for_probe
 from ..checkpoint.rollouts import refuse_rollout_reuse
 from ..checkpoint.runtime_precision import runtime_precision_warnings

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from ..config import ProbeConfig, config_from_dict
+from ..config.messages import unknown_key_problem
 from ..config.sections import ObjectiveSection
 from ..data.batch import Batch
 from ..errors import ConfigError
@@ -92,8 +93,8 @@ def parse_request(config: ProbeConfig, specs: list[str] | None, solve: str | Non
         key, value = match.group(1), parse_value(match.group(2))
         section, _, leaf = key.partition(".")
         if section != "objective" or leaf not in ObjectiveSection.model_fields:
-            raise ConfigError(f"--what-if {key}: not an objective key (objective.entropy_coef, objective.loss_type, "
-                              "objective.top_entropy_quantile, …)")
+            raise ConfigError(f"--what-if {key}: " + (unknown_key_problem(key) or "not an objective key "
+                              "(objective.entropy_coef, objective.loss_type, objective.top_entropy_quantile, …)"))
         variant_config(config, key, value)
         variants.append((key, value))
     if solve is not None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import io
 import math
 import sys
+from pathlib import PurePath
 from typing import Any
 
+from ..checkpoint.file_names import ADAPTER_SUBDIR
 from ..estimators.snis import PSIS_PRIOR_DRAWS, psis_tail_size
 from .results_schema import x_hat_dot_v_of
 
@@ -58,14 +60,25 @@ def verdict_line(results: dict[str, Any]) -> str:
 
 
 def run_label(results: dict[str, Any]) -> str | None:
-    """The model / checkpoint name, when the probe recorded one."""
+    """The checkpoint probed (or the model's name), when the run recorded one.
+
+    results.json's `checkpoint` entry (checkpoint/layout.checkpoint_info) names the files it was read from: the
+    checkpoint directory is the adapter's, or for this project's layout the one holding the adapter as `model/`."""
     for key in ("checkpoint", "model"):
         value = results.get(key)
         if isinstance(value, dict):
-            value = value.get("name") or value.get("path")
+            value = value.get("name") or value.get("path") or _checkpoint_directory(value)
         if value:
             return str(value)
     return None
+
+
+def _checkpoint_directory(info: dict[str, Any]) -> str | None:
+    adapter = (info.get("files") or {}).get("adapter")
+    if not isinstance(adapter, str):
+        return None
+    own = info.get("layout") == "own" and PurePath(adapter).name == ADAPTER_SUBDIR
+    return str(PurePath(adapter).parent) if own else adapter
 
 
 # A paired residual reads "consistent within noise" only when |z| < Z_AGREE AND its 95 % interval is narrow

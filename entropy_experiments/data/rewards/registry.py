@@ -37,7 +37,7 @@ def _import_reward(spec: str) -> RewardFn:
     if not module_name or not attr_path:
         raise RewardError(f"reward '{spec}': expected 'package.module:function'")
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = _import_module(module_name)
     except Exception as exc:  # noqa: BLE001  ImportError, or any error raised while the module runs
         raise RewardError(
             f"reward '{spec}': cannot import module '{module_name}' ({exception_line(exc)})"
@@ -57,21 +57,45 @@ def _import_reward(spec: str) -> RewardFn:
     return obj
 
 
-def import_path_hint(module_name: str, exc: Exception) -> str:
-    """What to do when the reward's own module (or its package) is not on the import path; "" for other errors.
-
-    The probe does not add the working directory to sys.path itself (the `entropy-probe` command, unlike
-    `python -m`, does not): where a module is imported from stays the user's choice (docs/faq.md)."""
+def _missing_top_level(module_name: str, exc: Exception) -> str | None:
+    """The top-level name of `module_name` when `exc` says the module itself (or its package) is not found; None
+    when the module was found and something it imports is missing."""
     missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
     if not missing or not (module_name == missing or module_name.startswith(missing + ".")):
+        return None
+    return missing.split(".")[0]
+
+
+def _in_working_directory(top: str) -> bool:
+    cwd = os.getcwd()
+    return os.path.exists(os.path.join(cwd, top + ".py")) or os.path.isdir(os.path.join(cwd, top))
+
+
+def _import_module(module_name: str) -> Any:
+    """`importlib.import_module`, and then from the working directory: `entropy-probe run` started next to
+    `my_rewards.py` finds it, as `python -m` would. The directory goes to the END of sys.path and only when the
+    name is found nowhere else, so a file in the working directory never shadows an installed package."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = _missing_top_level(module_name, exc)
+        if top is None or not _in_working_directory(top):
+            raise
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    importlib.invalidate_caches()
+    return importlib.import_module(module_name)
+
+
+def import_path_hint(module_name: str, exc: Exception) -> str:
+    """What to do when the reward's own module (or its package) is not on the import path nor in the working
+    directory; "" for other errors."""
+    top = _missing_top_level(module_name, exc)
+    if top is None:
         return ""
-    top, cwd = missing.split(".")[0], os.getcwd()
-    on_path = any(os.path.abspath(p or os.curdir) == cwd for p in sys.path)
-    if not on_path and (os.path.exists(os.path.join(cwd, top + ".py")) or os.path.isdir(os.path.join(cwd, top))):
-        return (f": '{top}' is in the working directory {cwd}, but the entropy-probe command does not import from "
-                "the working directory; add it to PYTHONPATH (PYTHONPATH=$PWD entropy-probe ...) or install the module")
-    return (f": '{top}' is not on the import path; add the directory that holds {top}.py (or the {top}/ package) "
-            "to PYTHONPATH (from that directory: PYTHONPATH=$PWD entropy-probe ...) or install the module")
+    return (f": '{top}' is neither on the import path nor in the working directory {os.getcwd()}; run from the "
+            f"directory that holds {top}.py (or the {top}/ package), add that directory to PYTHONPATH, or install "
+            "the module")
 
 
 def get_reward(spec: str) -> RewardFn:
