@@ -324,6 +324,9 @@ TRAPS = [
     Trap("what_if_key_without_did_you_mean", EE + "probe/what_if.py",
          '(unknown_key_problem(key) or "not an objective key "', '(None or "not an objective key "',
          ("tests/test_what_if.py::test_misspelt_what_if_key_gets_the_did_you_mean_of_set[objective.entropy_coeff]",)),
+    Trap("solve_takes_an_extra_u_backward", EE + "probe/what_if.py",
+         "for c in (0.0, 1.0)}", "for c in (0.0, 0.5, 1.0)}",
+         ("tests/test_what_if.py::test_what_if_passes_are_the_ones_the_user_guide_prices",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.

@@ -286,3 +286,29 @@ def test_solved_coefficient_brackets_the_exact_root_on_the_enumerable_model(tmp_
     assert lo is not None and hi is not None and lo <= root <= hi, (solved, root)
     # informative: the band at the current coefficient (0) does not reach the target, so 0 is outside the interval
     assert not lo <= 0.0 <= hi, "the interval must be narrow enough to mean something"
+
+
+def test_what_if_passes_are_the_ones_the_user_guide_prices(tiny_model_dir, tmp_path, one_torch_thread, monkeypatch):
+    """docs/user-guide.md prices a what-if in passes: one E pass along the run's own direction, then per variant one U
+    backward and one E pass, and for --solve three U backwards and one E pass. Counted on the recipe's own passes."""
+    data = write_prompts(tmp_path / "p.jsonl", SHORT_PROMPTS)
+    setup = make_probe(tiny_model_dir, data, {"batch_config": {"B_E": 4, "B_U": 2, "G": 2},
+                                              "importance": {"enabled": False}, "second_order": {"enabled": False}})
+    counts = {"U": 0, "E": 0}
+    u_pass, e_pass = recipe.update_gradients, recipe.score_E
+
+    def counted(kind, fn):
+        def call(*args, **kwargs):
+            counts[kind] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    def what_if_counted(*args):
+        monkeypatch.setattr(recipe, "update_gradients", counted("U", u_pass))
+        monkeypatch.setattr(recipe, "score_E", counted("E", e_pass))
+        return hook(*args)
+
+    hook = what_if_hook(WhatIfRequest(VARIANTS[:2], "objective.entropy_coef", 0.0))
+    results = setup.run(after_estimates=what_if_counted).results
+    assert results["solve"]["value"] is not None  # the solve found its root, so it checked it with one E pass
+    assert counts == {"U": 2 + 3, "E": 1 + 2 + 1}
