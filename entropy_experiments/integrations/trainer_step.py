@@ -44,6 +44,7 @@ from entropy_experiments.estimators.surrogate import directional_pieces
 from entropy_experiments.integrations import trl_trainer_view as view
 from entropy_experiments.integrations.live_state import copy_of, parameters_set_to
 from entropy_experiments.integrations.next_step import NextStep, next_adamw_step
+from entropy_experiments.integrations.representable import check_representable, step_agrees
 from entropy_experiments.integrations.trl_step_probe import named_params
 from entropy_experiments.probe.parallel import SINGLE
 from entropy_experiments.probe.recipe import score_E
@@ -56,8 +57,10 @@ SAMPLING_KEYS = ("top_k", "min_p", "repetition_penalty", "generation_kwargs")
 
 
 def check_trainer_step_trainer(trainer: Any) -> None:
-    """ConfigError (one line) unless `trainer` is a single-process GRPOTrainer whose sampling E can mirror."""
+    """ConfigError (one line) unless `trainer` is a single-process GRPOTrainer whose sampling E can mirror and
+    whose next step the AdamW prediction can be (representable.py)."""
     view.check_single_grpo(trainer)
+    check_representable(trainer)
     refusals = view.unsupported_settings(trainer.args)
     for key in SAMPLING_KEYS:
         refused, why = refusals[key]
@@ -161,6 +164,12 @@ def check_trainer_step(config: ProbeConfig, policy: Policy, pending: PendingTrai
     step_error = max((float((delta[n] - pending.next_step.step[n].to(delta[n])).abs().max()) for n in delta),
                      default=0.0)
     warnings = list(pending.warnings)
+    largest = max((float(s.abs().max()) for s in pending.next_step.step.values()), default=0.0)
+    step_ok = step_agrees(step_error, largest, max((float(t.abs().max()) for t in pending.theta.values()), default=0.0))
+    if not step_ok:
+        warnings.append(f"step {pending.step}: the step taken differs from the predicted AdamW step by {step_error:.3g} "
+                        f"(largest predicted change {largest:.3g}): another callback changed `.grad` or the lr "
+                        "after this one, or the optimizer is not the one predicted")
     if all(not torch.any(d != 0) for d in delta.values()):
         warnings.append(f"step {pending.step}: the trainer's step left the adapter unchanged (Δθ = 0, a skipped "
                         "step or an lr of 0): the prediction and the realised change are 0")
@@ -168,5 +177,6 @@ def check_trainer_step(config: ProbeConfig, policy: Policy, pending: PendingTrai
             "ess_frac": true["ess_frac"], "first_order_residual": residual.value,
             "first_order_residual_se": residual.se,
             "first_order_z": residual.value / residual.se if residual.se else None, "step_error": step_error,
+            "step_ok": step_ok,
             "n_E": len(pending.scores.unit_of_sequence),
             "seconds": pending.seconds + time.perf_counter() - t0, "warnings": warnings}
