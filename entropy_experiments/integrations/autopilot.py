@@ -1,21 +1,25 @@
-"""`EntropyAutopilot`: steer a TRL GRPO run's entropy by scaling the lr of each step before it is taken.
+"""`EntropyAutopilot`: hold a TRL GRPO run's entropy on a target without stopping the learning.
 
-    trainer.add_callback(EntropyAutopilot(trainer, target="initial", every=1, max_drop=0.02))
+    trainer.add_callback(EntropyAutopilot(trainer, target="initial"))
 
-At each probed step, right before `optimizer.step()`, the `predict="trainer_step"` probe (trainer_step.py)
-predicts δH_next ± SE_E of the step the trainer's gradients and AdamW are about to make at the scheduler's lr.
-The rule (autopilot_rule.py) picks a multiplier m; every param group's lr is multiplied by m for this step and
-the scheduler's value is put back right after it (the trainer's logged `learning_rate` stays the scheduler's;
-the row's `lr` is the one used). Between probed steps (every > 1) the last m is kept. The row's prediction is
-for the step really taken (× m); it adds `lr_multiplier`, `H_target`, `wanted` and `autopilot` (why m).
+At each probed step (every = 1 by default), right before `optimizer.step()`:
 
-With `max_push` > 0, where the wanted change is a rise the step at m falls short of, an entropy-gradient term is
-added to the trainer's gradients as well and the step is taken at m = max(m, 1) (entropy_push.py); the row then
-adds `entropy_push`, `push_c`, `push_on_E1`, `push_on_E2` and its `autopilot` ends in `+push`.
+1. one pass over a fresh evaluation batch E predicts δ ± s, the entropy change of the step the trainer is about
+   to take, and e ± s_e, that of the entropy term along the previous step's entropy gradient
+   (steered_step.py);
+2. the filter (entropy_filter.py) combines E's Ĥ with the paired realised changes of the steps so far into the
+   gap to the target;
+3. the control law (autopilot_rule.py) rests at "do nothing" (m = 1, κ = 0) and acts only on a significant
+   predicted departure beyond the drift budget — through the entropy term first (it changes the step's
+   direction), through the lr where that is predicted to do better;
+4. every param group's lr is multiplied by m for this step (the scheduler's value is put back right after it);
+   right after the step the term m·κ·‖Δθ_next‖·u is added to the parameters, outside AdamW's moments.
 
-The multiplier, the previous decision and the initial entropy (target "initial") are stored in the trainer's
-state (`trainer_state.json` of every checkpoint, key `entropy_autopilot`) and restored when training resumes
-from a checkpoint.
+After the step the row is checked as the `trainer_step` callback checks it: `realised` and `first_order_z` grade
+the first-order prediction on E (the step really taken, term included), not the controller. The controller's
+own error is the next row's `controller_error`: that step's fresh Ĥ minus the target the previous decision
+aimed at. The state (m, the filter, the target's start) is stored in the trainer's state (`trainer_state.json`
+of every checkpoint, key `entropy_autopilot`) and restored when training resumes.
 """
 
 from __future__ import annotations
@@ -26,91 +30,120 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from entropy_experiments.errors import ConfigError
-from entropy_experiments.integrations.autopilot_rule import KEY, AutopilotRule, decide, target_of
-from entropy_experiments.integrations.entropy_push import push_step
+from entropy_experiments.errors import ProbeError
+from entropy_experiments.integrations.autopilot_rule import (
+    INITIAL,
+    AutopilotRule,
+    Estimate,
+    decide,
+    target_of,
+)
+from entropy_experiments.integrations.entropy_filter import EntropyTrack, after_step, first_track, observe
 from entropy_experiments.integrations.live_state import untouched
-from entropy_experiments.integrations.trainer_step import TRAINER_STEP, PendingTrainerStep
+from entropy_experiments.integrations.steered_step import (
+    SteerablePass,
+    add_to_parameters,
+    remembered,
+    steerable_prediction,
+    steered,
+    term_displacement,
+)
+from entropy_experiments.integrations.trainer_step import TRAINER_STEP, sample_E
 from entropy_experiments.integrations.trl_callback import EntropyProbeCallback
 
 STATE_KEY = "entropy_autopilot"  # not a callback class name: transformers' callback restore leaves it alone
+DIRECTION_MEMORY = 0.7  # the share of the term direction kept from earlier steps (a moving average of X̂)
+RULE_OPTIONS = tuple(f.name for f in dataclasses.fields(AutopilotRule))
 
 
 class EntropyAutopilot(EntropyProbeCallback):
-    """Scale each step's lr so that its predicted entropy change follows a target (module docstring)."""
+    """Steer each step's entropy change toward a target by an entropy term and the lr (module docstring)."""
 
-    def __init__(self, trainer: Any, target: float | str | Callable[[int], float] = "initial", every: int = 1, *,
-                 min_multiplier: float = 0.1, max_multiplier: float = 2.0, max_drop: float | None = 0.05,
-                 deadband_z: float = 1.0, max_rate: float = 1.5, gain: float = 1.0, max_push: float = 0.0,
+    option_names = RULE_OPTIONS
+
+    def __init__(self, trainer: Any, target: float | str | Callable[[int], float] = INITIAL, every: int = 1,
                  **options: Any):
+        rule = {k: options.pop(k) for k in RULE_OPTIONS if k in options}
         super().__init__(trainer, every=every, predict=TRAINER_STEP, **options)
-        self.rule = AutopilotRule(min_multiplier, max_multiplier, max_drop, deadband_z, max_rate, gain)
+        self.rule = AutopilotRule(**rule)
         self.rule.check()
-        if not 0 <= max_push < math.inf:
-            raise ConfigError(f"{KEY}: max_push must be >= 0 (the entropy term's largest size relative to the "
-                              f"trainer's gradient; 0: off), got {max_push!r}")
-        self.max_push = float(max_push)
+        self.hold_initial = target == INITIAL
         self.target = target_of(target)
         self.multiplier = 1.0
-        self.initial_H: float | None = None
+        self.track: EntropyTrack | None = None
+        self.direction = None
+        self.aimed_at: float | None = None
         self.scheduled_lrs: list | None = None
+        self.term: dict = {}
 
     def exported(self) -> dict:
         """What a resumed run needs (stored in the trainer's state at every step)."""
-        return {"multiplier": self.multiplier, "initial_H": self.initial_H}
+        track = None if self.track is None else [self.track.h0, self.track.drift, *self.track.cov]
+        return {"multiplier": self.multiplier, "track": track, "aimed_at": self.aimed_at}
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
         saved = (state.stateful_callbacks or {}).get(STATE_KEY)
         if saved:
-            self.multiplier, self.initial_H = float(saved["multiplier"]), saved["initial_H"]
+            self.multiplier, self.aimed_at = float(saved["multiplier"]), saved.get("aimed_at")
+            if saved.get("track"):
+                h0, drift, *cov = saved["track"]
+                self.track = EntropyTrack(h0, drift, tuple(cov))
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        super().on_pre_optimizer_step(args, state, control, **kwargs)
-        if self.pending is not None and self.pending.step == state.global_step + 1:
-            self.pending = self.steered(self.pending)
-            if self.wants_push(self.pending):
-                t0 = time.perf_counter()
-                self.pending = self.pushed(self.pending)
-                self.probe_seconds += time.perf_counter() - t0
+        step = state.global_step + 1
+        if not state.global_step % self.options.every:
+            config = self.config.model_copy(update={"seed": self.step_seed(step)})
+            t0 = time.perf_counter()
+            with untouched(self.policy.trainable.model):
+                try:
+                    E = sample_E(config, self.policy, self.examples)
+                    self.pending = self.decided(config, steerable_prediction(config, self.policy, E, step, t0,
+                                                                             self.direction))
+                except ProbeError as exc:
+                    self._record({"step": step, "error": str(exc)})
+            self.probe_seconds += time.perf_counter() - t0
         groups = self.policy.optimizer.param_groups
         self.scheduled_lrs = [g["lr"] for g in groups]
         for group in groups:
             group["lr"] = group["lr"] * self.multiplier
 
-    def steered(self, pending: PendingTrainerStep) -> PendingTrainerStep:
-        """Choose m for the step of `pending` (predicted at m = 1) and return its prediction at m."""
-        if self.initial_H is None:
-            self.initial_H = pending.H
-        H_target = self.target(pending.step, self.initial_H)
-        decision = decide(self.rule, predicted=pending.delta_h_next, se=pending.se_E, H=pending.H,
-                          H_se=pending.H_se, H_target=H_target, previous=self.multiplier)
-        self.multiplier = decision.multiplier
-        return pending.scaled(decision.multiplier, lr_multiplier=decision.multiplier, H_target=H_target,
-                              wanted=decision.wanted, autopilot=decision.reason,
-                              delta_h_next_at_scheduler_lr=pending.delta_h_next)
-
-    def wants_push(self, pending: PendingTrainerStep) -> bool:
-        """The push is on and the wanted change is a rise that the step at m falls short of beyond noise."""
-        wanted = pending.extra["wanted"]
-        return self.max_push > 0 and wanted > 0 and pending.delta_h_next + self.rule.deadband_z * pending.se_E < wanted
-
-    def pushed(self, pending: PendingTrainerStep) -> PendingTrainerStep:
-        """The step with the entropy-gradient term added (entropy_push.py), taken at m = max(m, 1)."""
-        self.multiplier = max(self.multiplier, 1.0)
-        config = self.config.model_copy(update={"seed": self.step_seed(pending.step)})
-        with untouched(self.policy.trainable.model):
-            again, push = push_step(config, self.policy, self.examples, pending, self.multiplier, self.max_push)
-        extra = {**pending.extra, "lr_multiplier": self.multiplier, "autopilot": pending.extra["autopilot"] + "+push",
-                 **push}
-        return dataclasses.replace(again.scaled(self.multiplier, **extra), seconds=again.seconds + pending.seconds)
+    def decided(self, config, steerable: SteerablePass):
+        """The decision for the step of `steerable`, and its prediction at (m, κ) with the row's fields."""
+        pending = steerable.pending
+        fresh = Estimate(pending.H, pending.H_se)
+        self.track = first_track(fresh) if self.track is None else observe(self.track, fresh)
+        H_target = self.track.h0 if self.hold_initial else self.target(pending.step, self.track.h0)
+        gap = self.track.gap_to(None if self.hold_initial else H_target)
+        decision = decide(self.rule, step=Estimate(pending.delta_h_next, pending.se_E), gap=gap,
+                          previous=self.multiplier, term=steerable.term_effect(config))
+        outcome = None if self.aimed_at is None else pending.H - self.aimed_at
+        self.multiplier, self.aimed_at = decision.multiplier, H_target
+        self.term = term_displacement(steerable, decision.multiplier, decision.term)
+        self.direction = remembered(self.direction, steerable.X_hat, DIRECTION_MEMORY)
+        filtered = self.track.entropy
+        return steered(config, steerable, decision.multiplier, decision.term,
+                       lr_multiplier=decision.multiplier, entropy_term=decision.term, H_target=H_target,
+                       H_filtered=filtered.value, H_filtered_se=filtered.se, gap=gap.value, gap_se=gap.se,
+                       wanted=decision.wanted, delta_h_next_unsteered=pending.delta_h_next,
+                       se_E_unsteered=pending.se_E, steering=decision.steering, limit=decision.limit,
+                       controller_error=outcome, controller_error_se=pending.H_se if outcome is not None else None)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         if self.scheduled_lrs is not None:
             for group, lr in zip(self.policy.optimizer.param_groups, self.scheduled_lrs):
                 group["lr"] = lr
             self.scheduled_lrs = None
+        if self.term:
+            add_to_parameters(self.policy, self.term)
+            self.term = {}
 
     def on_step_end(self, args, state, control, **kwargs):
+        result = super().on_step_end(args, state, control, **kwargs)
+        row = self.rows[-1] if self.rows else {}
+        if self.track is not None and row.get("step") == state.global_step and "realised" in row:
+            realised = Estimate(row["realised"], row["realised_se"])
+            if math.isfinite(realised.value) and math.isfinite(realised.se):
+                self.track = after_step(self.track, realised, self.options.every)
         state.stateful_callbacks[STATE_KEY] = self.exported()
-        return super().on_step_end(args, state, control, **kwargs)
+        return result

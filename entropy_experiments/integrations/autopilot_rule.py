@@ -1,19 +1,33 @@
-"""The entropy autopilot's rule: which lr multiplier m the next step gets (pure, no model).
+"""The entropy autopilot's control law: the lr multiplier m and the entropy term κ of the next step (pure).
 
-An AdamW step is linear in its learning rate, so with δH_next ± SE_E predicted at the scheduler's lr (m = 1) the
-step taken with lr·m changes the entropy by m·δH_next ± m·SE_E. Given the entropy Ĥ ± SE_Ĥ now and the target H*:
+Inputs, all in nats/token: the step's predicted change δ ± s at the scheduler's lr with no term (m = 1, κ = 0),
+the gap g ± σ_g between the target and the entropy now (the filtered estimate, entropy_filter.py), the term's
+predicted effect e ± s_e per unit κ at m = 1 (None: no term this step), and the previous m. An AdamW step is
+linear in its lr and the term is added outside the moments, so the step at (m, κ) changes the entropy by
+m·(δ + κ·e):
 
-    gap         g = H* − Ĥ shrunk toward 0 by deadband_z·SE_Ĥ (sign(g)·max(|g| − z·SE_Ĥ, 0)): a gap within
-                Ĥ's own noise asks for no change (the step's lr is lowered, never raised, on noise in Ĥ)
-    wanted      w = gain·g, but never below −max_drop (the most the entropy may fall in one step)
-    deadband    |m_prev·δH_next − w| ≤ z·m_prev·SE_E: the previous multiplier already reaches w within noise → keep
-    no signal   |δH_next| ≤ z·SE_E: the step's direction of change is noise → keep m_prev
-    otherwise   m = w / δH_next (negative — the step moves the wrong way — ends at the smallest allowed m)
-    drop limit  m·δH_next ≥ −max_drop (m lowered where the predicted fall is larger)
-    rate limit  m_prev / max_rate ≤ m ≤ m_prev·max_rate
-    bounds      min_multiplier ≤ m ≤ max_multiplier (applied last: m is always within them; the drop limit
-                gives way only where the rate limit or min_multiplier forbids a smaller m, and the decision's
-                reason then ends in `drop_limit_exceeded`)
+    excess      x = g − δ: how far from the target the step would leave the entropy if nothing is done
+    rest        |g| ≤ budget + z·σ_g and |x| ≤ budget + z·√(σ_g² + s²): the entropy is not off the target,
+                and the step is not predicted to leave it off, beyond the drift budget at z noise SDs → κ = 0
+                and m returns toward 1 (at most the rate limit per step). This is the law's resting state: a
+                run without an entropy problem is never slowed, whatever noise the predictions carry.
+    wanted      w = δ + gain·x (the share `gain` of the excess closed this step), never below −max_drop
+    candidates  m ∈ {the resting m, the lr-only m}; at each, κ by the shrunk ratio below, |κ| ≤ max_term
+    lr-only m   m_r + (w − m_r·δ)·δ / (δ² + s²), m_r the resting m: the change of m that would reach w, shrunk
+                toward no change where δ is noise — a noisy δ can never ask for m = 0, and a δ within its noise
+                asks for almost no lr change at all; then the rate limit (m_prev/max_rate … m_prev·max_rate)
+                and the bounds [min_multiplier, max_multiplier]
+    κ at m      (w − m·δ)·e / (m·(e² + s_e²)): the same shrinkage on the term's own noise; no term unless
+                e > z·s_e (u is built to raise the entropy: where E does not confirm it, the direction is noise,
+                and a term along it could move the entropy either way)
+    choice      the candidate with the smallest (w − m·(δ + κ·e))² + s² + κ²·s_e²: its predicted miss and the
+                noise the term adds to it (not scaled by m: a smaller lr must buy a smaller miss, not merely a
+                quieter prediction of a smaller step); on a tie (errors within s²/10, closer than the
+                prediction can tell apart) the larger m (the term changes the
+                step's direction, the lr only its size: a smaller lr slows the reward with it), then the
+                smaller |κ|
+
+Each decision says in words what set m and κ (`steering`) and which limit bound it (`limit`).
 """
 
 from __future__ import annotations
@@ -26,18 +40,21 @@ from entropy_experiments.errors import ConfigError
 
 KEY = "EntropyAutopilot"
 INITIAL = "initial"
+NO_LIMIT = "none"
 
 
 @dataclass(frozen=True)
 class AutopilotRule:
-    """The autopilot's settings (module docstring)."""
+    """The control law's settings (module docstring)."""
 
+    budget: float = 0.02           # nats/token: the departure from the target tolerated without acting
+    z: float = 2.0                 # the departure must exceed the budget by z noise SDs
+    gain: float = 1.0              # share of the predicted excess closed per acting step
+    max_term: float = 2.0          # |κ| bound: the term's displacement relative to the trainer's step (0: off)
     min_multiplier: float = 0.1
-    max_multiplier: float = 2.0
-    max_drop: float | None = 0.05   # nats/token per step; None: no limit
-    deadband_z: float = 1.0
-    max_rate: float = 1.5
-    gain: float = 1.0
+    max_multiplier: float = 1.0   # above 1 the autopilot may train faster than the scheduler asks
+    max_rate: float = 1.25         # the factor m may change by per step
+    max_drop: float | None = 0.05  # nats/token per step; None: no limit
 
     def check(self) -> None:
         """ConfigError naming the option unless the settings make a rule."""
@@ -46,48 +63,101 @@ class AutopilotRule:
                               f"{self.min_multiplier!r}, {self.max_multiplier!r}")
         if self.max_drop is not None and not self.max_drop >= 0:
             raise ConfigError(f"{KEY}: max_drop must be >= 0 nats/token (or None), got {self.max_drop!r}")
-        if not self.deadband_z >= 0:
-            raise ConfigError(f"{KEY}: deadband_z must be >= 0, got {self.deadband_z!r}")
+        for name in ("budget", "z", "max_term"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+                raise ConfigError(f"{KEY}: {name} must be a finite number >= 0, got {value!r}")
         if not 1 <= self.max_rate < math.inf:
             raise ConfigError(f"{KEY}: max_rate must be >= 1 (the factor m may change by per step), "
                               f"got {self.max_rate!r}")
         if not 0 < self.gain <= 1:
-            raise ConfigError(f"{KEY}: gain must be in (0, 1] (the share of the gap closed per step), got {self.gain!r}")
+            raise ConfigError(f"{KEY}: gain must be in (0, 1] (the share of the excess closed per step), "
+                              f"got {self.gain!r}")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A number in nats/token with its standard error."""
+
+    value: float
+    se: float
 
 
 @dataclass(frozen=True)
 class Decision:
-    """The multiplier chosen, the change it aimed at, and why (target, deadband, no_signal; + drop_limit, rate,
-    bounds where those moved it; + drop_limit_exceeded where the predicted fall at m is still above max_drop)."""
+    """The step's multiplier and term, the change aimed at and predicted, and why (in words)."""
 
     multiplier: float
+    term: float
     wanted: float
-    reason: str
+    predicted: float
+    steering: str
+    limit: str = NO_LIMIT
 
 
-def decide(rule: AutopilotRule, *, predicted: float, se: float, H: float, H_target: float,
-           previous: float, H_se: float = 0.0) -> Decision:
-    """The multiplier of the next step from δH_next ± SE_E at m = 1, Ĥ ± SE_Ĥ now, the target and the previous m."""
-    gap = H_target - H
-    beyond_noise = max(abs(gap) - rule.deadband_z * H_se, 0.0)
-    wanted = rule.gain * math.copysign(beyond_noise, gap) if beyond_noise else 0.0
+def shrunk_ratio(wanted: float, effect: Estimate) -> float:
+    """wanted / effect, shrunk toward 0 by the effect's noise: wanted·e / (e² + se²) (0 where e is 0 ± 0)."""
+    denominator = effect.value ** 2 + effect.se ** 2
+    return wanted * effect.value / denominator if denominator > 0 else 0.0
+
+
+def limited_multiplier(rule: AutopilotRule, m: float, previous: float) -> tuple[float, str]:
+    """m within the rate limit around `previous`, then within the bounds; the limit that bound it."""
+    low, high = previous / rule.max_rate, previous * rule.max_rate
+    limit = NO_LIMIT if low <= m <= high else "rate limit"
+    m = min(max(m, low), high)
+    if not rule.min_multiplier <= m <= rule.max_multiplier:
+        m, limit = min(max(m, rule.min_multiplier), rule.max_multiplier), "multiplier bound"
+    return m, limit
+
+
+def term_at(rule: AutopilotRule, m: float, wanted: float, step: Estimate, term: Estimate | None) -> tuple[float, str]:
+    """κ at multiplier m (shrunk ratio, |κ| ≤ max_term; 0 without a term) and the limit that bound it."""
+    if term is None or rule.max_term == 0:
+        return 0.0, NO_LIMIT
+    if not term.value > rule.z * term.se:  # u is built to raise the entropy: unconfirmed on E, it is noise
+        return 0.0, "term direction unconfirmed"
+    kappa = shrunk_ratio((wanted - m * step.value) / m, term)
+    if abs(kappa) > rule.max_term:
+        return math.copysign(rule.max_term, kappa), "term bound"
+    return kappa, NO_LIMIT
+
+
+def significant(rule: AutopilotRule, gap: Estimate, excess: float, step_se: float) -> bool:
+    """The entropy is off the target, or the step would leave it off, beyond the budget by z noise SDs."""
+    off_now = abs(gap.value) > rule.budget + rule.z * gap.se
+    off_after = abs(excess) > rule.budget + rule.z * math.hypot(gap.se, step_se)
+    return off_now or off_after
+
+
+def decide(rule: AutopilotRule, *, step: Estimate, gap: Estimate, previous: float,
+           term: Estimate | None = None) -> Decision:
+    """The next step's (m, κ) from δ ± s, the gap to the target, the term's effect per κ and the previous m."""
+    excess = gap.value - step.value
+    resting, rest_limit = limited_multiplier(rule, 1.0, previous)
+    if not significant(rule, gap, excess, step.se):
+        words = "within the budget: no action" if resting == 1.0 else "within the budget: lr returning to 1"
+        return Decision(resting, 0.0, resting * step.value, resting * step.value, words, rest_limit)
+    wanted = step.value + rule.gain * excess
     if rule.max_drop is not None:
         wanted = max(wanted, -rule.max_drop)
-    if abs(previous * predicted - wanted) <= rule.deadband_z * previous * se:
-        m, reasons = previous, ["deadband"]
-    elif abs(predicted) <= rule.deadband_z * se:
-        m, reasons = previous, ["no_signal"]
-    else:
-        m, reasons = wanted / predicted, ["target"]
-    if rule.max_drop is not None and m * predicted < -rule.max_drop:
-        m, reasons = rule.max_drop / -predicted, reasons + ["drop_limit"]
-    for name, low, high in (("rate", previous / rule.max_rate, previous * rule.max_rate),
-                            ("bounds", rule.min_multiplier, rule.max_multiplier)):
-        if not low <= m <= high:
-            m, reasons = min(max(m, low), high), reasons + [name]
-    if rule.max_drop is not None and m * predicted < -rule.max_drop * (1 + 1e-12):
-        reasons.append("drop_limit_exceeded")
-    return Decision(float(m), float(wanted), "+".join(reasons))
+    lr_only, lr_limit = limited_multiplier(rule, resting + shrunk_ratio(wanted - resting * step.value, step), previous)
+    candidates = []
+    for m, m_limit in dict.fromkeys([(resting, rest_limit), (lr_only, lr_limit)]):
+        kappa, k_limit = term_at(rule, m, wanted, step, term)
+        predicted = m * (step.value + kappa * (term.value if term is not None else 0.0))
+        limits = [x for x in (m_limit, k_limit) if x != NO_LIMIT]
+        noise = step.se ** 2 + (kappa * term.se) ** 2 if term is not None else step.se ** 2
+        candidates.append(((wanted - predicted) ** 2 + noise, m, kappa, predicted, limits))
+    best = min(c[0] for c in candidates) + 0.1 * step.se ** 2  # closer than the noise can tell: a tie
+    _, m, kappa, predicted, limits = min((c for c in candidates if c[0] <= best), key=lambda c: (-c[1], abs(c[2])))
+    if rule.max_drop is not None and predicted < -rule.max_drop * (1 + 1e-12):
+        limits.append("drop limit exceeded")
+    direction = "entropy falling" if excess > 0 else "entropy rising"
+    how = [f"entropy term {kappa:+.3g}"] if kappa else []
+    how += [f"lr x{m:.3g}"] if m != 1.0 else []
+    words = f"{direction} beyond the budget: " + (" and ".join(how) if how else "no lever moves it")
+    return Decision(m, kappa, wanted, predicted, words, " and ".join(limits) or NO_LIMIT)
 
 
 def target_of(target: float | str | Callable[[int], float]) -> Callable[[int, float | None], float]:

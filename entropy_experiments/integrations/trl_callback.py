@@ -37,9 +37,10 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from entropy_experiments.checkpoint.rollouts import reuse_note, reuses_rollouts
-from entropy_experiments.errors import ConfigError, ProbeError
+from entropy_experiments.errors import ConfigError, ProbeError, closest_match
 from entropy_experiments.integrations import trl_trainer_view as view
 from entropy_experiments.integrations.live_state import untouched
+from entropy_experiments.integrations.representable import check_optimizer
 from entropy_experiments.integrations.trainer_step import (
     PREDICT_MODES,
     TRAINER_STEP,
@@ -86,10 +87,23 @@ class CallbackOptions:
             raise ConfigError(f"{view.KEY}: G must be >= 2 (group advantages), got {self.G}")
 
 
+def check_option_names(given: dict, extra: tuple[str, ...] = ()) -> None:
+    """ConfigError (one line, with the closest valid name) for a keyword no callback option has."""
+    valid = [f.name for f in dataclasses.fields(CallbackOptions)] + list(extra)
+    for name in given:
+        if name not in valid:
+            hint = next((v for v in valid if v.lower() == name.lower()), None) or closest_match(name, valid)
+            raise ConfigError(f"{view.KEY}: unknown option {name!r}"
+                              + (f" (did you mean {hint!r}?)" if hint else f" (valid: {', '.join(valid)})"))
+
+
 class EntropyProbeCallback(TrainerCallback):
     """Predicts each probed step's entropy change before it and checks it one step later (module docstring)."""
 
+    option_names: tuple[str, ...] = ()  # a subclass's own keywords, named by the unknown-option message
+
     def __init__(self, trainer: Any, every: int = 5, **options: Any):
+        check_option_names(options, self.option_names)
         self.options = CallbackOptions(every=every, **options)
         self.options.check()
         self.trainer_step = self.options.predict == TRAINER_STEP
@@ -121,6 +135,8 @@ class EntropyProbeCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.train_start = time.perf_counter()
         self.session_start = state.global_step
+        if self.trainer_step:  # the optimizer exists from here on: the prediction is its step
+            check_optimizer(self.trainer.optimizer)
         self.policy = view.live_policy(self.trainer, self.config)
 
     def on_step_begin(self, args, state, control, **kwargs):
