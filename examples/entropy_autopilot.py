@@ -1,32 +1,30 @@
-"""Entropy control in a miniature TRL GRPO run: no control, TRL's adaptive entropy bonus, and `EntropyAutopilot`.
+"""Entropy control in real TRL GRPO runs: no control, TRL's adaptive entropy bonus, and `EntropyAutopilot`.
 
-    OMP_NUM_THREADS=1 .venv/bin/python examples/entropy_autopilot.py [--steps 30] [--lr 5e-2] [--target 3.2]
-        [--tuned-delta 0.05] [--floor 0.01] [--push 10] [--B-E 64] [--seeds 0,1,2] [--arms none,trl_default,...]
-        [--plot docs/entropy_autopilot.png]
+    OMP_NUM_THREADS=1 .venv/bin/python examples/entropy_autopilot.py --world toy [--steps 12] [--lr 2e-2]
+        [--seeds 0,1,2,3] [--arms none,trl_default,trl_tuned,autopilot] [--tuned-delta 0.05]
+        [--plot docs/entropy_autopilot.png] [--json out.json]
+    OMP_NUM_THREADS=2 .venv/bin/python examples/entropy_autopilot.py --world embedded --steps 8 --lr 5e-4 --seeds 0
 
-The policy is the tests' tiny random Qwen2 (vocabulary 384) under a LoRA r = 4 on q/v, trained by a real
-`trl.GRPOTrainer` on CPU (plain-text prompts, the vowel-count reward, G = 4 completions of 2 prompts per step)
-with completions of ONE token (at lr 5e-2 the uncontrolled entropy wanders and falls within 30 steps). Every
-response is enumerable, so the yardstick is exact: the next-token entropy averaged over the run's 8 prompts (the
-same fixed set at every step, float64; not held out, the run trains on them), beside TRL's own logged
-`entropy` (from the step's sampled completions). The arms share the seed and the model:
+Worlds:
+    toy       testing/enumerable_world.py: the 4-token toy LM under a LoRA r = 8, reward "the completion contains
+              the word a", 8 prompts × 8 completions per step. Exact entropy H and exact expected reward R after
+              every step, by enumeration (the yardstick owes nothing to the probe).
+    embedded  the embedded SmolLM2-135M-Instruct under a LoRA r = 8, GSM-symbolic prompts, 16-token completions
+              and the `math_density` reward (the share of digits and arithmetic symbols), 2 prompts × 4
+              completions per step. Every arm carries the `trainer_step` probe callback (an observer that does
+              not change a step, or the autopilot itself), so its entropy path is the running sum of the paired
+              realised changes; the reward is TRL's logged mean reward.
 
-    none          no control
-    trl δ=…       GRPOConfig(use_adaptive_entropy=True, entropy_target=target, entropy_coef_delta=δ) at TRL's
-                  default δ and at a larger one (the bonus coefficient moves ±δ per step toward the target)
-    autopilot     EntropyAutopilot(trainer, target=target, every=1): each step's lr scaled so its predicted
-                  entropy change aims at the target (defaults: m in [0.1, 2], max_drop 0.05 per step)
-    autopilot min_m=…  the same with a lower floor for m (--floor, default 0.01)
-    … max_push=…  the same with the entropy push on (--push, default 10): where the entropy must rise, an
-                  entropy-gradient term is added to the gradient
-
-Prints per arm the rms and max |H − target| over the steps, the mean reward of the first and last five steps,
-the wall time, and (autopilot) the range of the lr multiplier; draws the curves to --plot.
+Arms (same seed, same model): none; TRL's `use_adaptive_entropy` at its default δ (0.005) and at --tuned-delta,
+both with the target H₀; `EntropyAutopilot(trainer, target="initial")` at its defaults. Prints per arm the rms
+deviation of H from H₀ over the steps, the reward gain, the lr multiplier's mean, the steps with an entropy
+term, and the wall time; draws entropy and reward per step (one panel each, all arms) to --plot.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -38,175 +36,176 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TRL_DEFAULT_DELTA = 0.005
+ARMS = ("none", "trl_default", "trl_tuned", "autopilot")
+EMBEDDED = {"prompts_per_step": 2, "G": 4, "max_new": 16, "B_E": 16}
 
 
-def exact_entropy(trainer, prompts: list[str]) -> float:
-    """The policy's next-token entropy (nats) averaged over `prompts`: exact, as completions are one token."""
-    import torch
-
-    tokenizer, model = trainer.processing_class, trainer.model
-    values = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = tokenizer(prompt, return_tensors="pt").input_ids
-            logp = torch.log_softmax(model(input_ids=ids).logits[0, -1].double(), -1)
-            values.append(float(-(logp.exp() * logp).sum()))
-    return sum(values) / len(values)
+def trl_settings(arm: str, target: float, tuned_delta: float) -> dict:
+    """GRPOConfig fields of a TRL arm (none for the others)."""
+    delta = {"trl_default": TRL_DEFAULT_DELTA, "trl_tuned": tuned_delta}.get(arm)
+    return {} if delta is None else {"use_adaptive_entropy": True, "entropy_target": target,
+                                     "entropy_coef_delta": delta}
 
 
-def yardstick(prompts: list[str]):
-    """A TrainerCallback that records the exact entropy before training and after every step."""
-    from transformers import TrainerCallback
+def toy_arm(arm: str, model_dir: Path, out: Path, args, seed: int, H0: float) -> dict:
+    """One arm in the enumerable world: its exact H and R per step, rows, wall time."""
+    from entropy_experiments.integrations.autopilot import EntropyAutopilot
+    from entropy_experiments.testing.enumerable_world import world_trainer
 
-    class ExactEntropy(TrainerCallback):
-        def __init__(self):
-            self.trainer, self.H = None, []
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.H.append(exact_entropy(self.trainer, prompts))
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.H.append(exact_entropy(self.trainer, prompts))
-
-    return ExactEntropy()
-
-
-def build_trainer(out: Path, model_dir: Path, *, steps: int, lr: float, trl_delta: float | None, target: float,
-                  seed: int):
-    """The arm's GRPOTrainer: one-token completions, constant lr, no checkpoints."""
-    from entropy_experiments.testing.trl_run import tiny_grpo_trainer
-
-    extra = ({} if trl_delta is None else
-             {"use_adaptive_entropy": True, "entropy_target": target, "entropy_coef_delta": trl_delta})
-    return tiny_grpo_trainer(out, steps=steps, model_dir=model_dir, learning_rate=lr, max_completion_length=1,
-                             num_generations=4, prompts_per_step=2, seed=seed, save_strategy="no",
-                             lr_scheduler_type="constant", gradient_checkpointing=False, **extra)
-
-
-def run_arm(name: str, out: Path, model_dir: Path, args, seed: int, *, trl_delta=None, autopilot=None) -> dict:
-    """Train one arm; its exact entropy (before and after each step), TRL's logs and the wall time."""
-    from entropy_experiments.testing.trl_run import PROMPTS
-
-    trainer = build_trainer(out, model_dir, steps=args.steps, lr=args.lr, trl_delta=trl_delta, target=args.target,
-                            seed=seed)
-    from transformers.trainer_callback import PrinterCallback
-
-    trainer.remove_callback(PrinterCallback)
-    meter = yardstick(PROMPTS)
-    meter.trainer = trainer
-    trainer.add_callback(meter)
-    pilot = None
-    if autopilot is not None:  # the autopilot's options ({} for its defaults)
-        from entropy_experiments.integrations.autopilot import EntropyAutopilot
-
-        pilot = EntropyAutopilot(trainer, target=args.target, every=1, B_E=args.B_E, seed=seed, **autopilot)
+    trainer, meter = world_trainer(model_dir, out, steps=args.steps, lr=args.lr, seed=seed,
+                                   **trl_settings(arm, H0, args.tuned_delta))
+    pilot = EntropyAutopilot(trainer, target="initial", seed=seed) if arm == "autopilot" else None
+    if pilot is not None:
         trainer.add_callback(pilot)
     t0 = time.perf_counter()
     trainer.train()
-    wall = time.perf_counter() - t0
-    logs = [h for h in trainer.state.log_history if "reward" in h]
-    multipliers = [r["lr_multiplier"] for r in pilot.rows if "lr_multiplier" in r] if pilot else []
-    return {"name": name, "seed": seed, "H": meter.H, "trl_entropy": [h.get("entropy", math.nan) for h in logs],
-            "reward": [h["reward"] for h in logs], "wall": wall, "multipliers": multipliers}
+    return {"arm": arm, "seed": seed, "H": meter.H, "R": meter.R, "wall": time.perf_counter() - t0,
+            "rows": [r for r in (pilot.rows if pilot else []) if "realised" in r]}
 
 
-def deviations(run: dict, target: float) -> tuple[float, float]:
-    """(rms, max) of |H − target| over the exact entropies after each step."""
-    gaps = [h - target for h in run["H"][1:]]
-    return math.sqrt(sum(g * g for g in gaps) / len(gaps)), max(abs(g) for g in gaps)
+def embedded_trainer(model_dir: Path, out: Path, steps: int, lr: float, seed: int, **overrides):
+    from datasets import Dataset
+
+    from entropy_experiments.data.datasets import load_examples
+    from entropy_experiments.testing.trl_run import cpu_grpo_trainer, math_density_reward
+
+    questions = [ex.question for ex in load_examples("gsm_symbolic_r1_template", "train", pool_size=200)]
+    return cpu_grpo_trainer(model_dir, out, reward_funcs=math_density_reward,
+                            train_dataset=Dataset.from_dict({"prompt": questions}), steps=steps, learning_rate=lr,
+                            num_generations=EMBEDDED["G"], prompts_per_step=EMBEDDED["prompts_per_step"],
+                            max_completion_length=EMBEDDED["max_new"], seed=seed, save_strategy="no",
+                            temperature=1.0, top_p=1.0, top_k=0, gradient_checkpointing=False, **overrides)
 
 
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
+def embedded_arm(arm: str, model_dir: Path, out: Path, args, seed: int, H0: float) -> dict:
+    """One arm on the embedded model: H₀ + the running sum of paired realised changes, TRL's logged reward."""
+    from entropy_experiments.integrations.autopilot import EntropyAutopilot
+    from entropy_experiments.integrations.trl_callback import EntropyProbeCallback
+
+    trainer = embedded_trainer(model_dir, out, args.steps, args.lr, seed, **trl_settings(arm, H0, args.tuned_delta))
+    probe = (EntropyAutopilot(trainer, target="initial", seed=seed, B_E=EMBEDDED["B_E"]) if arm == "autopilot" else
+             EntropyProbeCallback(trainer, every=1, predict="trainer_step", seed=seed, B_E=EMBEDDED["B_E"]))
+    trainer.add_callback(probe)
+    t0 = time.perf_counter()
+    trainer.train()
+    rows = [r for r in probe.rows if "realised" in r]
+    start = rows[0]["H"] if rows else math.nan
+    H = [start]
+    for row in rows:
+        H.append(H[-1] + row["realised"])
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    return {"arm": arm, "seed": seed, "H": H, "R": rewards, "wall": time.perf_counter() - t0, "rows": rows,
+            "probe_seconds": probe.probe_seconds}
 
 
-def table(runs: list[dict], target: float) -> str:
-    """The per-arm summary as a Markdown table (means over the seeds; rms dev also per seed)."""
-    head = ("| arm | exact H end | rms dev (per seed) | max dev | TRL entropy end | reward first 5 → last 5 "
-            "| wall s / run | lr multiplier |")
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
-    for name in dict.fromkeys(run["name"] for run in runs):
-        arm = [run for run in runs if run["name"] == name]
-        devs = [deviations(run, target) for run in arm]
-        mult = [m for run in arm for m in run["multipliers"]]
-        lines.append(
-            f"| {name} | {_mean(r['H'][-1] for r in arm):.3f} | {_mean(d[0] for d in devs):.3f} "
-            f"({', '.join(f'{d[0]:.2f}' for d in devs)}) | {_mean(d[1] for d in devs):.3f} "
-            f"| {_mean(_mean(r['trl_entropy'][-5:]) for r in arm):.3f} "
-            f"| {_mean(_mean(r['reward'][:5]) for r in arm):.2f} → {_mean(_mean(r['reward'][-5:]) for r in arm):.2f} "
-            f"| {_mean(r['wall'] for r in arm):.1f} | {f'{min(mult):.2f}–{max(mult):.2f}' if mult else '—'} |")
+def summary(run: dict, world: str) -> dict:
+    """rms |H − H₀| over the steps, the reward gain, Σ‖Δθ‖ and the autopilot's levers."""
+    H, R, rows = run["H"], run["R"], run["rows"]
+    rms = math.sqrt(sum((h - H[0]) ** 2 for h in H[1:]) / max(len(H) - 1, 1))
+    if world == "toy":
+        gain = R[-1] - R[0]
+    else:  # TRL's logged reward is noisy per step: the mean of the last three against the first three
+        gain = sum(R[-3:]) / len(R[-3:]) - sum(R[:3]) / len(R[:3])
+    multipliers = [r.get("lr_multiplier", 1.0) for r in rows] or [1.0]
+    return {"arm": run["arm"], "seed": run["seed"], "rms": rms, "gain": gain, "H_end": H[-1],
+            "m_mean": sum(multipliers) / len(multipliers), "terms": sum(bool(r.get("entropy_term")) for r in rows),
+            "step_norm": sum(r.get("step_norm", 0.0) for r in rows), "wall": run["wall"]}
+
+
+def table(summaries: list[dict]) -> str:
+    """Means over the seeds per arm as a Markdown table (rms per seed in brackets)."""
+    head = ("| arm | rms \\|H − H₀\\| (per seed) | reward gain | H end | mean lr multiplier | steps with a term "
+            "| wall s / run |")
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for arm in dict.fromkeys(s["arm"] for s in summaries):
+        rows = [s for s in summaries if s["arm"] == arm]
+        mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("rms", "gain", "H_end", "m_mean", "terms", "wall")}
+        per_seed = ", ".join(f"{r['rms']:.2f}" for r in rows)
+        lines.append(f"| {arm} | {mean['rms']:.3f} ({per_seed}) "
+                     f"| {mean['gain']:+.3f} | {mean['H_end']:.3f} | {mean['m_mean']:.2f} | {mean['terms']:.1f} "
+                     f"| {mean['wall']:.1f} |")
     return "\n".join(lines)
 
 
-def plot(runs: list[dict], target: float, path: Path) -> None:
-    """Exact entropy, TRL's logged entropy and the reward against the step, one colour per arm."""
+def plot(runs: list[dict], path: Path, world: str) -> None:
+    """Entropy and reward against the step, one panel each, every arm of the first seed."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for run in runs:
-        axes[0].plot(range(len(run["H"])), run["H"], label=run["name"])
-        axes[1].plot(range(1, len(run["trl_entropy"]) + 1), run["trl_entropy"], label=run["name"])
-        axes[2].plot(range(1, len(run["reward"]) + 1), run["reward"], label=run["name"])
-    for ax, title in zip(axes, ("exact entropy (nats/token)", "TRL's logged entropy", "mean reward")):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    seed = runs[0]["seed"]
+    for run in (r for r in runs if r["seed"] == seed):
+        axes[0].plot(range(len(run["H"])), run["H"], marker=".", label=run["arm"])
+        offset = 0 if world == "toy" else 1
+        axes[1].plot(range(offset, len(run["R"]) + offset), run["R"], marker=".", label=run["arm"])
+    axes[0].axhline(runs[0]["H"][0], color="grey", ls="--", lw=1, label="target H₀")
+    names = (("exact entropy (nats/token)", "exact expected reward") if world == "toy" else
+             ("H₀ + Σ paired realised ΔH (nats/token)", "TRL's logged mean reward"))
+    for ax, title in zip(axes, names):
         ax.set_title(title)
         ax.set_xlabel("optimizer step")
-    for ax in axes[:2]:
-        ax.axhline(target, color="grey", ls="--", lw=1, label="target")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--lr", type=float, default=5e-2)
-    parser.add_argument("--target", type=float, default=3.2, help="entropy target, nats/token")
-    parser.add_argument("--tuned-delta", type=float, default=0.05)
-    parser.add_argument("--B-E", dest="B_E", type=int, default=64, help="the autopilot's E per probed step")
-    parser.add_argument("--seeds", default="0,1,2", help="model, data and sampling seeds; arms share each seed")
-    parser.add_argument("--floor", type=float, default=0.01, help="autopilot_floor's min_multiplier")
-    parser.add_argument("--push", type=float, default=10.0, help="autopilot_push's max_push")
-    parser.add_argument("--arms", default="none,trl_default,trl_tuned,autopilot,autopilot_floor,autopilot_push")
-    parser.add_argument("--plot", default="docs/entropy_autopilot.png")
-    return parser.parse_args(argv)
+def initial_entropy(world: str, model_dir: Path, tmp: Path, args, seed: int) -> float:
+    """H₀, the target of every arm: exact (toy) or the probe's Ĥ before the first step of an uncontrolled run."""
+    if world == "toy":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from entropy_experiments.testing.enumerable_world import exact_entropy_and_reward
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        return exact_entropy_and_reward(model, AutoTokenizer.from_pretrained(model_dir))[0]
+    return embedded_arm("none", model_dir, tmp / f"h0_{seed}", argparse.Namespace(**{**vars(args), "steps": 1}),
+                        seed, 0.0)["H"][0]
 
 
-def run_arms(args, tmp: Path) -> list[dict]:
-    """Every arm named in --arms at every seed (each seed: its own tiny model, shared by the arms)."""
-    from entropy_experiments.testing.tiny_model import build_tiny_model_dir
+def run_all(args, tmp: Path) -> tuple[list[dict], list[dict]]:
+    if args.world == "toy":
+        from entropy_experiments.testing.enumerable_world import world_model
 
-    arms = {"none": {}, "trl_default": {"trl_delta": TRL_DEFAULT_DELTA}, "trl_tuned": {"trl_delta": args.tuned_delta},
-            "autopilot": {"autopilot": {}}, "autopilot_floor": {"autopilot": {"min_multiplier": args.floor}},
-            "autopilot_push": {"autopilot": {"min_multiplier": args.floor, "max_push": args.push}}}
-    names = {"trl_default": f"trl δ={TRL_DEFAULT_DELTA:g}", "trl_tuned": f"trl δ={args.tuned_delta:g}",
-             "autopilot_floor": f"autopilot min_m={args.floor:g}",
-             "autopilot_push": f"autopilot min_m={args.floor:g} max_push={args.push:g}"}
-    runs = []
+        model_dir, arm_of = world_model(tmp / "toy"), toy_arm
+    else:
+        from entropy_experiments.models.embedded import ensure_embedded_model
+
+        model_dir, arm_of = ensure_embedded_model(), embedded_arm
+    runs, summaries = [], []
     for seed in (int(s) for s in args.seeds.split(",")):
-        model_dir = build_tiny_model_dir(tmp / f"tiny{seed}", seed=seed)
-        for key in args.arms.split(","):
-            runs.append(run_arm(names.get(key, key), tmp / f"{key}{seed}", model_dir, args, seed, **arms[key]))
-            print(f"seed {seed} {key}: H {' '.join(f'{h:.2f}' for h in runs[-1]['H'])}", flush=True)
-    return runs
+        H0 = initial_entropy(args.world, model_dir, tmp, args, seed)
+        for arm in args.arms.split(","):
+            if arm not in ARMS:
+                sys.exit(f"error: --arms: unknown arm {arm!r} (valid: {', '.join(ARMS)})")
+            runs.append(arm_of(arm, model_dir, tmp / f"{arm}{seed}", args, seed, H0))
+            summaries.append(summary(runs[-1], args.world))
+            print(json.dumps(summaries[-1]), flush=True)
+    return runs, summaries
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", choices=("toy", "embedded"), default="toy")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--lr", type=float, default=2e-2)
+    parser.add_argument("--seeds", default="0,1,2,3", help="trainer seeds; the arms share each")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--tuned-delta", type=float, default=0.05)
+    parser.add_argument("--plot", default="")
+    parser.add_argument("--json", default="", help="write every run (paths, rows) here")
+    args = parser.parse_args(argv)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        runs = run_arms(args, Path(tmp))
-    print(table(runs, args.target))
-    print(f"target {args.target} nats/token, lr {args.lr}, {args.steps} steps, seeds {args.seeds}; "
-          f"{time.perf_counter() - t0:.0f} s in all")
+        runs, summaries = run_all(args, Path(tmp))
+    print(table(summaries))
+    print(f"{args.world}: lr {args.lr}, {args.steps} steps, seeds {args.seeds}; {time.perf_counter() - t0:.0f} s")
     if args.plot:
-        first = [run for run in runs if run["seed"] == runs[0]["seed"]]
-        plot(first, args.target, Path(args.plot))
-        print(f"wrote {args.plot} (seed {runs[0]['seed']})")
+        plot(runs, Path(args.plot), args.world)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"summaries": summaries, "runs": runs}, default=str))
     return 0
 
 
