@@ -290,6 +290,16 @@ TRAPS = [
          'return [_cell(plus_minus(diff, se)), num_cell(z, "+.2f")]',
          'return [_cell(plus_minus(diff, row.get("se"))), num_cell(z, "+.2f")]',
          ("tests/test_report_html.py::test_what_if_values_are_escaped_and_an_exact_zero_is_named",)),
+    # ---- the sweep's calibration (sweep/calibration.py, rows.py, stats.py; the proxies' lr, paired z, Fisher-z)
+    Trap("proxy_own_fit_without_lr", EE + "sweep/calibration.py",
+         'xs.append(pred["delta_h1"] * (row["lr"] if name in PROXIES else 1.0))', 'xs.append(pred["delta_h1"])',
+         ("tests/test_sweep_stats.py::test_a_proxy_scale_is_the_same_under_a_constant_and_a_decaying_lr",)),
+    Trap("proxy_interval_without_lr", EE + "sweep/rows.py",
+         'per_step = 1.0 if name not in PROXIES else row_from["lr"]', "per_step = 1.0",
+         ("tests/test_sweep_stats.py::test_a_proxy_scale_is_the_same_under_a_constant_and_a_decaying_lr",)),
+    Trap("fisher_z_with_n_minus_2", EE + "sweep/stats.py",
+         "s = float(np.sqrt((1.06 if rank else 1.0) / (n - 3)))", "s = float(np.sqrt((1.06 if rank else 1.0) / (n - 2)))",
+         ("tests/test_sweep_stats.py::test_calibration_on_many_rows_matches_an_independent_implementation",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.

@@ -18,13 +18,14 @@ import numpy as np
 from ..checkpoint.rollouts import NUM_ITERATIONS_KEY
 from ..checkpoint.trainer_batch import recorded_trainer_batch
 from ..errors import OutputError
+from ..estimators.entropy_proxies import PROXIES
 from ..estimators.jackknife import entropy_with_se
 from ..report.run_dir import PER_SEQUENCE_FILE
 from .decomposition import interval_decomposition
 from .discovery import SweepCheckpoint
 from .realised import interval_realised_change
 
-__all__ = ["ENTROPY_ONLY_FILE", "CheckpointRun", "checkpoint_row", "read_run", "realised_rows"]
+__all__ = ["ENTROPY_ONLY_FILE", "CheckpointRun", "checkpoint_row", "interval_prediction", "read_run", "realised_rows"]
 
 ENTROPY_ONLY_FILE = "entropy_only.json"
 RESULTS_FILE = "results.json"
@@ -193,15 +194,18 @@ def checkpoint_row(ck: SweepCheckpoint, run: CheckpointRun, normalize: str, swee
             "predictors": _with_z_own(predictors_of(res), truth, residual_z), "no_prediction": None}
 
 
-def _prediction(row_from: dict, steps: int) -> dict[str, dict]:
+def interval_prediction(row_from: dict, steps: int) -> dict[str, dict]:
     """Per predictor: the prediction of a change over `steps` training steps from `row_from`'s δH₁ (times
-    `steps`: δH₁ held constant over steps that have no probe), its SE, and z against the realised change."""
+    `steps`: δH₁ held constant over steps that have no probe), its SE, and z against the realised change. A
+    scale-free proxy (a change per unit logit step) is multiplied by the lr of those steps as well (Σ lr =
+    steps × the `from` lr), so that one fitted scale can hold across a schedule (calibration.py)."""
     se_batch = None if row_from["se_U"] is None else row_from["se_U"] * math.sqrt(steps)
     out = {}
     for name, p in row_from["predictors"].items():
         if name == "displacement":  # a change over the interval already (Δθ spans its steps): realised_rows
             continue
-        pred = None if p["delta_h1"] is None else steps * p["delta_h1"]
+        per_step = 1.0 if name not in PROXIES else row_from["lr"]
+        pred = None if p["delta_h1"] is None else steps * per_step * p["delta_h1"]
         se_pred = None if p["se"] is None else steps * p["se"]
         out[name] = {"dH_predicted": pred, "se": se_pred, "se_batch": se_batch, "z": None}
     return out
@@ -223,7 +227,7 @@ def realised_rows(rows: list[dict], runs: list[CheckpointRun], normalize: str,
         warnings += said
         steps = b["step"] - a["step"]
         real, se_real = change["dH_realised"], change["se"]
-        preds = _prediction(a, steps)
+        preds = interval_prediction(a, steps)
         for p in preds.values():
             p["z"] = _z(None if p["dH_predicted"] is None or real is None else real - p["dH_predicted"],
                         se_real, p["se"], p["se_batch"])
