@@ -110,7 +110,7 @@ def ref_calibration(doc, scale_free=()):
     names = [n for n in names if n == "displacement"] + [n for n in names if n != "displacement"]
     out = {}
     for name in names:
-        lr = (lambda r: r["lr"]) if name in scale_free else (lambda r: 1.0)  # noqa: E731
+        lr = (lambda r: r["lr"]) if name in scale_free else (lambda r: 1.0)
         own = [(r["predictors"][name]["delta_h1"] * lr(r), r["deltaH_true"]["scaled"], r["predictors"][name]["z_own"],
                 r["deltaH_true"]["se_scaled"]) for r in doc["rows"] if name in r["predictors"] and r["deltaH_true"]]
         real = [(r["predictors"][name]["dH_predicted"], r["dH_realised"], r["predictors"][name]["z"], r["se"])
