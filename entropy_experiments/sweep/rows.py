@@ -112,13 +112,15 @@ def _num(x) -> float | None:
 
 
 def predictors_of(results: dict) -> dict[str, dict]:
-    """{name: {delta_h1, se, se_E, se_U}} from results.json `predictors`, or adamw_step = (deltaH1, se) alone."""
-    found = results.get("predictors")
-    if not found:
+    """{name: {delta_h1, se, se_E, se_U, residual_z}} from results.json `predictors` (residual_z: the z of the
+    predictor's paired residual against ΔH, None where it has none), or adamw_step = (deltaH1, se) alone."""
+    found = dict(results.get("predictors") or {})
+    if not set(found) - {"displacement"}:  # predictors off: the probe's δH₁ (and the displacement if measured)
         se = results.get("se") or {}
-        found = {"adamw_step": {"delta_h1": results.get("deltaH1"), "se": se.get("total"), "se_E": se.get("E"),
-                                "se_U": se.get("U")}}
-    return {name: {k: _num(p.get(k)) for k in ("delta_h1", "se", "se_E", "se_U")} for name, p in found.items()}
+        found["adamw_step"] = {"delta_h1": results.get("deltaH1"), "se": se.get("total"), "se_E": se.get("E"),
+                               "se_U": se.get("U")}
+    return {name: {**{k: _num(p.get(k)) for k in ("delta_h1", "se", "se_E", "se_U")},
+                   "residual_z": _num((p.get("residual") or {}).get("z"))} for name, p in found.items()}
 
 
 @dataclass(frozen=True)
@@ -152,15 +154,21 @@ def _z(diff: float | None, *ses: float | None) -> float | None:
 
 
 def _with_z_own(preds: dict[str, dict], truth: SmallestEtaTruth | None, residual_z: float | None) -> dict[str, dict]:
-    """Each predictor's z against ΔH(η)·lr/η: adamw_step's is the paired residual z (same E, same v); the
-    others' (δ − ΔH·lr/η)/√(SE_E² + SE(ΔH·lr/η)²), their U error shared with ΔH's and left out."""
+    """Each predictor's z against ΔH(η)·lr/η, measured − predicted: adamw_step's is the probe's paired residual z
+    (same E, same v), the others' their own paired residual's (one jackknife over E with ΔH, results.json
+    `predictors.<name>.residual`) where the run has it (`z_own_paired` true); else (δ − ΔH·lr/η) over
+    √(SE_E² + SE(ΔH·lr/η)²), the two E errors taken as independent (too wide when they are correlated). The U
+    error, shared with ΔH's in part, is left out of both."""
     for name, p in preds.items():
+        paired = residual_z if name == "adamw_step" else p["residual_z"]
+        del p["residual_z"]
+        p["z_own"], p["z_own_paired"] = None, paired is not None
         if truth is None:
-            p["z_own"] = None
-        elif name == "adamw_step" and residual_z is not None:
-            p["z_own"] = residual_z
+            p["z_own_paired"] = False
+        elif paired is not None:
+            p["z_own"] = paired
         else:
-            diff = None if p["delta_h1"] is None else p["delta_h1"] - truth.scaled
+            diff = None if p["delta_h1"] is None else truth.scaled - p["delta_h1"]
             p["z_own"] = _z(diff, p["se_E"], truth.se_scaled)
     return preds
 
