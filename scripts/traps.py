@@ -300,6 +300,23 @@ TRAPS = [
     Trap("fisher_z_with_n_minus_2", EE + "sweep/stats.py",
          "s = float(np.sqrt((1.06 if rank else 1.0) / (n - 3)))", "s = float(np.sqrt((1.06 if rank else 1.0) / (n - 2)))",
          ("tests/test_sweep_stats.py::test_calibration_on_many_rows_matches_an_independent_implementation",)),
+    Trap("predictor_residual_at_half_eta", EE + "estimators/predictors.py",
+         "est = paired_residual(self.logw, self.h_new, self.h, self.T, pieces[0], pieces[1], self.eta,",
+         "est = paired_residual(self.logw, self.h_new, self.h, self.T, pieces[0], pieces[1], self.eta * 0.5,",
+         ("tests/test_predictors.py::test_no_momentum_residual_is_paired_with_delta_h_on_the_same_e",)),
+    Trap("predictor_residual_on_the_unit_lr", EE + "estimators/predictors.py",
+         "entry, scale = residual_entry(est), learning_rate / self.eta", "entry, scale = residual_entry(est), 1.0",
+         ("tests/test_predictors.py::test_no_momentum_residual_is_paired_with_delta_h_on_the_same_e",)),
+    Trap("sweep_displacement_only_with_predictors", EE + "sweep/runner.py",
+         "wanted = config.predictors.enabled or config.predictors.displacement", "wanted = config.predictors.enabled",
+         ("tests/test_sweep_default.py::test_a_default_sweep_reports_the_displacement",)),
+    Trap("sweep_adamw_step_lost_beside_the_displacement", EE + "sweep/rows.py",
+         'if not set(found) - {"displacement"}:', "if not found:",
+         ("tests/test_sweep_default.py::test_a_default_sweep_reports_the_displacement",)),
+    Trap("proxies_with_centred_rewards", EE + "probe/recipe.py",
+         "predictors = {**later.predictors, **u_proxy_entries(engine, U, advantages)}",
+         "predictors = {**later.predictors, **u_proxy_entries(engine, U, U.advantages.reshape(-1).tolist())}",
+         ("tests/test_entropy_proxies.py::test_probe_results_carry_the_proxies_of_its_own_U",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.
