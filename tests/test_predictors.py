@@ -221,14 +221,14 @@ def test_no_momentum_residual_is_paired_with_delta_h_on_the_same_e(tiny_model_di
     """no_momentum against ΔH(η₊)·lr/η₊ on one fixed E: the residual is the difference of the two numbers the run
     reports (the prediction from its pieces), and its one jackknife over E is narrower than √(SE_E² + SE(ΔH)²),
     the two E errors added as if independent, because both come from the same E."""
-    probe = make_probe(tiny_model_dir, prompts_file, {"batch_config": {"B_E": 32}, "importance": {"eta_list": [1e-3]}})
+    probe = make_probe(tiny_model_dir, prompts_file, {"batch_config": {"B_E": 32}, "importance": {"eta_list": [5e-4]}})
     results = _run(probe)[0]
     lr, entry = results["learning_rate"], results["predictors"]["no_momentum"]
     row = min((r for r in results["true"] if r["eta"] > 0), key=lambda r: r["eta"])
     measured, se_measured = row["deltaH_true"] * lr / row["eta"], row["se"] * lr / row["eta"]
     paired, unpaired = entry["residual"], math.hypot(entry["se_E"], se_measured)
     print(f"\nno_momentum residual {paired['value']:+.3g}: paired SE {paired['se']:.3g}, unpaired {unpaired:.3g}")
-    assert paired["eta"] == row["eta"]
+    assert paired["eta"] == row["eta"] and lr != row["eta"]  # (so that a residual left at unit lr shows)
     assert paired["value"] == pytest.approx(measured - entry["from_pieces"], rel=1e-6, abs=1e-12)
     assert paired["z"] == pytest.approx(paired["value"] / paired["se"])
     assert 0 < paired["se"] < unpaired
