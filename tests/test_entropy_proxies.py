@@ -135,11 +135,25 @@ def prompts_file(tmp_path_factory):
     return write_prompts(tmp_path_factory.mktemp("data") / "prompts.jsonl", SHORT_PROMPTS)
 
 
+def _group_scaled(rewards: list[list[float]], eps: float) -> list[float]:
+    """(r − mean_g r)/(std_g r + ε) per response, the std with Bessel's correction, written out."""
+    out = []
+    for group in rewards:
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / (len(group) - 1))
+        out += [(r - mean) / (std + eps) for r in group]
+    return out
+
+
 def test_probe_results_carry_the_proxies_of_its_own_U(tiny_model_dir, prompts_file):
-    probe = make_probe(tiny_model_dir, prompts_file, {})
+    """The proxies use the trainer objective's advantages (here TRL's: scaled by the group's std + ε)."""
+    probe = make_probe(tiny_model_dir, prompts_file, {"objective": {"trainer": "trl"}})
     results, _, U, _ = _run(probe)
     scores = score_sequences(probe.engine, U)
-    A = [float(a) for a, T in zip(U.advantages.reshape(-1), scores.token_logqs, strict=True) for _ in range(len(T))]
+    objective = results["update"]["objective"]
+    assert objective["scale_rewards"] == "group"
+    per_seq = _group_scaled([[float(r) for r in g] for g in U.rewards], objective["advantage_eps"])
+    A = [a for a, T in zip(per_seq, scores.token_logqs, strict=True) for _ in range(len(T))]
     logp = [float(x) for row in scores.token_logqs for x in row]
     H = [float(x) for row in scores.token_entropies for x in row]
     want = _loop_proxies(A, logp, H)

@@ -214,3 +214,24 @@ def test_no_momentum_warns_where_the_saved_second_moment_is_zero(tiny_model_dir,
     assert predictors["no_momentum"]["warning"].startswith(f"{params[0].numel()} of {total} trainable entries")
     assert "warning" not in predictors["sgd_same_norm"]
     assert math.isfinite(predictors["no_momentum"]["delta_h1"])
+
+
+@pytest.mark.e2e
+def test_no_momentum_residual_is_paired_with_delta_h_on_the_same_e(tiny_model_dir, prompts_file):
+    """no_momentum against ΔH(η₊)·lr/η₊ on one fixed E: the residual is the difference of the two numbers the run
+    reports (the prediction from its pieces), and its one jackknife over E is narrower than √(SE_E² + SE(ΔH)²),
+    the two E errors added as if independent, because both come from the same E."""
+    probe = make_probe(tiny_model_dir, prompts_file, {"batch_config": {"B_E": 32}, "importance": {"eta_list": [5e-4]}})
+    results = _run(probe)[0]
+    lr, entry = results["learning_rate"], results["predictors"]["no_momentum"]
+    row = min((r for r in results["true"] if r["eta"] > 0), key=lambda r: r["eta"])
+    measured, se_measured = row["deltaH_true"] * lr / row["eta"], row["se"] * lr / row["eta"]
+    paired, unpaired = entry["residual"], math.hypot(entry["se_E"], se_measured)
+    print(f"\nno_momentum residual {paired['value']:+.3g}: paired SE {paired['se']:.3g}, unpaired {unpaired:.3g}")
+    assert paired["eta"] == row["eta"] and lr != row["eta"]  # (so that a residual left at unit lr shows)
+    assert paired["value"] == pytest.approx(measured - entry["from_pieces"], rel=1e-6, abs=1e-12)
+    assert paired["z"] == pytest.approx(paired["value"] / paired["se"])
+    assert 0 < paired["se"] < unpaired
+    for name in ("sgd_same_norm", "direct_only"):  # the other predictors with pieces along their direction
+        other = results["predictors"][name]
+        assert 0 < other["residual"]["se"] < math.hypot(other["se_E"], se_measured), name

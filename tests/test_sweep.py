@@ -109,6 +109,10 @@ def test_rows_read_the_run_directories(swept):
         assert row["residual_z"] == true["residual"]["z"]
         assert set(row["predictors"]) == set(res.get("predictors") or {"adamw_step": 0})
         assert row["predictors"]["adamw_step"]["z_own"] == row["residual_z"]
+        paired = {n: e["residual"]["z"] for n, e in res["predictors"].items() if e.get("residual")}
+        assert {"sgd_same_norm", "direct_only"} <= set(paired)  # each its own one jackknife with ΔH
+        for name, z in paired.items():
+            assert row["predictors"][name]["z_own"] == z and row["predictors"][name]["z_own_paired"], name
     first = doc["realised"][0]
     assert first["dH_predicted"] == doc["rows"][0]["deltaH1"] and first["se_predicted"] == doc["rows"][0]["se_total"]
     se = math.sqrt(first["se"] ** 2 + first["se_predicted"] ** 2 + doc["rows"][0]["se_U"] ** 2)

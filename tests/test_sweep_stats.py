@@ -11,6 +11,7 @@ import pytest
 
 from entropy_experiments.estimators.jackknife import entropy_with_se
 from entropy_experiments.sweep.calibration import calibration
+from entropy_experiments.sweep.rows import interval_prediction
 from entropy_experiments.sweep.stats import (
     bootstrap_ci,
     fitted_scale,
@@ -35,7 +36,8 @@ def test_calibration_on_many_rows_matches_an_independent_implementation():
                  "sgd_same_norm": {"delta_h1": float(round(t * 300) / 300), "z_own": None},
                  "displacement": {"delta_h1": float(t + rng.normal(0, 2e-3)), "z_own": None},
                  "cui_npg": {"delta_h1": float(40 * t + rng.normal(0, 0.1)), "z_own": None}}  # scale-free
-        rows.append({"predictors": preds, "deltaH_true": {"scaled": float(t), "se_scaled": 4e-3 if i % 3 else None}})
+        rows.append({"predictors": preds, "lr": 1e-3 * (1 + i % 4),
+                     "deltaH_true": {"scaled": float(t), "se_scaled": 4e-3 if i % 3 else None}})
         realised.append({"dH_realised": float(t + rng.normal(0, 5e-3)), "se": float(rng.uniform(1e-3, 8e-3)),
                          "predictors": {k: {"dH_predicted": v["delta_h1"],
                                             "z": None if k == "cui_npg" else float(rng.normal(0, 1.5))}
@@ -216,3 +218,28 @@ def test_independent_residuals_against_written_out_jackknives():
         assert out[key].value == pytest.approx(h_to() - bracket()[j], rel=1e-12)
         assert out[key].se == pytest.approx(math.hypot(se_to, se_from), rel=1e-10)
 
+
+
+def test_a_proxy_scale_is_the_same_under_a_constant_and_a_decaying_lr():
+    """A synthetic sweep whose entropy changes are c·lr·proxy exactly (one interval spans two steps at the `from`
+    lr): with the lr multiplied in before the fit, the proxy's scale is c under a constant lr and under a
+    linear decay alike, and the correlation is exact; without it the decaying schedule would need another c."""
+    rng = np.random.default_rng(11)
+    proxy, c, n = rng.normal(0, 1, 10), 3.0, 10
+    scales = {}
+    for schedule, lrs in (("constant", [1e-2] * n), ("linear", [1e-2 * (1 - i / n) for i in range(n)])):
+        rows = [{"step": i, "lr": lr, "se_U": None,
+                 "predictors": {"cui_npg": {"delta_h1": float(x), "se": None, "z_own": None}},
+                 "deltaH_true": {"scaled": c * lr * float(x), "se_scaled": 1e-4}} for i, (x, lr) in
+                enumerate(zip(proxy, lrs))]
+        realised = []
+        for a, steps in zip(rows, [1] * (n - 1) + [2]):
+            want = c * steps * a["lr"] * a["predictors"]["cui_npg"]["delta_h1"]
+            realised.append({"dH_realised": want, "se": 1e-4, "predictors": interval_prediction(a, steps)})
+        cal = calibration(rows, realised)["cui_npg"]
+        for vs in ("own", "realised"):
+            scales[schedule, vs] = cal[vs]["loo_scale"]["scale"]
+            assert cal[vs]["pearson"]["r"] == pytest.approx(1.0, abs=1e-12)
+            assert cal[vs]["loo_scale"]["coverage"] == 1.0 and cal[vs]["predicted_as"].startswith(("lr", "Σ lr"))
+    for key, scale in scales.items():
+        assert scale == pytest.approx(c, rel=1e-9), key

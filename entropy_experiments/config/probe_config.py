@@ -56,6 +56,8 @@ HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
     # gen_batch_size is hashed as before (an explicit integer keeps its hash; the default "auto" is a new value,
     # so a default config's hash changes with its draws). The sampler's dtype and engine enter only when set.
     "generation": {"sampler_dtype": "auto", "sampler_engine": "generate"},
+    # on: next_checkpoint (null outside a sweep) decides; a sweep's per-checkpoint config differs anyway
+    "predictors": {"displacement": True},
 }
 
 

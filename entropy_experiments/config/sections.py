@@ -343,9 +343,11 @@ class SecondOrderSection(_Section):
 class PredictorsSection(_Section):
     """Competing predictors of the same step beside the AdamW step (README "Competing predictors").
     next_checkpoint: the checkpoint the run reached next; set, it adds the `displacement` predictor
-    δH_Δθ = X̂·(θ_next − θ) (README "Across a run"; the sweep sets it from the next swept checkpoint)."""
+    δH_Δθ = X̂·(θ_next − θ) (README "Across a run"; set by the sweep), also with `enabled` false unless
+    `displacement` is false (its ½·D²_Δθ H: a nested jvp over E, with second_order)."""
 
     enabled: bool = False  # one more forward + backward over E (direct_only) and a no-grad pass over U
+    displacement: bool = True
     next_checkpoint: str | None = None
 
 

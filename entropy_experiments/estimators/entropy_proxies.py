@@ -1,6 +1,7 @@
 """The field's per-token entropy proxies as competing predictors (docs/maths.md §13): scale-free, no optimizer.
 
-Each is computed on U, from every sampled response token t: its advantage A_t (the sequence's), the policy's
+Each is computed on U, from every sampled response token t: its advantage A_t (the sequence's, as the trainer
+objective forms it: objective.scale_rewards decides whether it is divided by a std), the policy's
 log-probability ℓ_t = log π(y_t) of the sampled token, and the entropy H_t of the policy's next-token
 distribution there (nats). Each models the update as a step of an unknown size η in LOGIT space, so it predicts
 ΔH up to that size: the value below is the predicted per-token entropy change per unit η ("scale-free"; the
@@ -121,8 +122,10 @@ def proxy_entries(table: TokenTable) -> dict[str, dict]:
                    "n_tokens": int(table.logp.size)} for name, fn in PROXIES.items()}
 
 
-def u_proxy_entries(engine, U) -> dict[str, dict]:
-    """One no-grad teacher-forcing pass over U at θ (ℓ and H per token), then `proxy_entries` with U's
-    advantages (the batch's A = r − mean_g r, one per sequence)."""
+def u_proxy_entries(engine, U, advantages: Sequence[float]) -> dict[str, dict]:
+    """One no-grad teacher-forcing pass over U at θ (ℓ and H per token), then `proxy_entries` with `advantages`,
+    one per U sequence in batch order: the caller passes the trainer objective's A (objective.scale_rewards:
+    r − mean_g r, or that over the group's or the batch's std + ε), the advantage the trainer's policy gradient
+    multiplies, as verl's clip_cov does with its GRPO advantages."""
     scores = score_sequences(engine, U)
-    return proxy_entries(token_table(U.advantages.reshape(-1).tolist(), scores.token_logqs, scores.token_entropies))
+    return proxy_entries(token_table(list(advantages), scores.token_logqs, scores.token_entropies))

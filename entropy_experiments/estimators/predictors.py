@@ -15,7 +15,10 @@ Each predicts the entropy change of one step of the run's lr, from the X̂ and U
 Units: nats per token (per_token) or per sequence (per_sequence), for a step of lr. Error bars as δH₁'s
 (docs/maths.md §6): SE_E = delete-one jackknife over E units of the pieces along the predictor's own direction
 (direct_only: d_i = D_v h_i), SE_U = jackknife over U groups with the direction rebuilt without each group
-(direct_only: X_H·v₍₋k₎), SE = √(SE_E² + SE_U²). `measured_over_predicted` = (ΔH(η₊)·lr/η₊) / prediction (`ratio_to_measured` its inverse), η₊ the
+(direct_only: X_H·v₍₋k₎), SE = √(SE_E² + SE_U²). `residual` {value, se, z, eta} = ΔH(η₊)·lr/η₊ − the prediction
+with ONE delete-one jackknife over the E units (estimators/paired.py, as the probe's own residual along v): both
+come from the same E, so their E errors are correlated and adding SE_E² and SE(ΔH)² would miss it; the U error
+is left out (the ΔH along v shares it only in part). `measured_over_predicted` = (ΔH(η₊)·lr/η₊) / prediction (`ratio_to_measured` its inverse), η₊ the
 smallest positive η of the ΔH measurement (the most linear one) — the measured change along v scaled to lr.
 """
 
@@ -33,6 +36,7 @@ from ..registry import registrar
 from ..tensors import NamedTensors
 from . import jackknife
 from .adam_state import adam_state_by_name, hyper_by_name
+from .paired import paired_residual, residual_entry
 from .update_direction import named_dot, named_norm, preconditioned_gradient_direction
 
 NAN = float("nan")
@@ -88,6 +92,38 @@ def zero_second_moment_caveat(grads: NamedTensors, exp_avg_sq: NamedTensors) -> 
 
 
 # ----------------------------------------------------------------------------- the estimates
+@dataclass(frozen=True)
+class PairedTruth:
+    """ΔH at the smallest positive η₊ per E sequence, for the predictors' paired residuals: log-weights and
+    entropies at θ + η₊·v, entropies and lengths at θ, the E units, the sampler weights (None: none)."""
+
+    eta: float
+    logw: Any
+    h_new: Any
+    h: Any
+    T: Any
+    units: Any
+    sampler_weights: Any
+    normalize: str
+
+    @classmethod
+    def of(cls, truth, scores, sampler_weights, normalize: str) -> PairedTruth | None:
+        """From the probe's ΔH measurement (delta_h.DeltaH); None without a positive η measured per sequence."""
+        etas = [row["eta"] for row in truth.rows if row["eta"] > 0 and row["eta"] in truth.per_sequence]
+        if not etas or truth.h is None:
+            return None
+        per = truth.per_sequence[min(etas)]
+        return cls(min(etas), per["logw"], per["h_new"], truth.h, truth.T, scores.unit_of_sequence,
+                   sampler_weights, normalize)
+
+    def residual(self, pieces: tuple[Tensor, Tensor], learning_rate: float) -> dict:
+        """{value, se, z, eta}: ΔH(η₊)·lr/η₊ − lr·D_v'H from the pieces along v', one jackknife over E units."""
+        est = paired_residual(self.logw, self.h_new, self.h, self.T, pieces[0], pieces[1], self.eta,
+                              normalize=self.normalize, units=self.units, sampler_weights=self.sampler_weights)
+        entry, scale = residual_entry(est), learning_rate / self.eta
+        return {"value": entry["value"] * scale, "se": entry["se"] * scale, "z": entry["z"], "eta": self.eta}
+
+
 def estimate_entry(value: float, se_E: float, se_U: float, from_pieces: float | None = None) -> dict:
     """{delta_h1, se, se_E, se_U, from_pieces} of one predictor; se combines the available sides (NaN if none)."""
     sides = [s for s in (se_E, se_U) if math.isfinite(s)]
@@ -103,9 +139,10 @@ def unavailable_entry(reason: str) -> dict:
 
 def direction_estimate(X: NamedTensors, direction: NamedTensors, pieces: tuple[Tensor, Tensor] | None, scores,
                        learning_rate: float, loo_directions: list[NamedTensors], *, normalize: str,
-                       sampler_weights: Tensor | None = None) -> dict:
+                       sampler_weights: Tensor | None = None, paired: PairedTruth | None = None) -> dict:
     """lr·X̂·v' with SE_E from the pieces (a', r') along v' (None: NaN) and SE_U over the rebuilt v'₍₋k₎;
-    `sampler_weights` s [N]: the sampler correction's weights of the E sums (docs/maths.md §12; None: none)."""
+    `sampler_weights` s [N]: the sampler correction's weights of the E sums (docs/maths.md §12; None: none);
+    with `paired` and the pieces, also its paired `residual` against ΔH(η₊)·lr/η₊."""
     value = learning_rate * named_dot(X, direction)
     se_E = from_pieces = NAN
     if pieces is not None:
@@ -113,17 +150,20 @@ def direction_estimate(X: NamedTensors, direction: NamedTensors, pieces: tuple[T
                                            scores.unit_of_sequence, normalize=normalize, learning_rate=learning_rate,
                                            sampler_weights=sampler_weights)
     se_U = jackknife.se_U(X, loo_directions, learning_rate=learning_rate)[0] if len(loo_directions) >= 2 else NAN
-    return estimate_entry(value, se_E, se_U, from_pieces)
+    entry = estimate_entry(value, se_E, se_U, from_pieces)
+    if paired is not None and pieces is not None:
+        entry["residual"] = paired.residual(pieces, learning_rate)
+    return entry
 
 
 def direct_only_estimate(X_H: NamedTensors, d: Tensor | None, scores, learning_rate: float, v: NamedTensors,
                          loo_directions: list[NamedTensors], *, normalize: str,
-                         sampler_weights: Tensor | None = None) -> dict:
+                         sampler_weights: Tensor | None = None, paired: PairedTruth | None = None) -> dict:
     """lr·X_H·v (X_H = ∇Σ H / D, with the sampler weights: ∇Σ s H / Σ s d) with SE_E from d_i = D_v h_i
     (None: NaN) and SE_U over X_H·v₍₋k₎."""
     pieces = None if d is None else (d, torch.zeros_like(d))   # r ≡ 0: the −Ĥ·R term is left out
     return direction_estimate(X_H, v, pieces, scores, learning_rate, loo_directions, normalize=normalize,
-                              sampler_weights=sampler_weights)
+                              sampler_weights=sampler_weights, paired=paired)
 
 
 def measured_reference(true_rows: list[dict], learning_rate: float) -> dict | None:

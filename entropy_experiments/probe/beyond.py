@@ -38,6 +38,7 @@ from ..estimators.entropy_gradient import e_microbatches, entropy_only_gradient_
 from ..estimators.error_bars import ErrorBars, paired_residuals
 from ..estimators.jackknife import Estimate
 from ..estimators.predictors import (
+    PairedTruth,
     direct_only_estimate,
     direction_estimate,
     estimate_entry,
@@ -249,7 +250,7 @@ def weighted_normalizer(res: DeltaH1Result, normalize: str) -> float:
 
 
 def direct_only_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
-                      dist: DistContext = SINGLE) -> dict:
+                      dist: DistContext = SINGLE, paired: PairedTruth | None = None) -> dict:
     """The `direct_only` predictor: one forward + backward of Σ H over E (this rank's microbatches, summed over
     ranks) → X_H = ∇ΣH/D, with d_i = D_v h_i from the same backward (hooks) or from the jvp scores."""
     options = config.entropy_options()
@@ -267,24 +268,30 @@ def direct_only_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH
     X_H = {n: (t / weighted_normalizer(res, config.estimator.normalize)).float() for n, t in X_H.items()}
     return direct_only_estimate(X_H, d if res.pieces_method else None, res.scores, res.learning_rate, res.v,
                                 bars.loo_directions, normalize=config.estimator.normalize,
-                                sampler_weights=res.sampler_weights)
+                                sampler_weights=res.sampler_weights, paired=paired)
 
 
 def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
                      truth: DeltaH, dist: DistContext = SINGLE) -> tuple[dict | None, dict[str, dict]]:
     """results.json `predictors`: {name: {delta_h1, se, se_E, se_U, from_pieces, ratio_to_measured}} (None: off),
-    and the extra per-sequence columns of the predictors that have them ({name: {column: [N]}})."""
+    and the extra per-sequence columns of the predictors that have them ({name: {column: [N]}}). With
+    predictors.enabled false, the displacement alone where there is one (predictors.displacement)."""
     if not config.predictors.enabled:
-        return None, {}
+        if policy.displacement is None:
+            return None, {}
+        entry, extra = displacement_predictor(config, policy, E, res, dist)
+        return with_ratios({"displacement": entry}, measured_reference(truth.rows, res.learning_rate)), \
+            {"displacement": extra}
     lr, normalize = res.learning_rate, config.estimator.normalize
     out = {config.estimator.update_direction: estimate_entry(res.delta_h1, bars.se["E"], bars.se["U"],
                                                              bars.consistency.get("deltaH1_from_pieces"))}
     fns = predictor_direction_fns(config.step_options(), policy)
+    paired = PairedTruth.of(truth, res.scores, res.sampler_weights, normalize)  # one jackknife with ΔH (§11)
     for name, v_pred in res.predictor_directions.items():
         loo = jackknife.leave_one_group_out_directions(fns[name], res.u_gradients) if bars.loo_directions else []
         out[name] = direction_estimate(res.X_hat, v_pred, res.predictor_pieces.get(name), res.scores, lr, loo,
-                                       normalize=normalize, sampler_weights=res.sampler_weights)
-    out["direct_only"] = direct_only_phase(config, policy, E, res, bars, dist)
+                                       normalize=normalize, sampler_weights=res.sampler_weights, paired=paired)
+    out["direct_only"] = direct_only_phase(config, policy, E, res, bars, dist, paired)
     extra = {}
     if policy.displacement is not None:
         entry, extra["displacement"] = displacement_predictor(config, policy, E, res, dist)

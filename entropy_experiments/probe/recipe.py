@@ -122,9 +122,9 @@ def load_displacement(config: ProbeConfig, policy: Policy, notes: WarningLog) ->
     path = config.predictors.next_checkpoint
     if path is None:
         return None
-    if not config.predictors.enabled:
-        raise ConfigError(f"{NEXT_CHECKPOINT_KEY} is set but predictors.enabled is false: the displacement "
-                          "predictor is one of the predictors")
+    if not (config.predictors.enabled or config.predictors.displacement):
+        raise ConfigError(f"{NEXT_CHECKPOINT_KEY} is set but predictors.displacement and predictors.enabled are "
+                          "both false: the displacement predictor is off")
     t = policy.trainable
     delta = displacement_to(t.model, path, list(t.names), list(t.params))
     if named_norm(delta) == 0:
@@ -246,13 +246,15 @@ def record_later(later: BeyondFirstOrder, timing: dict[str, float], notes: Warni
         notes.warn(later.second_order["warning"])
 
 
-def with_proxies(later: BeyondFirstOrder, engine: PolicyEngine, U: Batch, timing: dict[str, float]) -> BeyondFirstOrder:
-    """`later` with the field's proxies beside its predictors (none without predictors): one no-grad pass over U,
-    timed with the predictors."""
-    if later.predictors is None:
+def with_proxies(config: ProbeConfig, later: BeyondFirstOrder, engine: PolicyEngine, U: Batch,
+                 timing: dict[str, float]) -> BeyondFirstOrder:
+    """`later` with the field's proxies beside its predictors (none without predictors.enabled): one no-grad pass
+    over U with the trainer objective's advantages, timed with the predictors."""
+    if later.predictors is None or not config.predictors.enabled:
         return later
     t0 = time.perf_counter()
-    predictors = {**later.predictors, **u_proxy_entries(engine, U)}
+    advantages = [t.advantage for row in u_terms(U, config.objective_options()) for t in row]
+    predictors = {**later.predictors, **u_proxy_entries(engine, U, advantages)}
     timing["predictors"] += time.perf_counter() - t0
     return replace(later, predictors=predictors)
 
@@ -300,7 +302,7 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     later = beyond_first_order_phase(work, policy, E, res, bars, dist, estimates.truth,
                                      None if along_v.sums is None else (along_v.sums, along_v.seconds))
     record_later(later, timing, notes)
-    later = with_proxies(later, policy.engine, U, timing)
+    later = with_proxies(config, later, policy.engine, U, timing)
     attribution, e_tokens, timing["attribution"] = timed_attribution(work, policy, E, U, res, bars, along_v,
                                                                      later.truth)
     timing["total"] = time.perf_counter() - t_start

@@ -7,16 +7,22 @@ Two comparisons per predictor (names as in results.json `predictors`; `adamw_ste
 * `realised`: over the `realised` rows, dH_predicted against dH_realised = H(to) − H(from), with the row's z.
 
 Each: n, sign agreement (over all pairs, and `sign_agreement_resolved` over the `n_resolved` pairs whose measured
-value is resolved, |measured| > 2·SE), Pearson and Spearman r with 95 % percentile-bootstrap intervals (pairs that
-share a checkpoint share its E: the bootstrap over pairs is approximate), coverage (the fraction of finite z with
+value is resolved, |measured| > 2·SE), Pearson and Spearman r with 95 % percentile-bootstrap intervals (`ci95`;
+pairs that share a checkpoint share its E: the bootstrap over pairs is approximate, and with few pairs too narrow)
+and 95 % Fisher-z intervals (`ci95_fisher`, from n alone: wider with few pairs, independence still assumed), coverage (the fraction of finite z with
 |z| < 1.96, i.e. of ±1.96·SE intervals that cover the measured value, with the number of finite z) and the median
 of predicted / measured, and `rms_z` = √(mean z²) over the finite z (1 for honest error bars). The `displacement`
 predictor comes first; its realised z is the first-order residual's.
 
 The scale-free entropy proxies (estimators/entropy_proxies.py: `scale_free: true` in results.json) have no SE and
-no scale, so no z: they carry `loo_scale` instead — {scale: the one scale c fitted on all pairs (weighted least
-squares of measured on c·proxy through 0, weights 1/SE² of the measured value), coverage and rms_z of z_i =
-(c₍₋ᵢ₎·proxy_i − measured_i)/SE_i with c₍₋ᵢ₎ fitted without pair i, n: the number of finite z_i}.
+no scale, so no z. A proxy is a change per unit logit step, and the realised change scales with the lr, so each
+pair's proxy is first multiplied by the lr of the step(s) it predicts (`predicted_as` says so): own, the
+checkpoint's lr × proxy; realised, the interval's Σ lr × proxy (steps × the `from` checkpoint's lr, as the
+predictors' K·δH₁) — one scale then fits a warm-up or a decaying schedule. Every number of the comparison (sign,
+r, the scale) uses that product. They carry `loo_scale` instead of a z — {scale: the one scale c fitted on all
+pairs (weighted least squares of measured on c·lr·proxy through 0, weights 1/SE² of the measured value), coverage
+and rms_z of z_i = (c₍₋ᵢ₎·lr_i·proxy_i − measured_i)/SE_i with c₍₋ᵢ₎ fitted without pair i, n: the number of
+finite z_i}.
 
 `decomposition` (sweep.json): the coverage of the realised intervals' first-order, second-order and U-noise z
 (sweep/decomposition.py).
@@ -30,6 +36,7 @@ from ..estimators.entropy_proxies import PROXIES
 from .stats import (
     bootstrap_ci,
     coverage,
+    fisher_ci,
     fitted_scale,
     loo_scale_z,
     median_ratio,
@@ -39,7 +46,10 @@ from .stats import (
     spearman,
 )
 
-__all__ = ["calibration", "decomposition_coverage", "metrics"]
+__all__ = ["LR_SCALED", "calibration", "decomposition_coverage", "metrics"]
+
+# sweep.json `calibration.<proxy>.<vs>.predicted_as`: what the proxy's numbers were turned into before comparing
+LR_SCALED = {"own": "lr × proxy", "realised": "Σ lr over the interval's steps × proxy"}
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -71,8 +81,10 @@ def metrics(predicted: list[float], measured: list[float], z: list[float | None]
                                                                      [measured[i] for i in resolved]))}
     for name, fn in (("pearson", pearson), ("spearman", spearman)):
         lo, hi = bootstrap_ci(predicted, measured, fn)
-        out[name] = {"r": _finite_or_none(fn(predicted, measured)),
-                     "ci95": [_finite_or_none(lo), _finite_or_none(hi)]}
+        r = fn(predicted, measured)
+        f_lo, f_hi = fisher_ci(r, len(predicted), rank=name == "spearman")
+        out[name] = {"r": _finite_or_none(r), "ci95": [_finite_or_none(lo), _finite_or_none(hi)],
+                     "ci95_fisher": [_finite_or_none(f_lo), _finite_or_none(f_hi)]}
     out["coverage"] = {"value": _finite_or_none(coverage(zs)), "n": sum(1 for v in zs if math.isfinite(v))}
     out["rms_z"] = _finite_or_none(rms(zs))
     out["median_ratio"] = _finite_or_none(median_ratio(predicted, measured))
@@ -87,7 +99,7 @@ def _own_pairs(rows: list[dict], name: str) -> tuple[list, list, list, list]:
         pred, true = row["predictors"].get(name), row["deltaH_true"]
         if pred is None or true is None or pred["delta_h1"] is None or true["scaled"] is None:
             continue
-        xs.append(pred["delta_h1"])
+        xs.append(pred["delta_h1"] * (row["lr"] if name in PROXIES else 1.0))  # realised: rows.interval_prediction
         ys.append(true["scaled"])
         zs.append(pred["z_own"])
         ses.append(true["se_scaled"])
@@ -113,9 +125,13 @@ def calibration(rows: list[dict], realised: list[dict]) -> dict:
     for row in rows:
         names += [n for n in row["predictors"] if n not in names]
     names.sort(key=lambda n: n != "displacement")  # stable: the displacement first, the others as found
-    return {name: {"own": metrics(*_own_pairs(rows, name), scale_free=name in PROXIES),
-                   "realised": metrics(*_realised_pairs(realised, name), scale_free=name in PROXIES)}
-            for name in names}
+    out = {name: {"own": metrics(*_own_pairs(rows, name), scale_free=name in PROXIES),
+                  "realised": metrics(*_realised_pairs(realised, name), scale_free=name in PROXIES)}
+           for name in names}
+    for name in set(names) & set(PROXIES):
+        for vs, said in LR_SCALED.items():
+            out[name][vs]["predicted_as"] = said
+    return out
 
 
 def decomposition_coverage(realised: list[dict]) -> dict:

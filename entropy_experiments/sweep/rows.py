@@ -18,13 +18,14 @@ import numpy as np
 from ..checkpoint.rollouts import NUM_ITERATIONS_KEY
 from ..checkpoint.trainer_batch import recorded_trainer_batch
 from ..errors import OutputError
+from ..estimators.entropy_proxies import PROXIES
 from ..estimators.jackknife import entropy_with_se
 from ..report.run_dir import PER_SEQUENCE_FILE
 from .decomposition import interval_decomposition
 from .discovery import SweepCheckpoint
 from .realised import interval_realised_change
 
-__all__ = ["ENTROPY_ONLY_FILE", "CheckpointRun", "checkpoint_row", "read_run", "realised_rows"]
+__all__ = ["ENTROPY_ONLY_FILE", "CheckpointRun", "checkpoint_row", "interval_prediction", "read_run", "realised_rows"]
 
 ENTROPY_ONLY_FILE = "entropy_only.json"
 RESULTS_FILE = "results.json"
@@ -111,13 +112,15 @@ def _num(x) -> float | None:
 
 
 def predictors_of(results: dict) -> dict[str, dict]:
-    """{name: {delta_h1, se, se_E, se_U}} from results.json `predictors`, or adamw_step = (deltaH1, se) alone."""
-    found = results.get("predictors")
-    if not found:
+    """{name: {delta_h1, se, se_E, se_U, residual_z}} from results.json `predictors` (residual_z: the z of the
+    predictor's paired residual against ΔH, None where it has none), or adamw_step = (deltaH1, se) alone."""
+    found = dict(results.get("predictors") or {})
+    if not set(found) - {"displacement"}:  # predictors off: the probe's δH₁ (and the displacement if measured)
         se = results.get("se") or {}
-        found = {"adamw_step": {"delta_h1": results.get("deltaH1"), "se": se.get("total"), "se_E": se.get("E"),
-                                "se_U": se.get("U")}}
-    return {name: {k: _num(p.get(k)) for k in ("delta_h1", "se", "se_E", "se_U")} for name, p in found.items()}
+        found["adamw_step"] = {"delta_h1": results.get("deltaH1"), "se": se.get("total"), "se_E": se.get("E"),
+                               "se_U": se.get("U")}
+    return {name: {**{k: _num(p.get(k)) for k in ("delta_h1", "se", "se_E", "se_U")},
+                   "residual_z": _num((p.get("residual") or {}).get("z"))} for name, p in found.items()}
 
 
 @dataclass(frozen=True)
@@ -151,15 +154,21 @@ def _z(diff: float | None, *ses: float | None) -> float | None:
 
 
 def _with_z_own(preds: dict[str, dict], truth: SmallestEtaTruth | None, residual_z: float | None) -> dict[str, dict]:
-    """Each predictor's z against ΔH(η)·lr/η: adamw_step's is the paired residual z (same E, same v); the
-    others' (δ − ΔH·lr/η)/√(SE_E² + SE(ΔH·lr/η)²), their U error shared with ΔH's and left out."""
+    """Each predictor's z against ΔH(η)·lr/η, measured − predicted: adamw_step's is the probe's paired residual z
+    (same E, same v), the others' their own paired residual's (one jackknife over E with ΔH, results.json
+    `predictors.<name>.residual`) where the run has it (`z_own_paired` true); else (δ − ΔH·lr/η) over
+    √(SE_E² + SE(ΔH·lr/η)²), the two E errors taken as independent (too wide when they are correlated). The U
+    error, shared with ΔH's in part, is left out of both."""
     for name, p in preds.items():
+        paired = residual_z if name == "adamw_step" else p["residual_z"]
+        del p["residual_z"]
+        p["z_own"], p["z_own_paired"] = None, paired is not None
         if truth is None:
-            p["z_own"] = None
-        elif name == "adamw_step" and residual_z is not None:
-            p["z_own"] = residual_z
+            p["z_own_paired"] = False
+        elif paired is not None:
+            p["z_own"] = paired
         else:
-            diff = None if p["delta_h1"] is None else p["delta_h1"] - truth.scaled
+            diff = None if p["delta_h1"] is None else truth.scaled - p["delta_h1"]
             p["z_own"] = _z(diff, p["se_E"], truth.se_scaled)
     return preds
 
@@ -193,15 +202,18 @@ def checkpoint_row(ck: SweepCheckpoint, run: CheckpointRun, normalize: str, swee
             "predictors": _with_z_own(predictors_of(res), truth, residual_z), "no_prediction": None}
 
 
-def _prediction(row_from: dict, steps: int) -> dict[str, dict]:
+def interval_prediction(row_from: dict, steps: int) -> dict[str, dict]:
     """Per predictor: the prediction of a change over `steps` training steps from `row_from`'s δH₁ (times
-    `steps`: δH₁ held constant over steps that have no probe), its SE, and z against the realised change."""
+    `steps`: δH₁ held constant over steps that have no probe), its SE, and z against the realised change. A
+    scale-free proxy (a change per unit logit step) is multiplied by the lr of those steps as well (Σ lr =
+    steps × the `from` lr), so that one fitted scale can hold across a schedule (calibration.py)."""
     se_batch = None if row_from["se_U"] is None else row_from["se_U"] * math.sqrt(steps)
     out = {}
     for name, p in row_from["predictors"].items():
         if name == "displacement":  # a change over the interval already (Δθ spans its steps): realised_rows
             continue
-        pred = None if p["delta_h1"] is None else steps * p["delta_h1"]
+        per_step = 1.0 if name not in PROXIES else row_from["lr"]
+        pred = None if p["delta_h1"] is None else steps * per_step * p["delta_h1"]
         se_pred = None if p["se"] is None else steps * p["se"]
         out[name] = {"dH_predicted": pred, "se": se_pred, "se_batch": se_batch, "z": None}
     return out
@@ -223,7 +235,7 @@ def realised_rows(rows: list[dict], runs: list[CheckpointRun], normalize: str,
         warnings += said
         steps = b["step"] - a["step"]
         real, se_real = change["dH_realised"], change["se"]
-        preds = _prediction(a, steps)
+        preds = interval_prediction(a, steps)
         for p in preds.values():
             p["z"] = _z(None if p["dH_predicted"] is None or real is None else real - p["dH_predicted"],
                         se_real, p["se"], p["se_batch"])

@@ -42,10 +42,12 @@ UNITS = {"per_token": "nats per token", "per_sequence": "nats per sequence"}
 
 
 def checkpoint_config(config: ProbeConfig, ck: SweepCheckpoint, next_ck: SweepCheckpoint | None = None) -> ProbeConfig:
-    """The sweep's config for one checkpoint: checkpoint.checkpoint_path = its directory and, when predictors
-    are on, predictors.next_checkpoint = the next swept checkpoint's (the displacement predictor)."""
+    """The sweep's config for one checkpoint: checkpoint.checkpoint_path = its directory and, unless
+    predictors.displacement and predictors.enabled are both off, predictors.next_checkpoint = the next swept
+    checkpoint's (the displacement predictor)."""
     ckpt = config.checkpoint.model_copy(update={"checkpoint_path": str(ck.path.resolve())})
-    nxt = str(next_ck.path.resolve()) if next_ck is not None and config.predictors.enabled else None
+    wanted = config.predictors.enabled or config.predictors.displacement
+    nxt = str(next_ck.path.resolve()) if next_ck is not None and wanted else None
     predictors = config.predictors.model_copy(update={"next_checkpoint": nxt})
     return config.model_copy(update={"checkpoint": ckpt, "predictors": predictors})
 
@@ -63,9 +65,13 @@ def _announce(config: ProbeConfig, chosen: list[SweepCheckpoint], found: int, ev
     if config.checkpoint.checkpoint_path is not None:
         logger.info("sweep: the config's checkpoint.checkpoint_path %s is not used (each checkpoint sets its own)",
                     config.checkpoint.checkpoint_path)
-    if not config.predictors.enabled:
-        logger.info("sweep: predictors.enabled is false (the default), so no interval gets the displacement "
-                    "predictor, its decomposition or the field's proxies; set predictors.enabled: true for them")
+    if not (config.predictors.enabled or config.predictors.displacement):
+        logger.info("sweep: predictors.displacement and predictors.enabled are false, so no interval gets the "
+                    "displacement predictor or its decomposition")
+    elif not config.predictors.enabled:
+        logger.info("sweep: predictors.enabled is false (the default): the displacement predictor and its "
+                    "decomposition only; set predictors.enabled: true for the competing predictors and the "
+                    "field's proxies")
     if config.learning_rate is not None:
         logger.warning("sweep: learning_rate = %g is set, so every checkpoint's δH₁ uses it, not the lr its "
                        "optimizer saved (the lr of its next step)", config.learning_rate)

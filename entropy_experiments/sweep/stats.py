@@ -8,8 +8,8 @@ prompt drawn from the pool with its response(s), the probe's own unit (`prompt_i
 - `entropy_with_se` (estimators/jackknife.py): Ĥ = Σh/Σd and its delete-one jackknife SE over the units.
 - `paired_difference`: Ĥ(to) − Ĥ(from) on two E batches, with the jackknife over the units of either batch,
   the difference of the two ratios recomputed in every replicate (paired where a unit is in both).
-- `pearson`, `spearman` (Pearson of average ranks), `bootstrap_ci` (percentile bootstrap over rows), and
-  the calibration summaries `sign_agreement`, `coverage`, `rms`, `median_ratio`;
+- `pearson`, `spearman` (Pearson of average ranks), `bootstrap_ci` (percentile bootstrap over rows),
+  `fisher_ci` (the Fisher-z interval of a correlation from n alone), and the calibration summaries `sign_agreement`, `coverage`, `rms`, `median_ratio`;
 - `fitted_scale`, `loo_scale_z`: for a scale-free predictor x (no units of its own), the one scale c that
   best maps it onto the measured y (weighted least squares through 0, weights 1/SE²), and the z of each pair
   under the scale fitted without it.
@@ -18,6 +18,7 @@ prompt drawn from the pool with its response(s), the probe's own unit (`prompt_i
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
@@ -26,7 +27,7 @@ from ..estimators.jackknife import as_float64
 from ..estimators.realised_change import paired_change_replicates
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "PairedDifference", "bootstrap_ci", "coverage",
-           "fitted_scale", "loo_scale_z", "median_ratio", "paired_difference", "pearson",
+           "fisher_ci", "fitted_scale", "loo_scale_z", "median_ratio", "paired_difference", "pearson",
            "rank_average", "rms", "sign_agreement", "spearman"]
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -110,6 +111,20 @@ def bootstrap_ci(x: Sequence[float], y: Sequence[float], statistic: Callable[[np
         return float("nan"), float("nan")
     lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
+
+
+def fisher_ci(r: float, n: int, *, rank: bool = False, level: float = 0.95) -> tuple[float, float]:
+    """Fisher-z interval of a correlation r over n pairs: tanh(atanh r ± z_q·s), s = 1/√(n − 3) for Pearson and
+    √(1.06/(n − 3)) for Spearman (`rank`; Fieller, Hartley & Pearson 1957). It assumes independent pairs drawn
+    from a bivariate normal; unlike the bootstrap it widens with few pairs as it should. (NaN, NaN) when
+    n < 4 or r is not finite; r = ±1 gives the point."""
+    if n < 4 or not np.isfinite(r):
+        return float("nan"), float("nan")
+    q = NormalDist().inv_cdf((1 + level) / 2)
+    s = float(np.sqrt((1.06 if rank else 1.0) / (n - 3)))
+    with np.errstate(divide="ignore"):
+        centre = float(np.arctanh(np.clip(r, -1.0, 1.0)))
+    return float(np.tanh(centre - q * s)), float(np.tanh(centre + q * s))
 
 
 def sign_agreement(predicted: Sequence[float], measured: Sequence[float]) -> float:
