@@ -47,6 +47,14 @@ def trl_settings(arm: str, target: float, tuned_delta: float) -> dict:
                                      "entropy_coef_delta": delta}
 
 
+def quiet(trainer) -> None:
+    """No per-step log dicts on the console (the summary lines are the output)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for callback in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(callback)
+
+
 def toy_arm(arm: str, model_dir: Path, out: Path, args, seed: int, H0: float) -> dict:
     """One arm in the enumerable world: its exact H and R per step, rows, wall time."""
     from entropy_experiments.integrations.autopilot import EntropyAutopilot
@@ -54,7 +62,8 @@ def toy_arm(arm: str, model_dir: Path, out: Path, args, seed: int, H0: float) ->
 
     trainer, meter = world_trainer(model_dir, out, steps=args.steps, lr=args.lr, seed=seed,
                                    **trl_settings(arm, H0, args.tuned_delta))
-    pilot = EntropyAutopilot(trainer, target="initial", seed=seed) if arm == "autopilot" else None
+    quiet(trainer)
+    pilot = EntropyAutopilot(trainer, target="initial", seed=seed, **args.options) if arm == "autopilot" else None
     if pilot is not None:
         trainer.add_callback(pilot)
     t0 = time.perf_counter()
@@ -83,7 +92,9 @@ def embedded_arm(arm: str, model_dir: Path, out: Path, args, seed: int, H0: floa
     from entropy_experiments.integrations.trl_callback import EntropyProbeCallback
 
     trainer = embedded_trainer(model_dir, out, args.steps, args.lr, seed, **trl_settings(arm, H0, args.tuned_delta))
-    probe = (EntropyAutopilot(trainer, target="initial", seed=seed, B_E=EMBEDDED["B_E"]) if arm == "autopilot" else
+    quiet(trainer)
+    probe = (EntropyAutopilot(trainer, target="initial", seed=seed, **{"B_E": EMBEDDED["B_E"], **args.options})
+             if arm == "autopilot" else
              EntropyProbeCallback(trainer, every=1, predict="trainer_step", seed=seed, B_E=EMBEDDED["B_E"]))
     trainer.add_callback(probe)
     t0 = time.perf_counter()
@@ -196,6 +207,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tuned-delta", type=float, default=0.05)
     parser.add_argument("--plot", default="")
     parser.add_argument("--json", default="", help="write every run (paths, rows) here")
+    parser.add_argument("--options", type=json.loads, default={},
+                        help='the autopilot\'s keywords as JSON, e.g. \'{"budget": 0.05}\' (default: its defaults)')
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

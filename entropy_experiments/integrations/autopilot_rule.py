@@ -12,7 +12,8 @@ m·(δ + κ·e):
                 and m returns toward 1 (at most the rate limit per step). This is the law's resting state: a
                 run without an entropy problem is never slowed, whatever noise the predictions carry.
     wanted      w = δ + gain·x (the share `gain` of the excess closed this step), never below −max_drop
-    candidates  m ∈ {the resting m, the lr-only m}; at each, κ by the shrunk ratio below, |κ| ≤ max_term
+    candidates  m ∈ {the resting m, the lr-only m}, each with κ = 0 and with κ by the shrunk ratio below
+                (|κ| ≤ max_term)
     lr-only m   m_r + (w − m_r·δ)·δ / (δ² + s²), m_r the resting m: the change of m that would reach w, shrunk
                 toward no change where δ is noise — a noisy δ can never ask for m = 0, and a δ within its noise
                 asks for almost no lr change at all; then the rate limit (m_prev/max_rate … m_prev·max_rate)
@@ -144,11 +145,11 @@ def decide(rule: AutopilotRule, *, step: Estimate, gap: Estimate, previous: floa
     lr_only, lr_limit = limited_multiplier(rule, resting + shrunk_ratio(wanted - resting * step.value, step), previous)
     candidates = []
     for m, m_limit in dict.fromkeys([(resting, rest_limit), (lr_only, lr_limit)]):
-        kappa, k_limit = term_at(rule, m, wanted, step, term)
-        predicted = m * (step.value + kappa * (term.value if term is not None else 0.0))
-        limits = [x for x in (m_limit, k_limit) if x != NO_LIMIT]
-        noise = step.se ** 2 + (kappa * term.se) ** 2 if term is not None else step.se ** 2
-        candidates.append(((wanted - predicted) ** 2 + noise, m, kappa, predicted, limits))
+        for kappa, k_limit in dict.fromkeys([term_at(rule, m, wanted, step, term), (0.0, NO_LIMIT)]):
+            predicted = m * (step.value + kappa * (term.value if term is not None else 0.0))
+            limits = [x for x in (m_limit, k_limit) if x != NO_LIMIT]
+            noise = step.se ** 2 + (kappa * term.se) ** 2 if term is not None else step.se ** 2
+            candidates.append(((wanted - predicted) ** 2 + noise, m, kappa, predicted, limits))
     best = min(c[0] for c in candidates) + 0.1 * step.se ** 2  # closer than the noise can tell: a tie
     _, m, kappa, predicted, limits = min((c for c in candidates if c[0] <= best), key=lambda c: (-c[1], abs(c[2])))
     if rule.max_drop is not None and predicted < -rule.max_drop * (1 + 1e-12):
