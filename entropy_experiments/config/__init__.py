@@ -33,6 +33,7 @@ from .sections import (
     SecondOrderSection,
     TeacherForcingProfile,
     VarianceSection,
+    WhatIfSection,
 )
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "SecondOrderSection",
     "TeacherForcingProfile",
     "VarianceSection",
+    "WhatIfSection",
     "config_from_dict",
     "load_config",
     "packaged_config_path",
