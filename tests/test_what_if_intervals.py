@@ -22,7 +22,12 @@ from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError
 from entropy_experiments.estimators.solve_interval import inverted_interval
 from entropy_experiments.estimators.student_t import t_quantile
-from entropy_experiments.estimators.what_if import EStatistic, PairedDifference, direction_estimate, paired_difference
+from entropy_experiments.estimators.what_if import (
+    EStatistic,
+    PairedDifference,
+    direction_estimate,
+    paired_difference,
+)
 from entropy_experiments.probe.what_if import WhatIfRequest, parse_request, what_if_hook, what_if_text
 from tests.probe_helpers import SHORT_PROMPTS, make_probe, write_prompts
 
@@ -177,9 +182,9 @@ def test_solved_interval_covers_the_root_at_its_level_over_seeds(tmp_path, one_t
     mean = {c: {} for c in (0.0, 1.0)}
     for m in range(N_POPULATION):
         config = setup.config.model_copy(update={"seed": 100_000 + m})
-        for c in mean:
+        for c, total in mean.items():
             for n, g in u_gradient(config, c).items():
-                mean[c][n] = mean[c].get(n, 0.0) + g.double() / N_POPULATION
+                total[n] = total.get(n, 0.0) + g.double() / N_POPULATION
     covered = 0
     for seed in range(N_SEEDS):
         config = setup.config.model_copy(update={"seed": seed})

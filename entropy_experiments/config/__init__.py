@@ -33,8 +33,8 @@ from .sections import (
     SecondOrderSection,
     TeacherForcingProfile,
     VarianceSection,
-    WhatIfSection,
 )
+from .what_if_section import WhatIfSection
 
 __all__ = [
     "LEGACY_KEYS",

@@ -28,9 +28,9 @@ from .sections import (
     SamplerSection,
     SecondOrderSection,
     VarianceSection,
-    WhatIfSection,
     _Section,
 )
+from .what_if_section import WhatIfSection
 
 # How each trainer samples by default (docs/objectives.md; trl 1.16.0 GRPOConfig: temperature 1.0, top_p 1.0, top_k 0,
 # no stop strings; verl's rollout and OpenRLHF the same): the probe's generation keys the presets set.

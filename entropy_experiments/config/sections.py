@@ -349,13 +349,6 @@ class PredictorsSection(_Section):
     next_checkpoint: str | None = None
 
 
-class WhatIfSection(_Section):
-    """`run --what-if … --solve …` (docs/maths.md §6 "Solving for a coefficient"): the level of the solved
-    coefficient's interval, {c : |δH₁(c) − target| ≤ t_df·SE(c)} at this two-sided coverage."""
-
-    level: float = Field(0.95, gt=0, lt=1)
-
-
 class RewardSection(_Section):
     """Reward for U: a registered name or "package.module:function" (`name`), or several functions with weights
     summed as TRL's `reward_weights` (`functions`, `weights`; data/rewards/weighted.py)."""

@@ -190,6 +190,13 @@ def error_bars_phase(config: ProbeConfig, policy: Policy, res: DeltaH1Result, u_
 
 
 # ---------------------------------------------------------------------- the whole probe
+def add_results(results: dict, extra: dict) -> None:
+    """`extra` (the after_estimates hook's keys) into `results`, its `warnings` added to the run's (once each)."""
+    results["warnings"] += [w for w in extra.pop("warnings", []) if w not in results["warnings"]]
+    results.update(extra)
+
+
+
 def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, notes: WarningLog,
                    dist: DistContext = SINGLE, logger: logging.Logger = log) -> Estimates:
     """update_direction, e_pass and error_bars: δH₁ with its error bars, and their timings."""
@@ -306,7 +313,5 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     outcome.results["attribution"], outcome.e_tokens, outcome.policy = attribution, e_tokens, policy
     # what drew E and U, then the estimators' correction diagnostics (assemble_results)
     outcome.results["sampler"] = {**(samples.sampler or sampler_block(None, None)), **outcome.results["sampler"]}
-    extra = after_estimates(work, policy, E, U, res, dist) if after_estimates else {}
-    outcome.results["warnings"] += [w for w in extra.pop("warnings", []) if w not in outcome.results["warnings"]]
-    outcome.results.update(extra)
+    add_results(outcome.results, after_estimates(work, policy, E, U, res, dist) if after_estimates else {})
     return outcome
