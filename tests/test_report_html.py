@@ -242,12 +242,14 @@ def test_what_if_values_are_escaped_and_an_exact_zero_is_named():
 
 
 def test_solved_knob_with_an_open_side_and_an_unreached_target():
-    page = render_html_report(_what_if_results(key="objective.entropy_coef", target=0.0, value=0.0123,
-                                               interval=[0.004, None], deltaH1=1e-9, se=3e-5,
-                                               interpolation_error=2e-10))
+    lo = {"value": 0.004, "se": 2.5e-5, "se_E": 2e-5, "se_U": 1.5e-5, "df": 7.2, "quantile": 2.35, "settled": True}
+    page = render_html_report(_what_if_results(key="objective.entropy_coef", target=0.0, value=0.0123, level=0.95,
+                                               interval=[0.004, None], ends=[lo, None], interval_note=None,
+                                               deltaH1=1e-9, se=3e-5, interpolation_error=2e-10))
     solve_rows = dict(_cell_texts(page, "what-if-solve")[1:])
-    assert solve_rows["value"] == "0.0123" and solve_rows["interval (δH₁ ± SE crosses the target)"] == \
+    assert solve_rows["value"] == "0.0123" and solve_rows["95 % interval (|δH₁(c) − target| ≤ t·SE(c))"] == \
         "[0.004, unbounded]"
+    assert solve_rows["SE at lo (t quantile, df)"] == "2.5e-05 (2.35, 7.2)" and "SE at hi (t quantile, df)" not in solve_rows
     page = render_html_report(_what_if_results(key="objective.entropy_coef", target=0.5, value=None,
                                                interval=[None, None], deltaH1=None, se=None,
                                                interpolation_error=None, reason="δH₁ does not reach 0.5"))

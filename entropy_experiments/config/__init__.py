@@ -34,6 +34,7 @@ from .sections import (
     TeacherForcingProfile,
     VarianceSection,
 )
+from .what_if_section import WhatIfSection
 
 __all__ = [
     "LEGACY_KEYS",
@@ -54,6 +55,7 @@ __all__ = [
     "SecondOrderSection",
     "TeacherForcingProfile",
     "VarianceSection",
+    "WhatIfSection",
     "config_from_dict",
     "load_config",
     "packaged_config_path",

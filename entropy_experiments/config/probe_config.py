@@ -30,6 +30,7 @@ from .sections import (
     VarianceSection,
     _Section,
 )
+from .what_if_section import WhatIfSection
 
 # How each trainer samples by default (docs/objectives.md; trl 1.16.0 GRPOConfig: temperature 1.0, top_p 1.0, top_k 0,
 # no stop strings; verl's rollout and OpenRLHF the same): the probe's generation keys the presets set.
@@ -77,6 +78,7 @@ class ProbeConfig(_Section):
     variance: VarianceSection = Field(default_factory=VarianceSection)
     second_order: SecondOrderSection = Field(default_factory=SecondOrderSection)
     predictors: PredictorsSection = Field(default_factory=PredictorsSection)
+    what_if: WhatIfSection = Field(default_factory=WhatIfSection)
     reward: RewardSection = Field(default_factory=RewardSection)
     distributed: DistributedSection = Field(default_factory=DistributedSection)
     output: OutputSection = Field(default_factory=OutputSection)
@@ -142,6 +144,12 @@ class ProbeConfig(_Section):
             explicit["entropy_coef"] = adaptive_entropy_coef(coef, last, self.objective.entropy_target)
         return resolve(explicit, default_completion_length=self.generation.max_new_tokens)
 
+    def u_group_count(self, n_prompts: int | None = None) -> int:
+        """K of the SE_U jackknife over U groups: variance.u_groups (null: min(B_U, 8)) capped at the U prompts
+        (`n_prompts`, default batch_config.B_U); whether the jackknife runs at all is variance.enabled."""
+        n = self.batch_config.B_U if n_prompts is None else n_prompts
+        return min(self.variance.u_groups or min(n, 8), n)
+
     def entropy_options(self):
         """The E side's `entropy_gradient.EntropyOptions` (estimator.* and variance.directional)."""
         from ..estimators.entropy_gradient import EntropyOptions
@@ -198,12 +206,13 @@ class ProbeConfig(_Section):
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
     def config_hash(self) -> str:
-        """First 16 hex chars of sha256 over the canonical JSON of the config, `output` and `distributed`
-        excluded (neither changes a number: a run can be resumed on any number of ranks or backend); renamed
+        """First 16 hex chars of sha256 over the canonical JSON of the config, `output`, `distributed` and `what_if`
+        excluded (none changes a number of the run: a run can be resumed on any number of ranks or backend, and the
+        what-if, asked on the command line, runs after it); renamed
         sections under their old names (`HASHED_AS`), later keys only when changed (`HASHED_WHEN_CHANGED`),
         objective.use_bias_correction_kl only where it changes the gradient, a null pool_size of the generated
         default data set as the 500 problems it makes."""
-        d = self.model_dump(mode="json", exclude={"output", "distributed"})
+        d = self.model_dump(mode="json", exclude={"output", "distributed", "what_if"})
         # use_bias_correction_kl enters as whether it acts (trl, β ≠ 0, on): the numbers of a config changed
         # only there, so only there its hash changes (`HASHED_WHEN_CHANGED` drops the earlier behaviour, False)
         d["objective"]["use_bias_correction_kl"] = self.objective_options().weights_kl

@@ -1,7 +1,8 @@
 """The error bars of one probe run (docs/maths.md §6) from the typed results of its phases.
 
 - `error_bars`: SE_E (delete-one jackknife over E units of the per-sequence pieces a, r), SE_U
-  (jackknife over U groups of lr·X̂·v₍₋k₎, v rebuilt without group k) and SE_total = √(SE_E² + SE_U²);
+  (jackknife over U groups of lr·X̂·v₍₋k₎, v rebuilt without group k, with its K − 1 degrees of freedom) and
+  SE_total = √(SE_E² + SE_U²), missing (NaN) with SE_U; a warning below FEW_U_GROUPS groups;
 - `paired_residuals`: per η, ρ(η) = ΔH(η) − η·D_v H with its paired SE and z (paired.py).
 """
 
@@ -17,14 +18,26 @@ from . import jackknife
 from .delta_h import DeltaH
 from .jackknife import Estimate
 from .paired import paired_residual, residual_entry
+from .student_t import t_quantile
 
 NAN = float("nan")
+FEW_U_GROUPS = 5  # below this many U groups SE_U is itself uncertain by more than ±35 % (1/√(2(K − 1)))
+
+
+def few_groups_warning(n_groups: int) -> str:
+    """What an SE_U from 2 ≤ K < FEW_U_GROUPS groups means for the numbers built on it."""
+    df = n_groups - 1
+    return (f"SE_U rests on {n_groups} U groups ({df} degrees of freedom, fewer than {FEW_U_GROUPS} groups): it is "
+            f"itself uncertain by about ±{100 / math.sqrt(2 * df):.0f} %, and a z on it is a t with {df} df (95 % "
+            f"at |t| ≤ {t_quantile(0.95, df):.3g}, not 1.96); raise batch_config.B_U and variance.u_groups to "
+            f"≥ {FEW_U_GROUPS}")
 
 
 @dataclass
 class ErrorBars:
-    """SE_E, SE_U, SE_total (NaN where unavailable), the pieces check, the pieces a, r [N] (or None) and the
-    leave-one-group-out directions v₍₋k₎ of SE_U (empty when unavailable)."""
+    """SE_E, SE_U, SE_total (NaN where unavailable) and U_df (SE_U's degrees of freedom, K − 1), the pieces check,
+    the pieces a, r [N] (or None) and the leave-one-group-out directions v₍₋k₎ of SE_U (empty when
+    unavailable)."""
 
     se: dict[str, float]
     consistency: dict
@@ -34,7 +47,7 @@ class ErrorBars:
 
     @classmethod
     def unavailable(cls) -> ErrorBars:
-        return cls({"E": NAN, "U": NAN, "total": NAN}, {})
+        return cls({"E": NAN, "U": NAN, "total": NAN, "U_df": NAN}, {})
 
 
 def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: Callable[[dict], dict],
@@ -54,12 +67,16 @@ def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: 
     if len(u_groups) >= 2:
         loo = jackknife.leave_one_group_out_directions(direction_of, res.u_gradients)
         se_U, _ = jackknife.se_U(res.X_hat, loo, learning_rate=res.learning_rate)
+        if len(u_groups) < FEW_U_GROUPS:
+            warn(few_groups_warning(len(u_groups)))
     else:
-        warn("SE_U unavailable: U has a single prompt (need ≥ 2 groups)")
-    se_total = jackknife.se_total(se_E, se_U) if math.isfinite(se_U) else se_E
+        warn("SE_U unavailable: U has a single prompt (need ≥ 2 groups), so SE_total is n/a (null): SE_E alone "
+             "would leave out U's sampling noise, usually the larger side")
     consistency = {"deltaH1_from_pieces": from_pieces, "relative_difference": rel, "pieces_method": res.pieces_method,
                    "r_method": res.r_method, "r_eta": res.r_eta}
-    return ErrorBars({"E": se_E, "U": se_U, "total": se_total}, consistency, a, r, loo)
+    U_df = float(len(u_groups) - 1) if len(u_groups) >= 2 else NAN
+    return ErrorBars({"E": se_E, "U": se_U, "total": jackknife.se_total(se_E, se_U), "U_df": U_df}, consistency,
+                     a, r, loo)
 
 
 def paired_residuals(truth: DeltaH, res, bars: ErrorBars, *, normalize: str) -> list[dict]:

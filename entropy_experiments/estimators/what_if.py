@@ -18,8 +18,37 @@ import numpy as np
 from torch import Tensor
 
 from . import jackknife
+from .student_t import t_quantile, welch_df
 
 NAN = float("nan")
+
+
+class TotalSE:
+    """What SE_E and SE_U make together: SE_total = √(SE_E² + SE_U²), NaN where a side is missing (one U group:
+    it is not SE_E alone, which would leave out U's sampling noise), its Welch–Satterthwaite degrees of freedom
+    from the sides' (df_E = E units − 1, df_U = U groups − 1) and the half-width of a two-sided interval."""
+
+    se_E: float
+    se_U: float
+    df_E: float
+    df_U: float
+
+    @property
+    def se(self) -> float:
+        return jackknife.se_total(self.se_E, self.se_U)
+
+    @property
+    def df(self) -> float:
+        return welch_df([(self.se_E, self.df_E), (self.se_U, self.df_U)])
+
+    def half_width(self, level: float) -> float:
+        """t_{df}((1 + level)/2)·SE_total (NaN where either is missing)."""
+        return t_quantile(level, self.df) * self.se if math.isfinite(self.se) else NAN
+
+
+def groups_df(n_groups: int) -> float:
+    """Degrees of freedom of a delete-one jackknife variance over `n_groups` groups (NaN below 2)."""
+    return float(n_groups - 1) if n_groups >= 2 else NAN
 
 
 @dataclass(frozen=True)
@@ -33,6 +62,11 @@ class EStatistic:
     learning_rate: float
     sampler_weights: Tensor | None = None
 
+    @property
+    def df(self) -> float:
+        """Degrees of freedom of SE_E: independent E units − 1."""
+        return groups_df(len(set(self.units)))
+
     def se(self, a: Tensor, r: Tensor) -> float:
         """SE_E of the δH₁ whose pieces are (a, r)."""
         return jackknife.se_E(a, r, self.seq_entropies, self.lengths, self.units, normalize=self.normalize,
@@ -40,7 +74,7 @@ class EStatistic:
 
 
 @dataclass(frozen=True)
-class DirectionEstimate:
+class DirectionEstimate(TotalSE):
     """δH₁ = lr·X̂·v of one direction, its pieces (a, r) [N], its K U replicates and its SEs."""
 
     value: float
@@ -49,10 +83,8 @@ class DirectionEstimate:
     u_replicates: tuple[float, ...]
     se_E: float
     se_U: float
-
-    @property
-    def se(self) -> float:
-        return jackknife.se_total(self.se_E, self.se_U) if math.isfinite(self.se_U) else self.se_E
+    df_E: float
+    df_U: float
 
 
 def direction_estimate(value: float, a: Tensor, r: Tensor, u_replicates: list[float],
@@ -60,20 +92,18 @@ def direction_estimate(value: float, a: Tensor, r: Tensor, u_replicates: list[fl
     """The estimate of one direction from its δH₁, pieces and U replicates (SE_U NaN for fewer than 2 groups)."""
     reps = tuple(float(x) for x in u_replicates)
     se_u = jackknife.jackknife_se(np.array(reps)) if len(reps) >= 2 else NAN
-    return DirectionEstimate(float(value), a, r, reps, e_stat.se(a, r), se_u)
+    return DirectionEstimate(float(value), a, r, reps, e_stat.se(a, r), se_u, e_stat.df, groups_df(len(reps)))
 
 
 @dataclass(frozen=True)
-class PairedDifference:
+class PairedDifference(TotalSE):
     """δH₁(variant) − δH₁(baseline) on the same E and U, with its paired SE_E, SE_U and SE_total."""
 
     value: float
     se_E: float
     se_U: float
-
-    @property
-    def se(self) -> float:
-        return jackknife.se_total(self.se_E, self.se_U) if math.isfinite(self.se_U) else self.se_E
+    df_E: float
+    df_U: float
 
 
 def paired_difference(variant: DirectionEstimate, baseline: DirectionEstimate, e_stat: EStatistic) -> PairedDifference:
@@ -82,7 +112,7 @@ def paired_difference(variant: DirectionEstimate, baseline: DirectionEstimate, e
     se_u = NAN
     if len(variant.u_replicates) >= 2 and len(variant.u_replicates) == len(baseline.u_replicates):
         se_u = jackknife.jackknife_se(np.subtract(variant.u_replicates, baseline.u_replicates))
-    return PairedDifference(variant.value - baseline.value, se_e, se_u)
+    return PairedDifference(variant.value - baseline.value, se_e, se_u, e_stat.df, variant.df_U)
 
 
 def find_root(f: Callable[[float], float], target: float, start: float, step: float, *,
@@ -116,19 +146,6 @@ def find_root(f: Callable[[float], float], target: float, start: float, step: fl
         else:
             hi = mid
     return 0.5 * (lo + hi)
-
-
-def band_interval(f: Callable[[float], float], target: float, root: float, se: float,
-                  step: float) -> tuple[float | None, float | None]:
-    """Where the band δH₁(c) ± se crosses `target` on either side of `root`: the roots of f = target ∓ se, sorted
-    (None where a side has no crossing, e.g. δH₁ levels off within one SE of the target)."""
-    if not math.isfinite(se):
-        return None, None
-    ends = [find_root(f, target - se, root, step), find_root(f, target + se, root, step)]
-    found = sorted(c for c in ends if c is not None)
-    if len(found) == 2:
-        return found[0], found[1]
-    return (found[0], None) if found and found[0] < root else (None, found[0] if found else None)
 
 
 def interpolated(a: dict[str, Tensor], b: dict[str, Tensor], t: float) -> dict[str, Tensor]:

@@ -197,12 +197,18 @@ def error_bars_phase(config: ProbeConfig, policy: Policy, res: DeltaH1Result, u_
 
 
 # ---------------------------------------------------------------------- the whole probe
+def add_results(results: dict, extra: dict) -> None:
+    """`extra` (the after_estimates hook's keys) into `results`, its `warnings` added to the run's (once each)."""
+    results["warnings"] += [w for w in extra.pop("warnings", []) if w not in results["warnings"]]
+    results.update(extra)
+
+
+
 def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, notes: WarningLog,
                    dist: DistContext = SINGLE, logger: logging.Logger = log) -> Estimates:
     """update_direction, e_pass and error_bars: δH₁ with its error bars, and their timings."""
     B_U = U.num_prompts
-    K = config.variance.u_groups or min(B_U, 8)
-    u_groups = split_into_groups(B_U, min(K, B_U)) if config.variance.enabled else None
+    u_groups = split_into_groups(B_U, config.u_group_count(B_U)) if config.variance.enabled else None
     t0 = time.perf_counter()
     res = delta_h1_phase(config, policy, E, U, u_groups=u_groups, per_sequence_pieces=config.variance.enabled,
                          dist=dist)
@@ -316,5 +322,5 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     outcome.results["attribution"], outcome.e_tokens, outcome.policy = attribution, e_tokens, policy
     # what drew E and U, then the estimators' correction diagnostics (assemble_results)
     outcome.results["sampler"] = {**(samples.sampler or sampler_block(None, None)), **outcome.results["sampler"]}
-    outcome.results.update(after_estimates(work, policy, E, U, res, dist) if after_estimates else {})
+    add_results(outcome.results, after_estimates(work, policy, E, U, res, dist) if after_estimates else {})
     return outcome

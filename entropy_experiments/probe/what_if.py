@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -29,13 +29,14 @@ from ..data.batch import Batch
 from ..errors import ConfigError
 from ..estimators.jackknife import leave_one_group_out_directions
 from ..estimators.objective_gradient import UGradients, split_into_groups
+from ..estimators.solve_interval import End, inverted_interval
 from ..estimators.step_directions import probe_step
+from ..estimators.student_t import t_quantile
 from ..estimators.surrogate import directional_pieces
 from ..estimators.update_direction import named_dot
 from ..estimators.what_if import (
     DirectionEstimate,
     EStatistic,
-    band_interval,
     direction_estimate,
     find_root,
     interpolated,
@@ -101,12 +102,23 @@ def parse_request(config: ProbeConfig, specs: list[str] | None, solve: str | Non
         if solve not in SOLVABLE_KEYS:
             raise ConfigError(f"--solve {solve}: not a scalar coefficient the objective is affine in "
                               f"(one of {', '.join(SOLVABLE_KEYS)})")
+        check_solvable(config, solve)
         if config.objective.use_adaptive_entropy:
             raise ConfigError(f"--solve {solve}: objective.use_adaptive_entropy sets the coefficient from the "
                               "checkpoint's controller state")
     if target is not None and not math.isfinite(target):
         raise ConfigError(f"--solve-target {target!r}: must be a finite number")
     return WhatIfRequest(tuple(variants), solve, 0.0 if target is None else float(target))
+
+
+def check_solvable(config: ProbeConfig, solve: str) -> None:
+    """ConfigError unless SE_U exists (≥ 2 U groups): the solved interval is an interval of δH₁'s whole error."""
+    if not config.variance.enabled:
+        raise ConfigError(f"--solve {solve}: needs SE_U (≥ 2 U groups) for its interval; variance.enabled is false")
+    groups = config.u_group_count()
+    if groups < 2:
+        raise ConfigError(f"--solve {solve}: needs SE_U (≥ 2 U groups) for its interval; batch_config.B_U "
+                          f"{config.batch_config.B_U} and variance.u_groups {config.variance.u_groups} give {groups}")
 
 
 @dataclass(frozen=True)
@@ -141,7 +153,8 @@ class Context:
 
 
 def estimate_entry(est: DirectionEstimate) -> dict:
-    return {"deltaH1": est.value, "se": est.se, "se_E": est.se_E, "se_U": est.se_U}
+    """δH₁ and its SEs: `se` NaN (null in results.json) where SE_U is missing, `se_U_df` its degrees of freedom."""
+    return {"deltaH1": est.value, "se": est.se, "se_E": est.se_E, "se_U": est.se_U, "se_U_df": est.df_U}
 
 
 def variant_entry(ctx: Context, key: str, value: Any, baseline: DirectionEstimate) -> dict:
@@ -154,14 +167,34 @@ def variant_entry(ctx: Context, key: str, value: Any, baseline: DirectionEstimat
             "diff_se_E": diff.se_E, "diff_se_U": diff.se_U, "u_loss": grads.loss}
 
 
+def interpolated_gradients(a: UGradients, b: UGradients, t: float) -> UGradients:
+    """The U gradients at a + t·(b − a) of a coefficient the loss is affine in: the total and every group's
+    (exact; the normalisers and so the leave-one-out scales do not depend on the coefficient)."""
+    return replace(a, total=interpolated(a.total, b.total, t),
+                   groups=[interpolated(x, y, t) for x, y in zip(a.groups, b.groups, strict=True)],
+                   loss=a.loss + t * (b.loss - a.loss))
+
+
+def end_entry(end: End, level: float) -> dict | None:
+    """results.json `solve.ends[i]` (None: unbounded on that side)."""
+    if end.c is None:
+        return None
+    bars = end.bars
+    return {"value": end.c, "se": bars.se, "se_E": bars.se_E, "se_U": bars.se_U, "df": bars.df,
+            "quantile": t_quantile(level, bars.df), "settled": end.settled}
+
+
 def solve_entry(ctx: Context, key: str, target: float) -> dict:
-    """The coefficient at which δH₁ = target, its interval from the δH₁ ± SE band, and the interpolation check."""
-    at = {c: ctx.gradients(variant_config(ctx.config, key, c)).total for c in (0.0, 1.0)}
-    f = lambda c: ctx.value(ctx.config, interpolated(at[0.0], at[1.0], c))
+    """The coefficient at which δH₁ = target, its interval at the configured level by test inversion (SE evaluated
+    at each end), whether that set is one interval around it, and the interpolation check."""
+    at = {c: ctx.gradients(variant_config(ctx.config, key, c)) for c in (0.0, 1.0)}
+    f = lambda c: ctx.value(ctx.config, interpolated(at[0.0].total, at[1.0].total, c))
     current = float(getattr(ctx.config.objective_options(), key.split(".", 1)[1]))
-    step = max(abs(current), 1e-3)
+    step, level = max(abs(current), 1e-3), ctx.config.what_if.level
     root = find_root(f, target, current, step)
-    out = {"key": key, "target": target, "value": root, "interval": [None, None], "deltaH1": None, "se": None,
+    out = {"key": key, "target": target, "value": root, "level": level, "interval": [None, None],
+           "ends": [None, None], "interval_note": None, "deltaH1": None, "se": None, "se_E": None, "se_U": None,
+           "df": None,
            "interpolation_error": None}
     if root is None:
         out["reason"] = f"δH₁ does not reach {target:g} for any {key} within ±{step * 2.0 ** 60:.3g} of {current:g}"
@@ -169,8 +202,15 @@ def solve_entry(ctx: Context, key: str, target: float) -> dict:
     config = variant_config(ctx.config, key, root)
     grads = ctx.gradients(config)
     est = ctx.estimate(config, probe_step(config.step_options(), ctx.policy, grads.total), grads)
-    lo, hi = band_interval(f, target, root, est.se, step)
-    out.update(interval=[lo, hi], deltaH1=est.value, se=est.se, interpolation_error=abs(est.value - f(root)))
+
+    def bars_at(c: float) -> DirectionEstimate:  # the U side exact from the interpolated groups, E by a jvp pass
+        config_c, grads_c = variant_config(ctx.config, key, c), interpolated_gradients(at[0.0], at[1.0], c)
+        return ctx.estimate(config_c, probe_step(config_c.step_options(), ctx.policy, grads_c.total), grads_c)
+
+    inv = inverted_interval(f, bars_at, target, root, est, step, level)
+    out.update(interval=[inv.lo.c, inv.hi.c], ends=[end_entry(inv.lo, level), end_entry(inv.hi, level)],
+               interval_note=inv.note, deltaH1=est.value, se=est.se, se_E=est.se_E, se_U=est.se_U, df=est.df,
+               interpolation_error=abs(est.value - f(root)))
     return out
 
 
@@ -182,13 +222,28 @@ def what_if_phase(request: WhatIfRequest, config: ProbeConfig, policy: Policy, E
     s = res.scores
     e_stat = EStatistic(s.seq_entropies, s.lengths, list(s.unit_of_sequence), config.estimator.normalize,
                         res.learning_rate, res.sampler_weights)
-    ctx = Context(config, policy, E, U, split_into_groups(U.num_prompts, len(res.u_gradients.groups)), res, e_stat,
-                  dist)
+    groups = split_into_groups(U.num_prompts, len(res.u_gradients.groups))
+    if request.solve and len(groups) < 2:  # a resumed run's U may hold fewer prompts than the config says
+        raise ConfigError(f"--solve {request.solve}: needs SE_U (≥ 2 U groups) for its interval; U has "
+                          f"{len(groups)} group")
+    ctx = Context(config, policy, E, U, groups, res, e_stat, dist)
     baseline = ctx.estimate(config, res.v, res.u_gradients)
     rows = [variant_entry(ctx, key, value, baseline) for key, value in request.variants]
     solved = solve_entry(ctx, request.solve, request.target) if request.solve else None
     return {"what_if_baseline": estimate_entry(baseline), "what_if": rows, "solve": solved,
-            "what_if_seconds": time.perf_counter() - t0}
+            "what_if_seconds": time.perf_counter() - t0, "warnings": what_if_warnings(baseline, solved)}
+
+
+def what_if_warnings(baseline: DirectionEstimate, solved: dict | None) -> list[str]:
+    """Once per what-if: the total SEs left out (SE_U missing), and a solved set that is not one interval."""
+    out = []
+    if not math.isfinite(baseline.se_U):
+        out.append("what-if: SE_U unavailable (one U group: variance.enabled false or B_U = 1), so every total SE "
+                   "of the what-if is n/a (null in results.json); SE_E alone leaves out U's sampling noise, "
+                   "usually the larger side")
+    if solved and solved.get("interval_note"):
+        out.append(f"solve {solved['key']}: {solved['interval_note']}")
+    return out
 
 
 def what_if_hook(request: WhatIfRequest | None):
@@ -198,13 +253,42 @@ def what_if_hook(request: WhatIfRequest | None):
     return partial(what_if_phase, request)
 
 
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _pm(value: Any, se: Any) -> str:
     """`value ± se` (n/a where a number is missing: null in results.json, NaN before it is written)."""
-    def finite(x: Any) -> bool:
-        return isinstance(x, float) and math.isfinite(x)
-    if not finite(value):
+    if not _finite(value):
         return "n/a"
-    return f"{value:+.4e} ± {se:.2e}" if finite(se) else f"{value:+.4e} ± n/a"
+    return f"{value:+.4e} ± {se:.2e}" if _finite(se) else f"{value:+.4e} ± n/a"
+
+
+def _sides(entry: dict) -> str:
+    """`(SE_E …, SE_U … with its df)`, or what the n/a total leaves out when SE_U is missing."""
+    se_e, se_u, df = entry.get("se_E"), entry.get("se_U"), entry.get("se_U_df")
+    if not _finite(se_u):
+        return f"(SE_E {se_e:.2e} only: no SE_U, one U group)" if _finite(se_e) else ""
+    return f"(SE_E {se_e:.2e}, SE_U {se_u:.2e}, df {df:.0f})" if _finite(df) else ""
+
+
+def solve_text(solved: dict) -> list[str]:
+    """The solved coefficient, its interval at its level and the SE at each end, and a note when the set is not
+    one interval around it."""
+    if solved["value"] is None:
+        return [f"  solve {solved['key']}: {solved['reason']}"]
+    lo, hi = (f"{x:.4g}" if x is not None else "unbounded" for x in solved["interval"])
+    ses = "; ".join(f"SE at {name} {end['se']:.2e} (t {end['quantile']:.3g}, df {end['df']:.3g})"
+                    for name, end in zip(("lo", "hi"), solved.get("ends") or []) if end)
+    level = solved.get("level")
+    level_text = f"{100 * level:g} % interval" if _finite(level) else "interval"
+    head = (f"  solve {solved['key']}: δH₁ = {solved['target']:g} at {solved['value']:.4g}, {level_text} "
+            f"[{lo}, {hi}] (|δH₁(c) − {solved['target']:g}| ≤ t·SE(c); {ses or 'no end'}); δH₁ of a U backward "
+            f"there {_pm(solved['deltaH1'], solved['se'])}")
+    lines = [head]
+    if solved.get("interval_note"):
+        lines.append(f"    ⚠ {solved['interval_note']}")
+    return lines
 
 
 def what_if_text(results: dict) -> str:
@@ -212,18 +296,12 @@ def what_if_text(results: dict) -> str:
     rows, base = results.get("what_if"), results.get("what_if_baseline")
     if base is None:
         return ""
-    lines = ["What-if (same E and U):", f"  {'baseline objective':<36} δH₁ = {_pm(base['deltaH1'], base['se'])}"]
+    lines = ["What-if (same E and U):",
+             f"  {'baseline objective':<36} δH₁ = {_pm(base['deltaH1'], base['se'])} {_sides(base)}"]
     for row in rows or []:
         label = f"{row['key']}={row['value']}"
-        lines.append(f"  {label:<36} δH₁ = {_pm(row['deltaH1'], row['se'])}   "
+        lines.append(f"  {label:<36} δH₁ = {_pm(row['deltaH1'], row['se'])} {_sides(row)}   "
                      f"diff = {_pm(row['diff'], row['diff_se'])} (paired)")
-    solved = results.get("solve")
-    if solved:
-        if solved["value"] is None:
-            lines.append(f"  solve {solved['key']}: {solved['reason']}")
-        else:
-            lo, hi = (f"{x:.4g}" if x is not None else "unbounded" for x in solved["interval"])
-            lines.append(f"  solve {solved['key']}: δH₁ = {solved['target']:g} at {solved['value']:.4g} "
-                         f"(band δH₁ ± SE crosses it on [{lo}, {hi}]; δH₁ of a U backward there "
-                         f"{_pm(solved['deltaH1'], solved['se'])})")
+    if results.get("solve"):
+        lines += solve_text(results["solve"])
     return "\n".join(lines)

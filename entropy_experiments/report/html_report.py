@@ -30,7 +30,14 @@ from .html_parts import (
 from .html_what_if import what_if_section
 from .results_schema import load_results, x_hat_dot_v_of
 from .run_dir import HTML_REPORT_FILE, RunDirectory
-from .summary import SCALE_FREE_NOTE, measured_over_predicted, objective_lines, run_label, verdict_line
+from .summary import (
+    SCALE_FREE_NOTE,
+    measured_over_predicted,
+    objective_lines,
+    run_label,
+    u_df_text,
+    verdict_line,
+)
 from .token_table import read_token_table
 
 MAX_SEQUENCES = 60     # E responses rendered: those with the largest Σ|dH| (all of them when fewer)
@@ -67,7 +74,7 @@ def header_section(res: dict) -> str:
 def summary_section(res: dict) -> str:
     se, lr = res.get("se") or {}, res.get("learning_rate")
     items = [("δH₁ (predicted entropy change of one step)", f"{num(res.get('deltaH1'))} ± {num(se.get('total'))} nats"),
-             ("SE_E / SE_U", f"{num(se.get('E'))} / {num(se.get('U'))}"), ("learning rate", num(lr)),
+             ("SE_E / SE_U", f"{num(se.get('E'))} / {num(se.get('U'))}{u_df_text(se)}"), ("learning rate", num(lr)),
              ("normalize", text_html(str(res.get("normalize")))),
              ("H (per token / per sequence)", (f"{num((res.get('H_orig') or {}).get('per_token'))} / "
                                               f"{num((res.get('H_orig') or {}).get('per_sequence'))} nats"))]

@@ -39,14 +39,22 @@ def _diff_cells(row: dict) -> list[str]:
     return [_cell(plus_minus(diff, se)), num_cell(z, "+.2f")]
 
 
+def _sides_cell(entry: dict) -> str:
+    """SE_E / SE_U with SE_U's degrees of freedom; without SE_U, that the total is missing for want of it."""
+    se_u, df = entry.get("se_U"), entry.get("se_U_df")
+    if not _finite(se_u):
+        return _cell(f"{num(entry.get('se_E'), '.2g')} / — (one U group: no total SE)")
+    return _cell(f"{num(entry.get('se_E'), '.2g')} / {num(se_u, '.2g')}" + (f", df {df:.0f}" if _finite(df) else ""))
+
+
 def variants_table(base: dict, rows: list[dict]) -> str:
     """One row for the baseline objective, then one per --what-if variant."""
     out = [["<td>baseline (the run's objective)</td>", _cell(plus_minus(base.get("deltaH1"), base.get("se"))),
-            _cell(f"{num(base.get('se_E'), '.2g')} / {num(base.get('se_U'), '.2g')}"), _cell("—"), _cell("—")]]
+            _sides_cell(base), _cell("—"), _cell("—")]]
     for row in rows:
         label = text_html(f"{row.get('key')}={row.get('value')}")
         out.append([f"<td><code>{label}</code></td>", _cell(plus_minus(row.get("deltaH1"), row.get("se"))),
-                    _cell(f"{num(row.get('se_E'), '.2g')} / {num(row.get('se_U'), '.2g')}"), *_diff_cells(row)])
+                    _sides_cell(row), *_diff_cells(row)])
     return rows_table(["objective", "δH₁ ± SE", "SE_E / SE_U", "diff from baseline ± paired SE", "z"], out,
                       table_id="what-if-table")
 
@@ -56,17 +64,25 @@ def _end(x) -> str:
 
 
 def solve_table(solved: dict) -> str:
-    """The solved knob: its value, the interval where the δH₁ ± SE band crosses the target, and the check there."""
+    """The solved knob: its value, its interval at the stated level with the SE at each end, and the check there."""
     key = f"<code>{text_html(str(solved.get('key')))}</code>"
     target = num(solved.get("target"), "g")
     if solved.get("value") is None:
         return (f'<p id="what-if-solve">Solve {key} for δH₁ = {target}: not reached — '
                 f"{text_html(str(solved.get('reason', '')))}</p>")
     lo, hi = (solved.get("interval") or [None, None])[:2]
+    level = solved.get("level")
     items = [("solved for", f"{key} at δH₁ = {target}"), ("value", num(solved["value"], ".4g")),
-             ("interval (δH₁ ± SE crosses the target)", f"[{_end(lo)}, {_end(hi)}]"),
-             ("δH₁ ± SE of a U backward at the value", plus_minus(solved.get("deltaH1"), solved.get("se"))),
-             ("|δH₁ there − interpolated δH₁|", num(solved.get("interpolation_error"), ".2g"))]
+             (f"{num(100 * level, 'g') if _finite(level) else '?'} % interval (|δH₁(c) − target| ≤ t·SE(c))",
+              f"[{_end(lo)}, {_end(hi)}]")]
+    for name, end in zip(("lo", "hi"), solved.get("ends") or []):
+        if end:
+            at = f"{num(end.get('se'), '.2g')} ({num(end.get('quantile'), '.3g')}, {num(end.get('df'), '.3g')})"
+            items.append((f"SE at {name} (t quantile, df)", at))
+    if solved.get("interval_note"):
+        items.append(("⚠ the set", text_html(str(solved["interval_note"]))))
+    items += [("δH₁ ± SE of a U backward at the value", plus_minus(solved.get("deltaH1"), solved.get("se"))),
+              ("|δH₁ there − interpolated δH₁|", num(solved.get("interpolation_error"), ".2g"))]
     return rows_table(["", ""], [[f"<th>{k}</th>", f"<td>{v}</td>"] for k, v in items], table_id="what-if-solve")
 
 
@@ -80,7 +96,8 @@ def what_if_section(results: dict) -> str:
     solved = results.get("solve")
     if solved:
         out.append("<p class='note'>The coefficient at which δH₁ reaches the target (the loss is affine in it, "
-                   "δH₁ is not: AdamW), and where the band δH₁ ± SE crosses the target on either side.</p>")
+                   "δH₁ is not: AdamW), and the interval of every c whose δH₁ is within t·SE(c) of the target at the stated "
+                   "level (SE evaluated at each end, t at its degrees of freedom).</p>")
         out.append(solve_table(solved))
     seconds = results.get("what_if_seconds")
     if _finite(seconds):

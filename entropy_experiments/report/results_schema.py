@@ -60,7 +60,7 @@ REQUIRED_SCHEMA: dict[str, Any] = {
     "x_hat_dot_v": None,  # X̂·v, δH₁ per unit lr
     "bars_dot": None,     # legacy alias of x_hat_dot_v (LEGACY_RESULT_KEYS)
     "learning_rate": None,
-    "se": {"E": None, "U": None, "total": None},
+    "se": {"E": None, "U": None, "total": None},  # and U_df (SE_U's degrees of freedom) since it was added
     "H_orig": {"per_token": None, "per_sequence": None},
     "true": None,  # list of TRUE_ENTRY_SCHEMA, checked separately
     "linearity": {"slope_through_origin": None, "loglog_slope": None, "symmetric_slopes": None},

@@ -30,6 +30,12 @@ def format_number(x: Any, spec: str = ".4g") -> str:
     return format(x, spec) if is_finite_number(x) else "n/a"
 
 
+def u_df_text(se: dict) -> str:
+    """`, df K−1` after SE_U: the degrees of freedom of its jackknife over K U groups ('' when not recorded)."""
+    df = se.get("U_df")
+    return f", df {df:.0f}" if is_finite_number(df) else ""
+
+
 def _ratio(num: Any, den: Any) -> float | None:
     return num / den if is_finite_number(num) and is_finite_number(den) and den != 0 else None
 
@@ -149,7 +155,8 @@ def _head_table(results: dict[str, Any], unit: str) -> Any:
     head.add_row("Ĥ per sequence", f"{format_number(H.get('per_sequence'), '.4f')} nats/seq")
     head.add_row("normalize", str(results.get("normalize", "per_token")))
     head.add_row("δH₁ ± SE", f"{format_number(results.get('deltaH1'), '+.4g')} ± {format_number(se.get('total'), '.2g')} {unit}"
-                             f"  (SE_E {format_number(se.get('E'), '.2g')}, SE_U {format_number(se.get('U'), '.2g')})")
+                             f"  (SE_E {format_number(se.get('E'), '.2g')}, SE_U {format_number(se.get('U'), '.2g')}"
+                             f"{u_df_text(se)})")
     head.add_row("X̂·v", f"{format_number(x_hat_dot_v, '+.4g')} {unit} per unit lr")
     head.add_row("learning rate", format_number(results.get("learning_rate"), ".3g"))
     head.add_row("verdict", verdict_line(results))
