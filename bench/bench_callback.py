@@ -7,7 +7,8 @@
 Side by side and alternating, the same TRL GRPOTrainer run (same seed, same model, same data) is trained for
 `--steps` optimizer steps without the callback and with it probing EVERY step (every=1), once per `predict`
 mode (probe_U: the probe's own U step; trainer_step: the trainer's own next AdamW step, which needs no U and
-no generation beyond E). The callback's own timer gives the probe's seconds; the ratio reported is
+no generation beyond E) and for `EntropyAutopilot` at its defaults (a steered step: the trainer_step probe's E
+and one pass over it that also gives the entropy term). The callback's own timer gives the probe's seconds; the ratio reported is
 
     overhead per probed step / training step = (probe seconds / steps) / (plain run's seconds / steps)
 
@@ -38,8 +39,12 @@ def one_run(model_dir: Path, out: Path, args, mode: str | None) -> tuple[float, 
                                 max_completion_length=args.max_new_tokens, num_generations=4, prompts_per_step=2,
                                 save_strategy="no", gradient_checkpointing=False, use_cpu=args.device == "cpu")
     callback = None
-    if mode is not None:
+    if mode == "autopilot":  # at its defaults, steering every step
+        from entropy_experiments.integrations.autopilot import EntropyAutopilot
+        callback = EntropyAutopilot(trainer, target="initial", B_E=args.B_E)
+    elif mode is not None:
         callback = EntropyProbeCallback(trainer, every=1, B_E=args.B_E, B_U=args.B_U, predict=mode)
+    if callback is not None:
         trainer.add_callback(callback)
     t0 = time.perf_counter()
     trainer.train()
@@ -55,7 +60,8 @@ def main() -> int:
     parser.add_argument("--B-E", dest="B_E", type=int, default=16)
     parser.add_argument("--B-U", dest="B_U", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--modes", default="probe_U,trainer_step", help="predict modes, comma-separated")
+    parser.add_argument("--modes", default="probe_U,trainer_step,autopilot",
+                        help="predict modes (and `autopilot`: EntropyAutopilot at its defaults), comma-separated")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the trainer runs")
     args = parser.parse_args()
     modes = args.modes.split(",")

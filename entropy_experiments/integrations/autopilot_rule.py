@@ -48,7 +48,7 @@ NO_LIMIT = "none"
 class AutopilotRule:
     """The control law's settings (module docstring)."""
 
-    budget: float = 0.02           # nats/token: the departure from the target tolerated without acting
+    budget: float = 0.05           # nats/token: the departure from the target tolerated without acting
     z: float = 2.0                 # the departure must exceed the budget by z noise SDs
     gain: float = 1.0              # share of the predicted excess closed per acting step
     max_term: float = 2.0          # |κ| bound: the term's displacement relative to the trainer's step (0: off)
