@@ -1,5 +1,6 @@
-"""examples/entropy_autopilot.py: its core runs (a 3-step smoke of the autopilot arm and TRL's adaptive arm) and its
-yardstick is the exact entropy (checked against torch's Categorical on the untouched base model)."""
+"""examples/entropy_autopilot.py: a 3-step smoke of its arms in the enumerable world, whose yardstick is exact
+(the enumerated entropy against torch's Categorical on the untouched base model, one prompt, one-token
+responses summed by hand), and its table and bad-arm message."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "entropy_autopilot.py"
+pytestmark = [pytest.mark.xdist_group("trl_callback"), pytest.mark.e2e]
 
 
 def _example():
@@ -19,34 +21,40 @@ def _example():
     return module
 
 
-@pytest.mark.e2e
-def test_the_example_arms_run_and_the_yardstick_is_exact(tmp_path):
+def test_the_arms_run_and_summarise(tmp_path, capsys):
     pytest.importorskip("trl")
+    ex = _example()
+    assert ex.main(["--world", "toy", "--steps", "3", "--seeds", "0", "--arms", "none,trl_tuned,autopilot"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    assert [line.split("|")[1].strip() for line in lines] == ["arm", "none", "trl_tuned", "autopilot"]
+    with pytest.raises(SystemExit, match="unknown arm 'pid'"):
+        ex.main(["--world", "toy", "--steps", "1", "--seeds", "0", "--arms", "pid"])
+
+
+def test_the_yardstick_is_the_exact_entropy(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from entropy_experiments.testing.tiny_model import build_tiny_model_dir
-    from entropy_experiments.testing.trl_run import PROMPTS
-    ex = _example()
-    args = ex.parse_args(["--steps", "3", "--B-E", "8", "--target", "3.2"])
-    model_dir = build_tiny_model_dir(tmp_path / "tiny", seed=0)
-    pilot = ex.run_arm("autopilot", tmp_path / "pilot", model_dir, args, 0, autopilot={})
-    trl = ex.run_arm("trl", tmp_path / "trl", model_dir, args, 0, trl_delta=ex.TRL_DEFAULT_DELTA)
+    from entropy_experiments.testing import enumerable_world as world
 
-    # the yardstick before training: the base model's next-token entropy (the LoRA starts at zero)
+    model_dir = world.world_model(tmp_path / "toy")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    H, R = world.exact_entropy_and_reward(model, tokenizer)
+    # by hand, the other way round: per prompt, the distribution over whole responses and their entropies
+    eos, a = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("a")
+    num = den = reward = 0.0
     with torch.no_grad():
-        reference = sum(float(torch.distributions.Categorical(
-            logits=base(input_ids=tokenizer(p, return_tensors="pt").input_ids).logits[0, -1]).entropy())
-            for p in PROMPTS) / len(PROMPTS)
-    for run in (pilot, trl):
-        assert len(run["H"]) == 4 and all(math.isfinite(h) for h in run["H"])
-        assert run["H"][0] == pytest.approx(reference, rel=1e-5)
-        assert len(run["reward"]) == 3 and len(run["trl_entropy"]) == 3
-        assert all(math.isfinite(e) for e in run["trl_entropy"])
-    assert len(pilot["multipliers"]) == 3 and all(0.1 <= m <= 2.0 for m in pilot["multipliers"])
-    assert trl["multipliers"] == []
-    rms, worst = ex.deviations(pilot, 3.2)
-    assert 0 <= rms <= worst
-    assert "| autopilot |" in ex.table([pilot, trl], 3.2)
+        for prompt in world.PROMPTS:
+            for response in world.responses(len(tokenizer), eos):
+                ids = tokenizer(prompt).input_ids
+                q, h = 1.0, 0.0
+                for token in response:
+                    dist = torch.distributions.Categorical(logits=model(input_ids=torch.tensor([ids])).logits[0, -1])
+                    q *= float(dist.probs[token])
+                    h += float(dist.entropy())
+                    ids = ids + [token]
+                num, den, reward = num + q * h, den + q * len(response), reward + q * (a in response)
+    assert H == pytest.approx(num / den, rel=1e-9) and R == pytest.approx(reward / len(world.PROMPTS), rel=1e-9)
+    assert 1.0 < H < math.log(4)
