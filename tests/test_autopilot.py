@@ -4,6 +4,7 @@ own error, its state survives a resume; and what the prediction cannot represent
 
 from __future__ import annotations
 
+import itertools
 import json
 from types import SimpleNamespace
 
@@ -47,7 +48,7 @@ def test_the_autopilot_steers_the_real_step_and_survives_a_resume(tmp_path, tiny
     assert all(r["step_ok"] and r["step_error"] < 1e-6 for r in rows)
     assert any(r["entropy_term"] > 0 for r in rows[1:])  # from step 2 on, a term direction exists
     assert rows[0]["entropy_term"] == 0.0 and rows[0]["controller_error"] is None
-    for previous, row in zip(rows, rows[1:]):     # the previous decision graded on this step's fresh E
+    for previous, row in itertools.pairwise(rows):  # the previous decision graded on this step's fresh E
         assert row["controller_error"] == pytest.approx(row["H"] - previous["H_target"])
     scheduler = [h["learning_rate"] for h in plain.state.log_history if "learning_rate" in h]
     logged = [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h]

@@ -21,8 +21,8 @@ import pytest
 
 pytest.importorskip("trl")
 
-from entropy_experiments.integrations.autopilot import EntropyAutopilot  # noqa: E402
-from entropy_experiments.testing.enumerable_world import world_model, world_trainer  # noqa: E402
+from entropy_experiments.integrations.autopilot import EntropyAutopilot
+from entropy_experiments.testing.enumerable_world import world_model, world_trainer
 
 pytestmark = [pytest.mark.xdist_group("trl_callback"), pytest.mark.e2e]
 
