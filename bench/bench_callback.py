@@ -48,7 +48,11 @@ def one_run(model_dir: Path, out: Path, args, mode: str | None) -> tuple[float, 
         trainer.add_callback(callback)
     t0 = time.perf_counter()
     trainer.train()
-    return time.perf_counter() - t0, (callback.probe_seconds if callback else 0.0)
+    wall = time.perf_counter() - t0
+    drawing = sum(r.get("seconds_drawing_E", 0.0) for r in (callback.rows if callback else []))
+    if drawing:
+        print(f"    of the probe's {callback.probe_seconds:.1f} s, drawing E took {drawing:.1f} s", flush=True)
+    return wall, (callback.probe_seconds if callback else 0.0)
 
 
 def main() -> int:

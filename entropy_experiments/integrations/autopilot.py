@@ -98,8 +98,9 @@ class EntropyAutopilot(EntropyProbeCallback):
             with untouched(self.policy.trainable.model):
                 try:
                     E = sample_E(config, self.policy, self.examples)
+                    drawn = time.perf_counter() - t0
                     self.pending = self.decided(config, steerable_prediction(config, self.policy, E, step, t0,
-                                                                             self.direction))
+                                                                             self.direction), drawn)
                 except ProbeError as exc:
                     self._record({"step": step, "error": str(exc)})
             self.probe_seconds += time.perf_counter() - t0
@@ -108,8 +109,9 @@ class EntropyAutopilot(EntropyProbeCallback):
         for group in groups:
             group["lr"] = group["lr"] * self.multiplier
 
-    def decided(self, config, steerable: SteerablePass):
-        """The decision for the step of `steerable`, and its prediction at (m, κ) with the row's fields."""
+    def decided(self, config, steerable: SteerablePass, drawn: float):
+        """The decision for the step of `steerable` (E drawn in `drawn` seconds), and its prediction at (m, κ)
+        with the row's fields."""
         pending = steerable.pending
         fresh = Estimate(pending.H, pending.H_se)
         self.track = first_track(fresh) if self.track is None else observe(self.track, fresh)
@@ -127,7 +129,8 @@ class EntropyAutopilot(EntropyProbeCallback):
                        H_filtered=filtered.value, H_filtered_se=filtered.se, gap=gap.value, gap_se=gap.se,
                        wanted=decision.wanted, delta_h_next_unsteered=pending.delta_h_next,
                        se_E_unsteered=pending.se_E, steering=decision.steering, limit=decision.limit,
-                       controller_error=outcome, controller_error_se=pending.H_se if outcome is not None else None)
+                       controller_error=outcome, controller_error_se=pending.H_se if outcome is not None else None,
+                       seconds_drawing_E=drawn)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         if self.scheduled_lrs is not None:
