@@ -13,6 +13,10 @@ With `max_push` > 0, where the wanted change is a rise the step at m falls short
 added to the trainer's gradients as well and the step is taken at m = max(m, 1) (entropy_push.py); the row then
 adds `entropy_push`, `push_c`, `push_on_E1`, `push_on_E2` and its `autopilot` ends in `+push`.
 
+Under several processes (DDP) every number the rule reads is the union's, the same on every rank, so every rank
+takes the same decision; `decision()` (the multiplier, and the gradients after a push) is checked across the
+ranks at every step (`ranks.agree`): ranks that disagree stop with one error instead of diverging.
+
 The multiplier, the previous decision and the initial entropy (target "initial") are stored in the trainer's
 state (`trainer_state.json` of every checkpoint, key `entropy_autopilot`) and restored when training resumes
 from a checkpoint.
@@ -27,11 +31,13 @@ from collections.abc import Callable
 from typing import Any
 
 from entropy_experiments.errors import ConfigError
+from entropy_experiments.integrations import ranks
 from entropy_experiments.integrations.autopilot_rule import KEY, AutopilotRule, decide, target_of
 from entropy_experiments.integrations.entropy_push import push_step
 from entropy_experiments.integrations.live_state import untouched
 from entropy_experiments.integrations.trainer_step import TRAINER_STEP, PendingTrainerStep
 from entropy_experiments.integrations.trl_callback import EntropyProbeCallback
+from entropy_experiments.integrations.trl_step_probe import named_params
 
 STATE_KEY = "entropy_autopilot"  # not a callback class name: transformers' callback restore leaves it alone
 
@@ -77,6 +83,14 @@ class EntropyAutopilot(EntropyProbeCallback):
         self.scheduled_lrs = [g["lr"] for g in groups]
         for group in groups:
             group["lr"] = group["lr"] * self.multiplier
+        ranks.agree(self.dist, self.decision(), f"{KEY}: step {state.global_step + 1}")
+
+    def decision(self) -> dict:
+        """What every rank must apply alike to this step: the lr multiplier, and the gradients a push changed."""
+        values: dict = {"lr_multiplier": self.multiplier}
+        if self.pending is not None and "entropy_push" in self.pending.extra:
+            values["gradients"] = ranks.grads_digest(named_params(self.policy))
+        return values
 
     def steered(self, pending: PendingTrainerStep) -> PendingTrainerStep:
         """Choose m for the step of `pending` (predicted at m = 1) and return its prediction at m."""
