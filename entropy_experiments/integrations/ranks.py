@@ -22,6 +22,7 @@ parallelism (a rank then holds no whole policy).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 from typing import Any
@@ -86,6 +87,16 @@ def launch_refusal(trainer: Any) -> str | None:
         return (f"{KEY}: parallelism_config with {'/'.join(split)} > 1 is not supported (no rank holds the whole "
                 f"policy); {DDP_HINT}")
     return None
+
+
+def per_rank_config(config: ProbeConfig, dist: DistContext) -> ProbeConfig:
+    """`config` with teacher-forcing chunks small enough that every rank scores a share of E: ranks split E's
+    scoring by whole chunks of `generation.tf_batch_size` rows, so chunks as large as E would leave rank 0 all
+    the work (one process: `config` unchanged)."""
+    share = max(1, math.ceil(config.batch_config.B_E / dist.world_size))
+    if not dist.enabled or config.generation.tf_batch_size <= share:
+        return config
+    return config.model_copy(update={"generation": config.generation.model_copy(update={"tf_batch_size": share})})
 
 
 def measured_on_shares(config: ProbeConfig, engine: PolicyEngine, E: Batch, delta: dict[str, Tensor], *,

@@ -107,10 +107,11 @@ class EntropyProbeCallback(TrainerCallback):
                        if self.trainer_step else
                        view.probe_config(args, B_E=o.B_E, B_U=o.B_U, G=o.G, seed=o.seed,
                                          microbatch_size=o.microbatch_size))
+        self.dist = ranks.current()  # accelerate made the process group with the trainer
+        self.config = ranks.per_rank_config(self.config, self.dist)
         self.examples = view.trainer_examples(trainer)
         self.rewards = view.trainer_rewards(trainer)
         bc = self.config.batch_config
-        self.dist = ranks.current()  # accelerate made the process group with the trainer
         # under DDP one optimizer step averages every rank's batch
         self.u_batch_ratio = bc.B_U * bc.G / (view.trainer_batch(args) * self.dist.world_size)
         self.num_iterations = int(args.num_iterations)
