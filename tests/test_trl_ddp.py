@@ -130,3 +130,20 @@ def test_sharded_launch_modes_are_refused_in_one_line(attribute, message, tmp_pa
         with pytest.raises(ConfigError, match=message) as caught:
             make()
         assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("B_E", [5, 6, 16])
+def test_every_rank_scores_a_share_of_E(B_E, tmp_path, tiny_model_dir):
+    """Ranks split E's scoring by whole teacher-forcing chunks: the callback's chunks leave each rank a share."""
+    from entropy_experiments.probe.parallel import DistContext
+
+    config = EntropyProbeCallback(tiny_grpo_trainer(tmp_path, steps=1, model_dir=tiny_model_dir), every=1,
+                                  predict="trainer_step", B_E=B_E).config
+    for world in (2, 3):
+        shares = []
+        for rank in range(world):
+            dist = DistContext(rank=rank, world_size=world)
+            split = ranks.per_rank_config(config, dist)
+            shares.append(dist.scoring_prompts(B_E, 1, split.generation.tf_batch_size))
+        assert all(shares) and sorted(i for s in shares for i in s) == list(range(B_E))
+    assert ranks.per_rank_config(config, SINGLE) is config
