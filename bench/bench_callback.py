@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_callback.py [--model-dir DIR | --embedded] [--steps 4] [--repeats 2]
                                              [--B-E 16 --B-U 2] [--max-new-tokens 16]
                                              [--modes probe_U,trainer_step] [--device cpu|cuda]
+    .venv/bin/python bench/bench_callback.py --processes 2 [--steps 4] [--repeats 2] [--B-E 16]
 
 Side by side and alternating, the same TRL GRPOTrainer run (same seed, same model, same data) is trained for
 `--steps` optimizer steps without the callback and with it probing EVERY step (every=1), once per `predict`
@@ -16,12 +17,19 @@ and, as a check that the timer accounts for the difference, the wall-time differ
 The default model is the tiny random Qwen2 of the tests (fast, overhead-dominated); `--embedded` uses the
 embedded SmolLM2-135M (LoRA on q/v, as the tests' runs). `--device cuda` trains (and so probes) on the GPU; the
 trainer stays fp32 with eager attention, as on the CPU.
+
+`--processes N` runs the tiny model's trainer under torchrun (DDP, gloo on CPU, one thread per rank) with 1 and
+with N processes side by side, the callback in its trainer_step mode: per rank, the seconds of a training step
+without the callback and of a probed step's probe work with it (E split across the ranks), and their ratio
+(`entropy_experiments/testing/trl_ddp_run.py`, scenario bench).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +63,35 @@ def one_run(model_dir: Path, out: Path, args, mode: str | None) -> tuple[float, 
     return wall, (callback.probe_seconds if callback else 0.0)
 
 
+def ddp_run(model_dir: Path, out: Path, args, processes: int) -> dict:
+    """Rank 0's {"step_s", "probe_s"} of the bench scenario on `processes` torchrun ranks."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+           "-m", "entropy_experiments.testing.trl_ddp_run", "--out", str(out), "--model-dir", str(model_dir),
+           "--scenarios", "bench", "--steps", str(args.steps), "--B-E", str(args.B_E)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"torchrun with {processes} processes failed:\n{proc.stderr[-3000:]}")
+    return torch.load(out / "bench" / "rank0.pt", weights_only=False)
+
+
+def processes_table(model_dir: Path, tmp: Path, args) -> None:
+    """Per-rank training step, probe per probed step and their ratio for 1 and N processes, alternating."""
+    counts = sorted({1, args.processes})
+    seen = {n: [] for n in counts}
+    for r in range(args.repeats):
+        for n in counts:
+            seen[n].append(ddp_run(model_dir, tmp / f"ddp{n}_{r}", args, n))
+            print(f"repeat {r + 1}, {n} process(es): {seen[n][-1]}", flush=True)
+    print(f"cpu (gloo), 1 thread per rank, B_E {args.B_E}, {args.steps} steps, median of {args.repeats} repeats, "
+          "per rank:")
+    for n in counts:
+        step = statistics.median(x["step_s"] for x in seen[n])
+        probe = statistics.median(x["probe_s"] for x in seen[n])
+        print(f"  {n} process(es): training step {step:.3f} s, probe per probed step {probe:.3f} s, "
+              f"ratio {statistics.median(x['probe_s'] / x['step_s'] for x in seen[n]):.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", default=None)
@@ -67,6 +104,7 @@ def main() -> int:
     parser.add_argument("--modes", default="probe_U,trainer_step,autopilot",
                         help="predict modes (and `autopilot`: EntropyAutopilot at its defaults), comma-separated")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the trainer runs")
+    parser.add_argument("--processes", type=int, default=None, help="DDP on CPU: 1 and this many processes")
     args = parser.parse_args()
     modes = args.modes.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,6 +117,9 @@ def main() -> int:
         else:
             from entropy_experiments.testing.tiny_model import build_tiny_model_dir
             model_dir = build_tiny_model_dir(tmp / "tiny")
+        if args.processes:
+            processes_table(model_dir, tmp, args)
+            return 0
         ratios = {mode: [] for mode in modes}
         walls = {mode: [] for mode in modes}
         for r in range(args.repeats):

@@ -87,8 +87,6 @@ def _args(**kw):
 
 @pytest.mark.parametrize("args, message", [
     (_args(fp16=True), r"GRPOConfig.fp16=True is not supported: .* still scaled by the loss scaler"),
-    (_args(deepspeed="ds_config.json"), r"GRPOConfig.deepspeed='ds_config.json' is not supported"),
-    (_args(fsdp="full_shard"), r"GRPOConfig.fsdp='full_shard' is not supported"),
     (_args(optim="adafactor"), r"GRPOConfig.optim='adafactor' is not supported"),
 ])
 def test_what_the_prediction_cannot_represent_is_refused_in_one_line(args, message):

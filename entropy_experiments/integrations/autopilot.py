@@ -20,6 +20,11 @@ the first-order prediction on E (the step really taken, term included), not the 
 own error is the next row's `controller_error`: that step's fresh Ĥ minus the target the previous decision
 aimed at. The state (m, the filter, the target's start) is stored in the trainer's state (`trainer_state.json`
 of every checkpoint, key `entropy_autopilot`) and restored when training resumes.
+
+Under several processes (DDP) each rank draws and scores its share of E, and every number the law reads (δ, e,
+Ĥ, X̂, the realised change) is the union's, the same on every rank, so every rank takes the same decision;
+`decision()` (the multiplier, the term and its displacement) is checked across the ranks at every step
+(`ranks.agree`): ranks that disagree stop with one error instead of diverging.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 from entropy_experiments.errors import ProbeError
+from entropy_experiments.integrations import ranks
 from entropy_experiments.integrations.autopilot_rule import (
     INITIAL,
+    KEY,
     AutopilotRule,
     Estimate,
     decide,
@@ -97,10 +104,10 @@ class EntropyAutopilot(EntropyProbeCallback):
             t0 = time.perf_counter()
             with untouched(self.policy.trainable.model):
                 try:
-                    E = sample_E(config, self.policy, self.examples)
+                    E = sample_E(config, self.policy, self.examples, self.dist)
                     drawn = time.perf_counter() - t0
-                    self.pending = self.decided(config, steerable_prediction(config, self.policy, E, step, t0,
-                                                                             self.direction), drawn)
+                    steerable = steerable_prediction(config, self.policy, E, step, t0, self.direction, self.dist)
+                    self.pending = self.decided(config, steerable, drawn)
                 except ProbeError as exc:
                     self._record({"step": step, "error": str(exc)})
             self.probe_seconds += time.perf_counter() - t0
@@ -108,6 +115,11 @@ class EntropyAutopilot(EntropyProbeCallback):
         self.scheduled_lrs = [g["lr"] for g in groups]
         for group in groups:
             group["lr"] = group["lr"] * self.multiplier
+        ranks.agree(self.dist, self.decision(), f"{KEY}: step {step}")
+
+    def decision(self) -> dict:
+        """What every rank must apply alike to this step: the lr multiplier and the term's displacement."""
+        return {"lr_multiplier": self.multiplier, **{f"term/{n}": t for n, t in self.term.items()}}
 
     def decided(self, config, steerable: SteerablePass, drawn: float):
         """The decision for the step of `steerable` (E drawn in `drawn` seconds), and its prediction at (m, κ)

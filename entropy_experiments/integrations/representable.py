@@ -1,12 +1,12 @@
 """What the trainer-step prediction can represent: refused at construction, each in one line naming the setting.
 
 The prediction is the exact step torch's AdamW (or Adam with decoupled or no weight decay) makes from the
-gradients in `.grad` at `on_pre_optimizer_step`. It cannot be that step when
+gradients in `.grad` at `on_pre_optimizer_step`. It cannot be that step when (DeepSpeed, FSDP and the other
+launch modes the callbacks cannot run under are refused by `ranks.launch_refusal`)
 
     fp16            the gradients are still multiplied by the loss scaler there (unscaled inside its step)
     the optimizer   is another algorithm (Adafactor, 8-bit or fused-apex AdamW, SGD, …), or Adam with coupled
                     (L2) weight decay, whose decay goes through the moments
-    DeepSpeed/FSDP  in one process: the engine owns the step and the state is sharded or flattened
 
 A step the trainer took that differs from the prediction (another callback editing `.grad` or the lr after
 this one) is flagged in the row instead (`step_ok`, see `step_agrees`).
@@ -53,11 +53,6 @@ def check_representable(trainer: Any) -> None:
     if getattr(args, "fp16", False):
         raise ConfigError(f"{KEY}: GRPOConfig.fp16=True is not supported: at on_pre_optimizer_step the "
                           "gradients are still scaled by the loss scaler (use bf16=True)")
-    if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
-        setting = "deepspeed" if getattr(args, "deepspeed", None) else "fsdp"
-        raise ConfigError(f"{KEY}: GRPOConfig.{setting}={getattr(args, setting)!r} is not supported: the engine "
-                          "owns the optimizer step and its state (train without it, or probe the saved "
-                          "checkpoints with `entropy-probe run/sweep`)")
     optim = str(getattr(args.optim, "value", args.optim))
     if getattr(trainer, "optimizer", None) is not None:
         check_optimizer(trainer.optimizer)

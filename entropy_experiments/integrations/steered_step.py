@@ -40,6 +40,7 @@ from entropy_experiments.integrations.next_step import NextStep, next_adamw_step
 from entropy_experiments.integrations.trainer_step import PendingTrainerStep
 from entropy_experiments.integrations.trl_step_probe import named_params
 from entropy_experiments.probe.e_pass import one_pass_phase
+from entropy_experiments.probe.parallel import SINGLE, DistContext
 from entropy_experiments.probe.results import Policy
 
 STEP, TERM = "step", "term"
@@ -139,7 +140,7 @@ def _dot(x: dict[str, Tensor], y: dict[str, Tensor]) -> float:
 
 
 def steerable_prediction(config: ProbeConfig, policy: Policy, E: Batch, step: int, t0: float,
-                         direction: dict[str, Tensor] | None) -> SteerablePass:
+                         direction: dict[str, Tensor] | None, dist: DistContext = SINGLE) -> SteerablePass:
     """δ ± s of the trainer's next step (gradients now in `.grad`), the pieces along ‖Δθ_next‖·u (u: `direction`,
     the earlier steps' X̂, made orthogonal to the learning directions), and X̂ on E."""
     named = named_params(policy)
@@ -148,7 +149,7 @@ def steerable_prediction(config: ProbeConfig, policy: Policy, E: Batch, step: in
         direction = orthogonal_to(preconditioned(direction, policy.optimizer, named),
                                   learning_directions(policy.optimizer, named))
     directions = {STEP: upcoming.step, **({TERM: direction} if direction is not None else {})}
-    surrogate = one_pass_phase(config, policy, E, directions)
+    surrogate = one_pass_phase(config, policy, E, directions, dist)  # each rank its share; pieces and X̂ reduced
     scores = surrogate.scores
     weights = sampler_weights(scores, E.sampler_response_logqs())
     d = scores.lengths if config.estimator.normalize == "per_token" else torch.ones_like(scores.lengths)

@@ -35,21 +35,21 @@ from torch import Tensor
 from entropy_experiments.config import ProbeConfig
 from entropy_experiments.data.batch import Batch
 from entropy_experiments.errors import ConfigError
-from entropy_experiments.estimators.delta_h import measure_delta_h
 from entropy_experiments.estimators.entropy_gradient import coefficients, sampler_weights
 from entropy_experiments.estimators.jackknife import entropy_with_se, se_E
 from entropy_experiments.estimators.paired import paired_residual
 from entropy_experiments.estimators.sequence_scores import SequenceScores
 from entropy_experiments.estimators.surrogate import directional_pieces
+from entropy_experiments.integrations import ranks
 from entropy_experiments.integrations import trl_trainer_view as view
 from entropy_experiments.integrations.live_state import copy_of, parameters_set_to
 from entropy_experiments.integrations.next_step import NextStep, next_adamw_step
 from entropy_experiments.integrations.representable import check_representable, step_agrees
 from entropy_experiments.integrations.trl_step_probe import named_params
-from entropy_experiments.probe.parallel import SINGLE
+from entropy_experiments.probe.parallel import SINGLE, DistContext
 from entropy_experiments.probe.recipe import score_E
 from entropy_experiments.probe.results import Policy
-from entropy_experiments.probe.sampling import BatchDraw, SamplingSpec, draw_plan, sample_batch
+from entropy_experiments.probe.sampling import BatchDraw, SamplingSpec, draw_plan, sample_sharded
 
 TRAINER_STEP, PROBE_U = "trainer_step", "probe_U"
 PREDICT_MODES = (PROBE_U, TRAINER_STEP)
@@ -57,9 +57,9 @@ SAMPLING_KEYS = ("top_k", "min_p", "repetition_penalty", "generation_kwargs")
 
 
 def check_trainer_step_trainer(trainer: Any) -> None:
-    """ConfigError (one line) unless `trainer` is a single-process GRPOTrainer whose sampling E can mirror and
-    whose next step the AdamW prediction can be (representable.py)."""
-    view.check_single_grpo(trainer)
+    """ConfigError (one line) unless `trainer` is a GRPOTrainer (one process or DDP) whose sampling E can mirror
+    and whose next step the AdamW prediction can be (representable.py)."""
+    view.check_grpo(trainer)
     check_representable(trainer)
     refusals = view.unsupported_settings(trainer.args)
     for key in SAMPLING_KEYS:
@@ -111,30 +111,36 @@ class PendingTrainerStep:
                                    extra={**self.extra, **extra})
 
 
-def sample_E(config: ProbeConfig, policy: Policy, examples: list) -> Batch:
-    """A fresh E by the probe's own sampler (its index plan and seed + 1, as the probe's E)."""
+def sample_E(config: ProbeConfig, policy: Policy, examples: list, dist: DistContext | None = None) -> Batch:
+    """A fresh E by the probe's own sampler (its index plan and seed + 1, as the probe's E). Under several
+    processes (`dist`, None: the trainer's, `ranks.current`) each rank draws its share with its own seed
+    stream and every rank gets the union in plan order."""
+    dist = ranks.current() if dist is None else dist
     bc = config.batch_config
-    plan = draw_plan(config, len(examples), SINGLE)
+    plan = draw_plan(config, len(examples), SINGLE)  # a function of the seed: the same on every rank
     spec = SamplingSpec.choose(policy.engine, reference=not config.sampler.batched,
                                chat_template_kwargs=bc.chat_template_kwargs,
                                memory_budget_gb=config.estimator.memory_budget_gb)
-    return sample_batch(spec, examples, BatchDraw(plan.E_prompt_indices, plan.E_responses_per_prompt,
-                                                  config.seed + 1, what="E"))
+    return sample_sharded(spec, examples, BatchDraw(plan.E_prompt_indices, plan.E_responses_per_prompt,
+                                                    config.seed + 1, what="E"), dist)
 
 
-def predict_trainer_step(config: ProbeConfig, policy: Policy, examples: list, step: int) -> PendingTrainerStep:
+def predict_trainer_step(config: ProbeConfig, policy: Policy, examples: list, step: int,
+                         dist: DistContext | None = None) -> PendingTrainerStep:
     """Δθ_next from the live gradients and optimizer, a fresh E, and δH_next = X̂·Δθ_next ± SE_E on it."""
     t0 = time.perf_counter()
-    E = sample_E(config, policy, examples)
-    return predict_on_E(config, policy, E, step, t0)
+    E = sample_E(config, policy, examples, dist)
+    return predict_on_E(config, policy, E, step, t0, dist)
 
 
-def predict_on_E(config: ProbeConfig, policy: Policy, E: Batch, step: int, t0: float) -> PendingTrainerStep:
-    """δH_next = X̂·Δθ_next ± SE_E on a given E, Δθ_next from the gradients now in `.grad` (`t0`: when the
-    probe's work on this step began)."""
+def predict_on_E(config: ProbeConfig, policy: Policy, E: Batch, step: int, t0: float,
+                 dist: DistContext | None = None) -> PendingTrainerStep:
+    """δH_next = X̂·Δθ_next ± SE_E on a given E (the union of the ranks'), Δθ_next from the gradients now in
+    `.grad` (`t0`: when the probe's work on this step began). Each rank scores its share of E (`dist`, None:
+    `ranks.current`); the per-sequence pieces are gathered, so every number is the union's on every rank."""
     named = named_params(policy)
     upcoming = next_adamw_step(policy.optimizer, named)
-    scores = score_E(config, policy, E, upcoming.step)
+    scores = score_E(config, policy, E, upcoming.step, ranks.current() if dist is None else dist)
     weights = sampler_weights(scores, E.sampler_response_logqs())
     pieces = directional_pieces(scores.d_logq, scores.d_entropy, coefficients(scores, config.entropy_options(),
                                                                              weights))
@@ -147,16 +153,19 @@ def predict_on_E(config: ProbeConfig, policy: Policy, E: Batch, step: int, t0: f
                               time.perf_counter() - t0)
 
 
-def check_trainer_step(config: ProbeConfig, policy: Policy, pending: PendingTrainerStep) -> dict:
-    """The row of one probed step: the prediction, the realised change on the same E, the residual."""
+def check_trainer_step(config: ProbeConfig, policy: Policy, pending: PendingTrainerStep,
+                       dist: DistContext | None = None) -> dict:
+    """The row of one probed step: the prediction, the realised change on the same E, the residual (each rank
+    scores its share of E at θ', `ranks.measured_on_shares`)."""
     t0 = time.perf_counter()
     named = named_params(policy)
     delta = {n: p.detach() - pending.theta[n] for n, p in named.items()}
     normalize = config.estimator.normalize
     weights = None if pending.weights is None else pending.weights.numpy()
     with parameters_set_to(named, pending.theta):
-        realised = measure_delta_h(policy.engine, pending.E, delta, [1.0], normalize=normalize,
-                                   base=pending.scores, sampler_weights=weights)
+        realised = ranks.measured_on_shares(config, policy.engine, pending.E, delta, base=pending.scores,
+                                            sampler_weights=weights,
+                                            dist=ranks.current() if dist is None else dist)
     per, true = realised.per_sequence[1.0], realised.rows[0]
     residual = paired_residual(per["logw"], per["h_new"], realised.h, realised.T, pending.pieces[0].numpy(),
                                pending.pieces[1].numpy(), 1.0, normalize=normalize,

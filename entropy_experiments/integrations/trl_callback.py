@@ -20,6 +20,10 @@ entropy_probe.jsonl and a log line (steps are counted from the global_step the t
 The trainer's step is untouched: random streams, train/eval mode and gradient buffers are restored
 (`live_state.py`), the optimizer is only read, and parameters moved for a measurement are copied back exactly —
 a run with the callback takes bit-identical steps to one without it (tests/test_trl_callback.py).
+
+Under several processes (DDP: `accelerate launch`, torchrun) each rank samples and scores its share of the
+probe's batches and every number is the union's, the same on every rank; rank 0 alone writes
+entropy_probe.jsonl, the saved batches and the console line (`ranks.py`, tests/test_trl_ddp.py).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from transformers import Trainer, TrainerCallback
 
 from entropy_experiments.checkpoint.rollouts import reuse_note, reuses_rollouts
 from entropy_experiments.errors import ConfigError, ProbeError, closest_match
+from entropy_experiments.integrations import ranks
 from entropy_experiments.integrations import trl_trainer_view as view
 from entropy_experiments.integrations.live_state import untouched
 from entropy_experiments.integrations.representable import check_optimizer
@@ -51,6 +56,7 @@ from entropy_experiments.integrations.trainer_step import (
 )
 from entropy_experiments.integrations.trl_step_probe import check_step, predict_step
 from entropy_experiments.io_utils import atomic_write
+from entropy_experiments.probe.parallel import DistributedError
 
 log = logging.getLogger("entropy_experiments.callback")
 PREFIX = "entropy_probe/"
@@ -115,10 +121,13 @@ class EntropyProbeCallback(TrainerCallback):
                        if self.trainer_step else
                        view.probe_config(args, B_E=o.B_E, B_U=o.B_U, G=o.G, seed=o.seed,
                                          microbatch_size=o.microbatch_size))
+        self.dist = ranks.current()  # accelerate made the process group with the trainer
+        self.config = ranks.per_rank_config(self.config, self.dist)
         self.examples = view.trainer_examples(trainer)
         self.rewards = view.trainer_rewards(trainer)
         bc = self.config.batch_config
-        self.u_batch_ratio = bc.B_U * bc.G / view.trainer_batch(args)
+        # under DDP one optimizer step averages every rank's batch
+        self.u_batch_ratio = bc.B_U * bc.G / (view.trainer_batch(args) * self.dist.world_size)
         self.num_iterations = int(args.num_iterations)
         self.session_start = 0  # the global_step this training session started from (on_train_begin)
         self.rows: list[dict] = []
@@ -150,7 +159,9 @@ class EntropyProbeCallback(TrainerCallback):
         t0 = time.perf_counter()
         with untouched(self.policy.trainable.model):
             try:
-                self.pending = predict_step(config, self.policy, self.examples, self.rewards, step)
+                self.pending = predict_step(config, self.policy, self.examples, self.rewards, step, self.dist)
+            except DistributedError:
+                raise
             except ProbeError as exc:  # e.g. an lr of 0 (warm-up): no prediction, training goes on
                 self._record({"step": step, "error": str(exc)})
         if self.pending is not None and self.options.save_batches:
@@ -166,7 +177,9 @@ class EntropyProbeCallback(TrainerCallback):
         t0 = time.perf_counter()
         with untouched(self.policy.trainable.model):
             try:
-                self.pending = predict_trainer_step(config, self.policy, self.examples, step)
+                self.pending = predict_trainer_step(config, self.policy, self.examples, step, self.dist)
+            except DistributedError:
+                raise
             except ProbeError as exc:
                 self._record({"step": step, "error": str(exc)})
         self.probe_seconds += time.perf_counter() - t0
@@ -177,14 +190,16 @@ class EntropyProbeCallback(TrainerCallback):
         pending, self.pending = self.pending, None
         t0 = time.perf_counter()
         with untouched(self.policy.trainable.model):
-            row = (check_trainer_step(self.config, self.policy, pending) if self.trainer_step else
-                   check_step(self.config, self.policy, pending, self.u_batch_ratio))
+            row = (check_trainer_step(self.config, self.policy, pending, self.dist) if self.trainer_step else
+                   check_step(self.config, self.policy, pending, self.u_batch_ratio, self.dist))
         self.probe_seconds += time.perf_counter() - t0
         self._record(row)
         self._report(row, control)
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
+        if not ranks.writes(self.dist):
+            return
         total = time.perf_counter() - (self.train_start or time.perf_counter())
         share = self.probe_seconds / total if total > 0 else float("nan")
         probed = sum("realised" in r for r in self.rows)
@@ -195,15 +210,19 @@ class EntropyProbeCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ output
     def _save_batches(self, step: int, pending) -> None:
+        if not ranks.writes(self.dist):
+            return
         folder = Path(self.trainer.args.output_dir) / BATCH_DIR / f"step_{step}"
         for name, batch in (("E_batch.pt", pending.E.to_dict()), ("U_batch.pt", pending.U.to_dict())):
             atomic_write(folder / name, lambda fh, b=batch: torch.save(b, fh), make_parents=True)
 
     def _record(self, row: dict) -> None:
         """Keep `row` (with the trainer's num_iterations), append it to entropy_probe.jsonl, and say its errors,
-        warnings or skip in the log."""
+        warnings or skip in the log (rank 0; every rank keeps the row)."""
         row = {**row, "num_iterations": self.num_iterations}
         self.rows.append(row)
+        if not ranks.writes(self.dist):
+            return
         out = Path(self.trainer.args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         with open(out / LOG_FILE, "a", encoding="utf-8") as fh:

@@ -28,7 +28,6 @@ import numpy as np
 
 from entropy_experiments.config import ProbeConfig
 from entropy_experiments.data.batch import Batch
-from entropy_experiments.estimators.delta_h import measure_delta_h
 from entropy_experiments.estimators.displacement import (
     BatchColumns,
     DisplacementPieces,
@@ -40,6 +39,8 @@ from entropy_experiments.estimators.error_bars import ErrorBars
 from entropy_experiments.estimators.paired import paired_residual
 from entropy_experiments.estimators.surrogate import directional_pieces
 from entropy_experiments.integrations.live_state import copy_of, parameters_set_to
+from entropy_experiments.integrations.ranks import measured_on_shares
+from entropy_experiments.probe.parallel import SINGLE, DistContext
 from entropy_experiments.probe.recipe import estimate_phase, score_E
 from entropy_experiments.probe.results import DeltaH1Result, Policy, WarningLog
 from entropy_experiments.probe.sampling import sample_phase
@@ -66,30 +67,34 @@ def named_params(policy: Policy) -> dict:
     return dict(zip(policy.trainable.names, policy.trainable.params))
 
 
-def predict_step(config: ProbeConfig, policy: Policy, examples: list, rewards, step: int) -> PendingStep:
-    """Sample E and U from the live policy, δH₁ ± SE for the step about to be taken, and keep θ."""
+def predict_step(config: ProbeConfig, policy: Policy, examples: list, rewards, step: int,
+                 dist: DistContext = SINGLE) -> PendingStep:
+    """Sample E and U from the live policy, δH₁ ± SE for the step about to be taken, and keep θ (under several
+    processes each rank samples and back-propagates its share, as the offline probe under torchrun)."""
     t0 = time.perf_counter()
     notes = WarningLog()
-    samples = sample_phase(config, policy.engine, examples=examples, rewards=rewards)
-    estimates = estimate_phase(config, policy, samples.E, samples.U, notes)
+    samples = sample_phase(config, policy.engine, dist, examples=examples, rewards=rewards)
+    estimates = estimate_phase(config, policy, samples.E, samples.U, notes, dist)
     theta = copy_of(named_params(policy))
     return PendingStep(step, samples.E, samples.U, estimates.delta_h1, estimates.error_bars, theta, time.perf_counter() - t0, list(notes.messages))
 
 
-def displacement_pieces(config: ProbeConfig, policy: Policy, pending: PendingStep, delta: NamedTensors):
+def displacement_pieces(config: ProbeConfig, policy: Policy, pending: PendingStep, delta: NamedTensors,
+                        dist: DistContext = SINGLE):
     """(a, r) along Δθ on E at θ: one jvp scoring pass (θ swapped in, then θ' restored bit for bit)."""
     with parameters_set_to(named_params(policy), pending.theta):
-        scores = score_E(config, policy, pending.E, delta)
-        realised = measure_delta_h(policy.engine, pending.E, delta, [1.0], normalize=config.estimator.normalize,
-                                   base=pending.res.scores, tf_batch_size=pending.res.scores_tf_batch)
+        scores = score_E(config, policy, pending.E, delta, dist)
+        realised = measured_on_shares(config, policy.engine, pending.E, delta, base=pending.res.scores,
+                                      sampler_weights=None, dist=dist, tf_batch_size=pending.res.scores_tf_batch)
     return directional_pieces(scores.d_logq, scores.d_entropy, pending.res.coefficients), realised
 
 
-def check_step(config: ProbeConfig, policy: Policy, pending: PendingStep, u_batch_ratio: float) -> dict:
+def check_step(config: ProbeConfig, policy: Policy, pending: PendingStep, u_batch_ratio: float,
+               dist: DistContext = SINGLE) -> dict:
     """The row of one probed step: prediction, realised change on the same E, displacement and residuals."""
     t0 = time.perf_counter()
     delta = {n: p.detach() - pending.theta[n] for n, p in named_params(policy).items()}
-    pieces, realised = displacement_pieces(config, policy, pending, delta)
+    pieces, realised = displacement_pieces(config, policy, pending, delta, dist)
     res, bars, normalize = pending.res, pending.bars, config.estimator.normalize
     entry = displacement_entry(res.X_hat, delta, pieces, res.scores, normalize=normalize, second=None)
     per = realised.per_sequence[1.0]

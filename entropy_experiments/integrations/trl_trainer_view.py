@@ -12,8 +12,9 @@ Everything the offline probe takes from a config and a checkpoint, the callback 
 
 Sampling settings the probe's sampling policy q (temperature + nucleus) cannot represent — top-k, min-p, a
 repetition penalty, extra generation kwargs, vLLM — are refused with one line, as are TRL loss types whose
-gradient the probe does not mirror (cispo, sapo, vespo), reward models (the probe calls functions) and several
-processes (see `check_trainer`). Each refusal names the GRPOConfig key and says why.
+gradient the probe does not mirror (cispo, sapo, vespo), reward models (the probe calls functions) and launch
+modes that shard the policy or its optimizer (DeepSpeed ZeRO, FSDP: `ranks.launch_refusal`; several processes
+under DDP are supported). Each refusal names the setting and says why.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from entropy_experiments.errors import ConfigError
 from entropy_experiments.estimators.entropy_terms import adaptive_entropy_coef
 from entropy_experiments.estimators.objective_gradient import Trainable
 from entropy_experiments.estimators.objectives import unmirrored_loss_type
+from entropy_experiments.integrations.ranks import launch_refusal
 from entropy_experiments.policy.engine import PolicyEngine
 from entropy_experiments.probe.results import Policy
 
@@ -38,8 +40,8 @@ KEY = "EntropyProbeCallback"
 
 
 def check_trainer(trainer: Any) -> None:
-    """ConfigError (one line) unless `trainer` is a single-process TRL GRPOTrainer the probe can mirror."""
-    check_single_grpo(trainer)
+    """ConfigError (one line) unless `trainer` is a TRL GRPOTrainer (one process or DDP) the probe can mirror."""
+    check_grpo(trainer)
     args = trainer.args
     unmirrored = unmirrored_loss_type(args.loss_type)
     if unmirrored is not None:
@@ -54,19 +56,17 @@ def check_trainer(trainer: Any) -> None:
                               "pass reward functions")
 
 
-def check_single_grpo(trainer: Any) -> None:
-    """ConfigError (one line) unless `trainer` is a trl.GRPOTrainer in a single process."""
+def check_grpo(trainer: Any) -> None:
+    """ConfigError (one line) unless `trainer` is a trl.GRPOTrainer in one process or under DDP."""
     try:
         from trl import GRPOTrainer
     except ImportError:  # pragma: no cover - the callback is only useful with trl installed
         raise ConfigError(f"{KEY}: needs trl (pip install trl) — it probes a trl.GRPOTrainer") from None
     if not isinstance(trainer, GRPOTrainer):
         raise ConfigError(f"{KEY}: supports trl.GRPOTrainer only, got {type(trainer).__name__}")
-    args = trainer.args
-    if args.world_size > 1:
-        raise ConfigError(f"{KEY}: {args.world_size} processes: the callback probes a single process only "
-                          "(under DDP each rank would sample and back-propagate its own probe batch; "
-                          "probe saved checkpoints with `entropy-probe run/sweep` under torchrun instead)")
+    refusal = launch_refusal(trainer)
+    if refusal is not None:
+        raise ConfigError(refusal)
 
 
 def unsupported_settings(args: Any) -> dict[str, tuple[bool, str]]:
