@@ -402,6 +402,15 @@ TRAPS = [
     Trap("se_u_df_is_the_group_count", EE + "estimators/error_bars.py",
          "U_df = float(len(u_groups) - 1) if", "U_df = float(len(u_groups)) if",
          ("tests/test_what_if_intervals.py::test_few_u_groups_warn_and_show_their_degrees_of_freedom",)),
+    # ---- comments tell why, not history (tests/test_no_history_in_code.py)
+    Trap("history_phrase_in_a_comment", EE + "estimators/jackknife.py",
+         "    # sums = (A, B, Σh, ΣT): (A − Ĥ·B)/ΣT",
+         "    # hashed as before; sums = (A, B, Σh, ΣT): (A − Ĥ·B)/ΣT",
+         (("tests/test_no_history_in_code.py::test_comments_and_docstrings_tell_why_not_history"
+           "[entropy_experiments/estimators/jackknife.py]"),)),
+    Trap("history_check_misses_dates", "tests/test_no_history_in_code.py",
+         '"a date": r"\\b(?:19|20)\\d\\d-[01]\\d-[0-3]\\d\\b",', '"a date": r"(?!x)x",',
+         ("tests/test_no_history_in_code.py::test_history_phrasing_is_flagged",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.
