@@ -428,6 +428,15 @@ TRAPS = [
     Trap("ddp_tf_chunks_as_large_as_E", EE + "integrations/ranks.py",
          "config.generation.tf_batch_size <= share", "config.generation.tf_batch_size >= 1",
          ("tests/test_trl_ddp.py::test_every_rank_scores_a_share_of_E",)),
+    # ---- comments tell why, not history (tests/test_no_history_in_code.py)
+    Trap("history_phrase_in_a_comment", EE + "estimators/jackknife.py",
+         "    # sums = (A, B, Σh, ΣT): (A − Ĥ·B)/ΣT",
+         "    # hashed as before; sums = (A, B, Σh, ΣT): (A − Ĥ·B)/ΣT",
+         (("tests/test_no_history_in_code.py::test_comments_and_docstrings_tell_why_not_history"
+           "[entropy_experiments/estimators/jackknife.py]"),)),
+    Trap("history_check_misses_dates", "tests/test_no_history_in_code.py",
+         '"a date": r"\\b(?:19|20)\\d\\d-[01]\\d-[0-3]\\d\\b",', '"a date": r"(?!x)x",',
+         ("tests/test_no_history_in_code.py::test_history_phrasing_is_flagged",)),
 ]
 
 # Appended to the scratch tests/conftest.py: records which entropy_experiments the run imported.

@@ -27,9 +27,9 @@ __all__ = ["create_lora_model", "load_peft_for_probe"]
 def _set_activation_checkpointing(model: Any, enable: bool) -> None:
     """Turn gradient (activation) checkpointing on or off (non-reentrant when on).
 
-    transformers 5 renamed `gradient_checkpointing_*` to `activation_checkpointing_*` and
-    deprecated the old names; enabling also makes embedding outputs require grad, which the
-    frozen-base + LoRA case needs so that gradients reach the checkpointed blocks.
+    transformers 5 calls it `activation_checkpointing_*` and warns on `gradient_checkpointing_*`, the only
+    names transformers 4 has: the first found is used. Enabling also makes embedding outputs require grad,
+    which the frozen-base + LoRA case needs so that gradients reach the checkpointed blocks.
     """
     if enable:
         if hasattr(model, "activation_checkpointing_enable"):

@@ -1,6 +1,7 @@
 """The original (seed 001) API's `model_loader`: `load_peft_for_probe` and `load_adam_optimizer_from_path`.
 
-Each name is the function of `entropy_experiments.checkpoint` that now does the work (same keywords);
+Each name is the function of `entropy_experiments.checkpoint` that does the work (same keywords), so that the
+seed's code runs unchanged;
 `entropy_experiments.model_loader` (the legacy import path) re-exports this list.
 """
 

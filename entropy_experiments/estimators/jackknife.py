@@ -36,7 +36,6 @@ __all__ = [
     "delta_h1_slope",
     "entropy_with_se",
     "jackknife_estimate",
-    "jackknife_from_unit_sums",
     "jackknife_ratio_se",
     "jackknife_replicates",
     "jackknife_se",
@@ -138,25 +137,20 @@ def jackknife_replicates(unit_stats: np.ndarray, fn: Callable[[np.ndarray], floa
         return np.array([fn(totals - row) for row in stats], dtype=np.float64)
 
 
-def jackknife_from_unit_sums(unit_stats: np.ndarray, fn: Callable[[np.ndarray], float]) -> float:
-    """Jackknife SE of fn(column sums) over the units (rows) of unit_stats [n, m]."""
-    return jackknife_se(jackknife_replicates(unit_stats, fn))
-
-
 def _ratio(sums: np.ndarray) -> float:
     return float(sums[0] / sums[1])
 
 
 def jackknife_ratio_se(numer_parts: Any, denom_parts: Any) -> float:
     """Jackknife SE of Σ numer / Σ denom over units ([n] each)."""
-    return jackknife_from_unit_sums(sum_by_unit([numer_parts, denom_parts]), _ratio)
+    return jackknife_estimate(sum_by_unit([numer_parts, denom_parts]), _ratio).se
 
 
 def jackknife_estimate(unit_stats: np.ndarray, fn: Callable[[np.ndarray], float]) -> Estimate:
     """(fn(column sums), its jackknife SE over the units of unit_stats [n, m]), in fn's units."""
     with np.errstate(divide="ignore", invalid="ignore"):
         value = fn(unit_stats.sum(axis=0))
-    return Estimate(float(value), jackknife_from_unit_sums(unit_stats, fn))
+    return Estimate(float(value), jackknife_se(jackknife_replicates(unit_stats, fn)))
 
 
 def _delta_h1_per_token_stat(sums: np.ndarray) -> float:
@@ -172,7 +166,7 @@ def delta_h1_per_token(a: Any, r: Any, h: Any, T: Any, *, units: Any | None = No
     Value (A − Ĥ·B)/ΣT with A = Σa, B = Σr, Ĥ = Σh/ΣT — nats per token per unit lr. Multiply value
     and SE by lr for δH₁ itself (an SE of the whole statistic, not of a mean of pieces).
     """
-    return jackknife_estimate(sum_by_unit([a, r, h, T], units), _delta_h1_per_token_stat)
+    return Estimate(*se_E(a, r, h, T, units, normalize="per_token", learning_rate=1.0))
 
 
 def delta_h1_per_sequence(a: Any, *, units: Any | None = None) -> Estimate:
@@ -200,7 +194,7 @@ def delta_h1_slope(
 # --------------------------------------------------------------------------------------------
 
 
-def se_E(a: torch.Tensor, r: torch.Tensor, seq_entropies: torch.Tensor, lengths: torch.Tensor, units: list[int],
+def se_E(a: torch.Tensor, r: torch.Tensor, seq_entropies: torch.Tensor, lengths: torch.Tensor, units: Any | None,
          *, normalize: str, learning_rate: float, sampler_weights: Any | None = None) -> tuple[float, float]:
     """(δH₁ from the pieces, its E-side SE).  Statistic lr·(A − Ĥ·B)/D, Ĥ = Σh/D, D = ΣT or N.
 
@@ -210,11 +204,10 @@ def se_E(a: torch.Tensor, r: torch.Tensor, seq_entropies: torch.Tensor, lengths:
     is homogeneous of degree 0 in s (a common factor of the four sums cancels), so a delete-one replicate needs no
     renormalisation of the remaining weights.
     """
-    d = lengths.double() if normalize == "per_token" else torch.ones_like(lengths, dtype=torch.float64)
-    columns = [a, r, seq_entropies, d]
-    if sampler_weights is not None:
-        columns = sampler_weighted([as_float64(c) for c in columns], sampler_weights)
-    est = delta_h1_per_token(*columns, units=units)
+    t = as_float64(lengths)
+    d = t if normalize == "per_token" else np.ones_like(t)
+    columns = sampler_weighted([as_float64(a), as_float64(r), as_float64(seq_entropies), d], sampler_weights)
+    est = jackknife_estimate(sum_by_unit(columns, units), _delta_h1_per_token_stat)
     return learning_rate * est.value, learning_rate * est.se
 
 

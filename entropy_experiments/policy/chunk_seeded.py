@@ -67,7 +67,8 @@ class ChunkSeededSampler:
         chunk = int(ctx.requested)
         done_chunks, on_chunk = self.done_chunks, self.on_chunk
         if request.keep_chunks and ctx.chunk_store is not None and done_chunks is None and on_chunk is None:
-            # the key of the chunk-seeded draws as it was before the sampler keys existed (old runs resume)
+            # the chunk store's key leaves out the sampler's dtype and engine, so that a run directory whose
+            # chunks were keyed without them resumes from them
             generation = {k: v for k, v in dataclasses.asdict(ctx.policy.config).items()
                           if k not in ("sampler_dtype", "sampler_engine")}
             done_chunks, on_chunk = ctx.chunk_store.open({

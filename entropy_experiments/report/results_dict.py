@@ -42,8 +42,8 @@ def sampler_block(E: dict | None, U: dict | None) -> dict[str, Any]:
     """results.json "sampler": what drew E and U — dtype, engine, draws ("row_keyed" | "chunk_seeded"), and per batch
     the rows per generate call (chosen and after any OOM halving), new tokens, seconds, tokens/s. E, U: each batch's
     `generation` record (the policy engine's `last_generation` when it was drawn, saved with the batch, so a
-    resumed run reports the sampling it reused; None: no record — the reference sampler, or batches saved by an
-    earlier version). The estimators add their importance-correction diagnostics under "correction"."""
+    resumed run reports the sampling it reused; None: no record — the reference sampler, or batches saved without
+    one, which a resumed run still reads). The estimators add their importance-correction diagnostics under "correction"."""
     if E is None and U is None:
         return {"sampled": False}
     first = E or U

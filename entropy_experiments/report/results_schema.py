@@ -60,7 +60,7 @@ REQUIRED_SCHEMA: dict[str, Any] = {
     "x_hat_dot_v": None,  # X̂·v, δH₁ per unit lr
     "bars_dot": None,     # legacy alias of x_hat_dot_v (LEGACY_RESULT_KEYS)
     "learning_rate": None,
-    "se": {"E": None, "U": None, "total": None},  # and U_df (SE_U's degrees of freedom) since it was added
+    "se": {"E": None, "U": None, "total": None},  # and U_df (SE_U's degrees of freedom), optional: not every run has it
     "H_orig": {"per_token": None, "per_sequence": None},
     "true": None,  # list of TRUE_ENTRY_SCHEMA, checked separately
     "linearity": {"slope_through_origin": None, "loglog_slope": None, "symmetric_slopes": None},
@@ -79,8 +79,8 @@ TRUE_ENTRY_SCHEMA: dict[str, Any] = {
     "se": None,
 }
 NORMALIZE_MODES = ("per_token", "per_sequence")
-# Legacy keys results.json still writes, each with the same value as its canonical key, for the consumers that
-# read the old name: legacy key -> canonical key.
+# Legacy keys results.json writes beside their canonical key, same value, so that a reader that asks for the seed
+# API's name (`bars_dot`, its word for X̂·v) keeps working: legacy key -> canonical key.
 LEGACY_RESULT_KEYS: dict[str, str] = {"bars_dot": "x_hat_dot_v"}
 # The timing keys are the phases' names (docs/development.md "The phases of one run"); results.json also writes
 # each under its earlier numbered name, same value: legacy timing key -> phase timing key.
@@ -99,7 +99,8 @@ def with_legacy_timing_keys(timing: dict[str, float]) -> dict[str, float]:
 
 
 def x_hat_dot_v_of(results: dict[str, Any]) -> Any:
-    """X̂·v of a results dict, also of one written before `x_hat_dot_v` existed (it has only `bars_dot`)."""
+    """X̂·v of a results dict, also of one that carries it only under the seed API's name `bars_dot`, so that
+    the report reads every results.json that holds the number."""
     return results["x_hat_dot_v"] if "x_hat_dot_v" in results else results.get("bars_dot")
 
 
