@@ -133,7 +133,12 @@ def recorded_differences(new_results: dict, new_rows: list[dict], old_results: d
                          rounding: Rounding) -> list[str]:
     """Every field of a recorded run (results.json less paths, per_sequence.jsonl) that a new run on the same
     token ids misses or breaks its tolerance; `rounding` measured on the new run's E."""
-    bad = differences({**new_results, "predictors": None}, {**old_results, "predictors": None}, rounding.floor)
+    # warnings: every recorded one must still be given; a run may add new ones (a check the recording predates)
+    new_warnings, old_warnings = new_results.get("warnings", []), old_results.get("warnings", [])
+    new_results = {k: v for k, v in new_results.items() if k != "warnings"}
+    old_results = {k: v for k, v in old_results.items() if k != "warnings"}
+    bad = [f"results.warnings: recorded {w!r} not given" for w in old_warnings if w not in new_warnings]
+    bad += differences({**new_results, "predictors": None}, {**old_results, "predictors": None}, rounding.floor)
     slack = _slack(old_results, old_rows, rounding)
     _compare(new_results, old_results, ("results",), slack, bad)
     _compare(new_rows, old_rows, ("per_sequence",), slack, bad)
