@@ -99,7 +99,7 @@ def objective_keys(args: Any) -> dict[str, Any]:
             "entropy_coef": 0.0 if args.use_adaptive_entropy else float(args.entropy_coef),
             "off_policy_mask_threshold": args.off_policy_mask_threshold,
             "vllm_importance_sampling_correction": bool(args.use_vllm and args.vllm_importance_sampling_correction),
-            # a TRL without the switch (before it existed) has no KL importance weight
+            # a TRL version without the switch applies no KL importance weight
             "use_bias_correction_kl": bool(getattr(args, "use_bias_correction_kl", False))}
 
 
