@@ -89,7 +89,7 @@ def test_rounding_floor_warns_where_delta_h_is_forced_under_it(toy_run):
 
 @pytest.mark.e2e
 def test_window_diagnostics_of_the_reported_pair(toy_run):
-    probe, outcome, _ = toy_run
+    _, outcome, _ = toy_run
     so = outcome.results["second_order"]
     eta = so["eta"]
     row = so["per_eta"][-1]
