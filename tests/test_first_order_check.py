@@ -12,12 +12,15 @@
 from __future__ import annotations
 
 import copy
+import types
 
 import numpy as np
 import pytest
 
 from entropy_experiments.config import config_from_dict
+from entropy_experiments.errors import ConfigError
 from entropy_experiments.estimators.rounding_floor import floor_passes
+from entropy_experiments.probe import recipe
 from tests.probe_helpers import make_probe
 from tests.test_probe import TOY_PROMPTS, _exact_entropy, _shifted, toy_dir, toy_prompts_file  # noqa: F401
 
@@ -117,5 +120,8 @@ def test_eta_over_lr_and_the_config_hash():
     assert plain.config_hash() == config_from_dict({**base, "importance": {"eta_over_lr": None}}).config_hash()
     relative = config_from_dict({**base, "importance": {"eta_over_lr": [1.0, 0.1]}})
     assert relative.config_hash() != plain.config_hash()
-    assert relative.importance.etas_at(2e-4) == pytest.approx([2e-4, 2e-5])
-    assert plain.importance.etas_at(2e-4) == [1e-5]
+    policy = types.SimpleNamespace(optimizer=types.SimpleNamespace(param_groups=[{"lr": 2e-4, "params": [0]}]))
+    assert recipe.with_absolute_etas(relative, policy).importance.eta_list == pytest.approx([2e-4, 2e-5])
+    assert recipe.with_absolute_etas(plain, policy) is plain
+    with pytest.raises(ConfigError, match="eta_over_lr: each η must be finite and non-zero"):
+        config_from_dict({**base, "importance": {"eta_over_lr": [0.0]}})

@@ -7,7 +7,6 @@ of each.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -307,20 +306,14 @@ class ImportanceSection(_Section):
     mode: Literal["param_override", "real_step"] = "param_override"
     eta_list: list[float] = Field(default_factory=lambda: [1e-5], min_length=1)
     symmetric: bool = False  # also evaluate -η, for symmetric slopes (one more no-grad pass over E per η)
-    # η as multiples of the checkpoint's lr instead of eta_list (None: eta_list, absolute): η = k·lr for each k
-    eta_over_lr: list[float] | None = Field(None, min_length=1)
+    eta_over_lr: list[float] | None = Field(None, min_length=1)  # η = k·lr per k instead of eta_list (None: eta_list)
 
     @field_validator("eta_list", "eta_over_lr")
     @classmethod
     def _check_etas(cls, value: list[float] | None) -> list[float] | None:
-        for eta in value or []:
-            if eta == 0.0 or not math.isfinite(eta):
-                raise ValueError(f"η must be finite and non-zero, got {eta!r}")
+        if not all(0 < abs(eta) < float("inf") for eta in value or []):
+            raise ValueError(f"each η must be finite and non-zero, got {value!r}")
         return value
-
-    def etas_at(self, lr: float) -> list[float]:
-        """The η of the ΔH passes at the checkpoint's lr: eta_over_lr·lr when set, else eta_list."""
-        return list(self.eta_list) if self.eta_over_lr is None else [k * lr for k in self.eta_over_lr]
 
 
 class VarianceSection(_Section):

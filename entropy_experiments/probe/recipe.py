@@ -221,13 +221,17 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, note
     return Estimates(res, bars, timing, truth)
 
 
-def timed_attribution(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, res: DeltaH1Result, bars: ErrorBars,
-                      along_v: TangentAlongV, truth: DeltaH) -> tuple[dict, dict | None, float]:
+def timed_attribution(config: ProbeConfig, policy: Policy, batches: tuple[Batch, Batch],
+                      estimates: tuple[DeltaH1Result, ErrorBars], along_v: TangentAlongV, truth: DeltaH,
+                      notes: WarningLog) -> tuple[dict, dict | None, float]:
     """attribution_phase's (results, E token columns) and its seconds, which include the pass along v when it was
     made for the attribution alone (order 1; an order-2 pass counts as the second order's; the ΔH passes whose
     per-token entropies it differences count as ΔH's)."""
     t0 = time.perf_counter()
+    (E, U), (res, bars) = batches, estimates
     attribution, e_tokens = attribution_phase(config, policy, E, U, res, bars, along_v.scores, truth)
+    if (error := ((attribution.get("E_tokens") or {}).get("dH_error") or {}).get("warning")) is not None:
+        notes.warn(error)  # a token's dH may be off by more than ERROR_SHARE_MAX of the largest
     return attribution, e_tokens, time.perf_counter() - t0 + (along_v.seconds if along_v.order == 1 else 0.0)
 
 
@@ -261,7 +265,7 @@ def with_absolute_etas(config: ProbeConfig, policy: Policy) -> ProbeConfig:
     if imp.eta_over_lr is None:
         return config
     lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
-    importance = imp.model_copy(update={"eta_list": imp.etas_at(lr), "eta_over_lr": None})
+    importance = imp.model_copy(update={"eta_list": [k * lr for k in imp.eta_over_lr], "eta_over_lr": None})
     return config.model_copy(update={"importance": importance})
 
 
@@ -309,10 +313,8 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
                                      None if along_v.sums is None else (along_v.sums, along_v.seconds))
     record_later(later, timing, notes)
     later = with_proxies(later, policy.engine, U, timing)
-    attribution, e_tokens, timing["attribution"] = timed_attribution(work, policy, E, U, res, bars, along_v,
-                                                                     later.truth)
-    if (error := ((attribution.get("E_tokens") or {}).get("dH_error") or {}).get("warning")) is not None:
-        notes.warn(error)
+    attribution, e_tokens, timing["attribution"] = timed_attribution(work, policy, (E, U), (res, bars), along_v,
+                                                                     later.truth, notes)
     timing["total"] = time.perf_counter() - t_start
     facts = RunFacts(normalize=config.estimator.normalize, config_hash=config.config_hash(), seed=config.seed,
                      entropy_fp64=config.precision.entropy_fp64,
