@@ -123,5 +123,6 @@ def test_eta_over_lr_and_the_config_hash():
     policy = types.SimpleNamespace(optimizer=types.SimpleNamespace(param_groups=[{"lr": 2e-4, "params": [0]}]))
     assert recipe.with_absolute_etas(relative, policy).importance.eta_list == pytest.approx([2e-4, 2e-5])
     assert recipe.with_absolute_etas(plain, policy) is plain
-    with pytest.raises(ConfigError, match="eta_over_lr: each η must be finite and non-zero"):
-        config_from_dict({**base, "importance": {"eta_over_lr": [0.0]}})
+    for bad, message in (([0.0], "eta_over_lr: η must be non-zero"), ([float("inf")], r"eta_over_lr\[0\]: must be a finite")):
+        with pytest.raises(ConfigError, match=message):
+            config_from_dict({**base, "importance": {"eta_over_lr": bad}})

@@ -311,8 +311,9 @@ class ImportanceSection(_Section):
     @field_validator("eta_list", "eta_over_lr")
     @classmethod
     def _check_etas(cls, value: list[float] | None) -> list[float] | None:
-        if not all(0 < abs(eta) < float("inf") for eta in value or []):
-            raise ValueError(f"each η must be finite and non-zero, got {value!r}")
+        for eta in value or []:
+            if eta == 0.0:
+                raise ValueError(f"η must be non-zero, got {eta!r}")
         return value
 
 
