@@ -118,7 +118,7 @@ def _prefix_entropies(model64, params: dict, E: dict, n: int) -> torch.Tensor:
 TOKEN_CASES = [("auto", {"enabled": False}, ("jvp", None), 1e-4),       # no ΔH pass: the jvp pass
                ("jvp", {"enabled": False}, ("jvp", None), 1e-4),        # the jvp pieces' scores, reused
                ("auto", {"eta_list": [1e-5], "symmetric": False}, ("forward_difference", 1e-5), 5e-2),  # default
-               ("auto", {"eta_list": [1e-4], "symmetric": True}, ("central_difference", 1e-4), 2e-3)]
+               ("auto", {"eta_list": [1e-5, 1e-4], "symmetric": True}, ("central_difference", 1e-4), 2e-3)]
 
 
 @pytest.mark.e2e

@@ -54,7 +54,7 @@ def test_jackknife_se_written_out_by_hand():
     assert grouped.se == pytest.approx(math.sqrt(1 / 2 * sum((r - sum(reps) / 2) ** 2 for r in reps)), rel=1e-10)
 
 
-def test_bias_bound_estimates_the_fourth_order_term():
+def test_bias_estimate_of_the_fourth_order_term():
     """Per-sequence log-weights 0 and entropies h_i + c_i η² + q_i η⁴ (per_sequence): Ĥ(η) is exactly
     mean h + η² mean c + η⁴ mean q, so d2(η) = 2 mean c + 2 η² mean q and the bias of d2(η₁) is 2 η₁² mean q."""
     rng = np.random.default_rng(0)
@@ -66,17 +66,17 @@ def test_bias_bound_estimates_the_fourth_order_term():
     # the largest η is reported (least rounding); its bias estimate is its fourth-order term exactly here
     assert report["eta"] == 0.2 and [r["eta"] for r in report["per_eta"]] == [0.1, 0.2]
     assert report["d2"] - exact == pytest.approx(2 * q.mean() * 0.2 ** 2, rel=1e-6)
-    assert report["bias_bound"] == pytest.approx(2 * q.mean() * 0.2 ** 2, rel=1e-6)
+    assert report["bias_estimate"] == pytest.approx(2 * q.mean() * 0.2 ** 2, rel=1e-6)
     # the smaller η: the same expression (which error dominates the difference, truncation or rounding, is unknown)
-    assert report["per_eta"][0]["bias_bound"] == pytest.approx(2 * q.mean() * 0.2 ** 2, rel=1e-6)
+    assert report["per_eta"][0]["bias_estimate"] == pytest.approx(2 * q.mean() * 0.2 ** 2, rel=1e-6)
     rounding = {s * e: {"logw": np.zeros(N), "h_new": h + c * e ** 2 + 1e-3 * (e == 0.1)}
                 for e in (0.1, 0.2) for s in (1, -1)}  # a constant error of 1e-3 in ΔH(±0.1) alone: d2 off by 0.2
     noisy = finite_difference_report(rounding, h, np.ones(N), normalize="per_sequence")
     assert noisy["d2"] == pytest.approx(2 * c.mean(), rel=1e-9)  # d2(0.2) is exact; d2(0.1) is 0.2 off
-    assert noisy["bias_bound"] == pytest.approx(0.2 * 0.2 ** 2 / (0.2 ** 2 - 0.1 ** 2), rel=1e-6)
+    assert noisy["bias_estimate"] == pytest.approx(0.2 * 0.2 ** 2 / (0.2 ** 2 - 0.1 ** 2), rel=1e-6)
     assert noisy["per_eta"][0]["d2"] - 2 * c.mean() == pytest.approx(0.2, rel=1e-6)
     one = finite_difference_report({e: per_eta[e] for e in (0.1, -0.1)}, h, np.ones(N), normalize="per_sequence")
-    assert one["eta"] == 0.1 and one["bias_bound"] is None
+    assert one["eta"] == 0.1 and one["bias_estimate"] is None
     with pytest.raises(ValueError, match="needs ΔH at"):
         finite_difference_report({0.1: per_eta[0.1]}, h, np.ones(N), normalize="per_sequence")
 
@@ -117,17 +117,17 @@ def test_finite_difference_on_enumerable_model(toy_dir, tmp_path, normalize, eta
     jvp = second_derivative(*(sums[k] for k in ("s", "s2", "dh", "d2h", "h", "T")), normalize=normalize,
                             units=units_of(E.num_prompts, E.num_responses_per_prompt))
     so = results["second_order"]
-    bias = so["bias_bound"] or 0.0  # null with one η (the default)
-    print(f"\nfinite difference d2 {so['d2']:.5g} ± {so['se']:.2g} (bias ≤ {so['bias_bound']}, η {so['eta']:g}), "
+    bias = so["bias_estimate"] or 0.0  # null with one η (the default)
+    print(f"\nfinite difference d2 {so['d2']:.5g} ± {so['se']:.2g} (bias ≤ {so['bias_estimate']}, η {so['eta']:g}), "
           f"jvp {jvp.value:.5g} ± {jvp.se:.2g}, exact {exact_d2:.5g}; per η {so['per_eta']}")
     assert so["method"] == "finite_difference" and so["eta"] in probe.config.second_order.eta_list
-    assert (so["bias_bound"] is None) == (len(probe.config.second_order.eta_list) == 1)
+    assert (so["bias_estimate"] is None) == (len(probe.config.second_order.eta_list) == 1)
     assert abs(so["d2"] - exact_d2) < 4 * so["se"] + bias, (so, exact_d2)
     assert so["se"] < 0.5 * abs(exact_d2), "the test must be sharp enough to mean something"
     # the same E: the two methods differ by the O(η²) term and rounding only, far inside the SEs
     assert abs(so["d2"] - jvp.value) < min(so["se"], jvp.se), (so["d2"], jvp)
     assert so["se"] == pytest.approx(jvp.se, rel=0.2)
-    flagged = so["bias_bound"] is not None and not so["bias_bound"] <= so["se"]  # recorded, not only logged
+    flagged = so["bias_estimate"] is not None and not so["bias_estimate"] <= so["se"]  # recorded, not only logged
     assert any(w.startswith("second_order: d2 at η") for w in results["warnings"]) is flagged, (so, flagged)
     row = results["true"][0]
     assert row["second_order_prediction"] == pytest.approx(
@@ -160,7 +160,7 @@ def test_method_key_keeps_existing_config_hashes(extra):
                                         "use_bias_correction_kl", "use_adaptive_entropy", "entropy_target",
                                         "policy_loss", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
                                         "kl_cov_ratio", "ppo_kl_coef", "epsilon", "epsilon_high"),
-                          "variance": ("r_method", "r_eta"),
+                          "variance": ("r_method", "r_eta"), "importance": ("eta_over_lr",),
                           "generation": ("sampler_dtype", "sampler_engine")}.items():
         for key in keys:
             del old[section][key]
@@ -198,10 +198,10 @@ def test_default_finite_difference_on_the_tiny_model_against_the_jvp(tiny_model_
         update={"eta_list": [3e-4, 1e-3]})})  # a second η: the run's own bias estimate
     pair = beyond.second_order_phase(pair_config, probe.policy, E, res, DeltaH.not_measured())
     print(f"\nfinite difference {fd['d2']:.5g} ± {fd['se']:.3g} at η {fd['eta']:g}; with 3e-4 too: bias ≤ "
-          f"{pair['bias_bound']:.2g}; jvp {jvp['d2']:.5g} ± {jvp['se']:.3g}; per η {pair['per_eta']}")
+          f"{pair['bias_estimate']:.2g}; jvp {jvp['d2']:.5g} ± {jvp['se']:.3g}; per η {pair['per_eta']}")
     assert fd["method"] == "finite_difference" and jvp["method"] == "jvp"
-    assert fd["eta"] == 1e-3 and len(fd["per_eta"]) == 1 and fd["bias_bound"] is None  # the default: one η
+    assert fd["eta"] == 1e-3 and len(fd["per_eta"]) == 1 and fd["bias_estimate"] is None  # the default: one η
     assert pair["d2"] == fd["d2"] and len(pair["per_eta"]) == 2  # the larger η is reported
     assert abs(fd["d2"] - jvp["d2"]) < 0.1 * jvp["se"], (fd, jvp)
-    assert pair["bias_bound"] < 0.1 * jvp["se"]
+    assert pair["bias_estimate"] < 0.1 * jvp["se"]
     assert fd["se"] == pytest.approx(jvp["se"], rel=0.1)

@@ -104,7 +104,7 @@ def test_rows_read_the_run_directories(swept):
         assert row["kind"] == "probe" and row["lr"] == res["learning_rate"] == pytest.approx(2e-2)
         assert row["H"] == pytest.approx(res["H_orig"]["per_token"], rel=1e-9)
         assert row["deltaH1"] == res["deltaH1"] and row["se_total"] == res["se"]["total"]
-        true = res["true"][0]
+        true = min((r for r in res["true"] if r["eta"] > 0), key=lambda r: r["eta"])  # the sweep's: smallest +η
         assert row["deltaH_true"]["scaled"] == pytest.approx(true["deltaH_true"] * res["learning_rate"] / true["eta"])
         assert row["residual_z"] == true["residual"]["z"]
         assert set(row["predictors"]) == set(res.get("predictors") or {"adamw_step": 0})

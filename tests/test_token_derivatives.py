@@ -82,11 +82,14 @@ def test_bad_passes_are_refused(logits):
 
 
 @pytest.mark.parametrize(("etas", "choice"), [
-    ([1e-5], TokenPassChoice("forward", 1e-5)),                              # the default: +η only
-    ([-1e-5, 1e-5], TokenPassChoice("central", 1e-5)),
-    ([-1e-6, -1e-5, 1e-6, 1e-5, 3e-3, -3e-3], TokenPassChoice("central", 1e-5)),  # 3e-3 is past TOKEN_ETA_MAX
-    ([3e-3, -3e-3, 1e-4], TokenPassChoice("forward", 1e-4)),
-    ([1e-3, 1e-4, -1e-3], TokenPassChoice("central", 1e-3)),
+    ([1e-5], TokenPassChoice("forward", 1e-5)),                              # +η only: no pair to check it
+    ([1e-5, -1e-3, 1e-3], TokenPassChoice("central", 1e-3, 1e-5)),           # the default: checked by 1e-5
+    ([-1e-5, 1e-5], TokenPassChoice("forward", 1e-5)),                       # a pair with nothing to check it
+    ([-1e-6, -1e-5, 1e-6, 1e-5, 3e-3, -3e-3], TokenPassChoice("central", 1e-5, -1e-6)),  # 3e-3: past TOKEN_ETA_MAX
+    ([3e-3, -3e-3, 1e-4], None),                                             # 1e-4 past the forward's limit: jvp
+    ([3e-3, -3e-3, 1e-6], TokenPassChoice("forward", 1e-6, 3e-3)),           # its error from the ±3e-3 pair
+    ([1e-3, 1e-4, -1e-3], TokenPassChoice("central", 1e-3, 1e-4)),
+    ([0.005, -1e-3, 1e-3], TokenPassChoice("central", 1e-3, 0.005)),
     ([-1e-5], None),
     ([], None),
 ])

@@ -54,6 +54,7 @@ HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
                   "epsilon_high": None},
     "second_order": {"method": "jvp", "eta_list": [0.0003, 0.001]},  # jvp: the default before finite_difference
     "variance": {"r_method": "backward", "r_eta": None},
+    "importance": {"eta_over_lr": None},  # None: η from eta_list, absolute, as before the key
     # gen_batch_size is hashed as before (an explicit integer keeps its hash; the default "auto" is a new value,
     # so a default config's hash changes with its draws). The sampler's dtype and engine enter only when set.
     "generation": {"sampler_dtype": "auto", "sampler_engine": "generate"},
@@ -127,6 +128,17 @@ class ProbeConfig(_Section):
                                  f"pieces), got {value}; set variance.r_method backward")
         if central_difference_eta(var.r_eta, eta_grid(imp.eta_list, imp.symmetric) if imp.enabled else []) is None:
             raise ValueError(r_eta_message(imp.enabled))
+
+    def delta_h_etas(self) -> list[float]:
+        """The η of the ΔH passes, sorted ([] with importance off): importance.eta_list (with −η when symmetric)
+        and the ±η of the finite-difference second order, which are measured anyway and so enter `true`."""
+        from ..estimators.delta_h import eta_grid
+
+        imp, so = self.importance, self.second_order
+        if not imp.enabled:
+            return []
+        pairs = list(so.eta_list) if so.enabled and so.method == "finite_difference" else []
+        return sorted(set(eta_grid(imp.eta_list, imp.symmetric)) | set(eta_grid(pairs, True)))
 
     def objective_options(self):
         """The resolved `objectives.ObjectiveOptions` (explicit keys > trainer preset > defaults)."""

@@ -306,11 +306,12 @@ class ImportanceSection(_Section):
     mode: Literal["param_override", "real_step"] = "param_override"
     eta_list: list[float] = Field(default_factory=lambda: [1e-5], min_length=1)
     symmetric: bool = False  # also evaluate -η, for symmetric slopes (one more no-grad pass over E per η)
+    eta_over_lr: list[float] | None = Field(None, min_length=1)  # η = k·lr per k instead of eta_list (None: eta_list)
 
-    @field_validator("eta_list")
+    @field_validator("eta_list", "eta_over_lr")
     @classmethod
-    def _check_etas(cls, value: list[float]) -> list[float]:
-        for eta in value:
+    def _check_etas(cls, value: list[float] | None) -> list[float] | None:
+        for eta in value or []:
             if eta == 0.0:
                 raise ValueError(f"η must be non-zero, got {eta!r}")
         return value

@@ -17,7 +17,7 @@ from torch import Tensor
 from . import jackknife
 from .delta_h import DeltaH
 from .jackknife import Estimate
-from .paired import paired_residual, residual_entry
+from .paired import paired_residual, residual_entry, symmetric_slope_residual
 from .student_t import t_quantile
 
 NAN = float("nan")
@@ -94,3 +94,19 @@ def paired_residuals(truth: DeltaH, res, bars: ErrorBars, *, normalize: str) -> 
             per["logw"], per["h_new"], truth.h, truth.T, bars.a.numpy(), bars.r.numpy(), eta,
             normalize=normalize, units=res.scores.unit_of_sequence, sampler_weights=res.sampler_weights)))
     return out
+
+
+def with_slope_residuals(linearity: dict, truth: DeltaH, res, bars: ErrorBars, *, normalize: str) -> dict:
+    """`linearity` whose symmetric_slopes each carry `residual` {value, se, z} of σ(η) = slope − D_v H on the same
+    E units (paired.symmetric_slope_residual); without the pieces (variance off) slope − X̂·v with SE NaN."""
+    out = []
+    for item in linearity.get("symmetric_slopes") or []:
+        eta = item["eta"]
+        if bars.a is None:
+            out.append({**item, "residual": residual_entry(Estimate(item["slope"] - res.x_hat_dot_v, NAN))})
+            continue
+        plus, minus = ((truth.per_sequence[e]["logw"], truth.per_sequence[e]["h_new"]) for e in (eta, -eta))
+        out.append({**item, "residual": residual_entry(symmetric_slope_residual(
+            plus, minus, truth.h, truth.T, bars.a.numpy(), bars.r.numpy(), eta, normalize=normalize,
+            units=res.scores.unit_of_sequence, sampler_weights=res.sampler_weights))})
+    return {**linearity, "symmetric_slopes": out}

@@ -10,6 +10,10 @@ Both numbers are computed from the same sequences, so their errors are strongly 
 (Σ w h', Σ w d, Σ h, Σ d, Σ a, Σ r), so the delete-one jackknife over the same E units gives its SE,
 with Ĥ, both normalisers and the weights' normalisation recomputed in every replicate. z = ρ / SE:
 |z| < 2 says first order holds at this η within the noise of this E.
+
+The symmetric slope's residual σ(η) = (ΔH(η) − ΔH(−η))/2η − D_v H (`symmetric_slope_residual`) cancels ΔH's even
+part, ½η²·d2 among it: with d2 the pair's own second difference (ΔH(η) + ΔH(−η))/η², the second-order residual
+ΔH(±η) − (±η·D_v H + ½η²·d2) is ±η·σ(η) exactly, so σ's z is the check of first order at that η.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from .jackknife import (
 )
 from .snis import weights_from_log
 
-__all__ = ["paired_residual", "residual_entry"]
+__all__ = ["paired_residual", "residual_entry", "symmetric_slope_residual"]
 
 
 def _residual_stat(eta: float):
@@ -54,6 +58,25 @@ def paired_residual(logw: Any, h_new: Any, h: Any, T: Any, a: Any, r: Any, eta: 
     d = t if normalize == "per_token" else np.ones_like(t)
     columns = sampler_weighted([w * hn, w * d, hh, d, as_float64(a), as_float64(r)], sampler_weights)
     return jackknife_estimate(sum_by_unit(columns, units), _residual_stat(float(eta)))
+
+
+def symmetric_slope_residual(plus: tuple[Any, Any], minus: tuple[Any, Any], h: Any, T: Any, a: Any, r: Any,
+                             eta: float, *, normalize: Normalize, units: Any | None = None,
+                             sampler_weights: Any | None = None) -> Estimate:
+    """σ(η) = (ΔH(η) − ΔH(−η))/2η − D_v H with its jackknife SE: `plus`, `minus` = (log w, h') at θ ± η·v (η > 0);
+    the other arguments as in `paired_residual`."""
+    check_normalize(normalize)
+    hh, t = as_float64(h), as_float64(T)
+    d = t if normalize == "per_token" else np.ones_like(t)
+    (wp, hp), (wm, hm) = ((weights_from_log(lw), as_float64(hn)) for lw, hn in (plus, minus))
+    columns = sampler_weighted([wp * hp, wp * d, wm * hm, wm * d, hh, d, as_float64(a), as_float64(r)],
+                               sampler_weights)
+
+    def stat(sums: np.ndarray) -> float:
+        whp, wdp, whm, wdm, h_sum, d_sum, a_sum, r_sum = sums
+        return float((whp / wdp - whm / wdm) / (2 * eta) - (a_sum - (h_sum / d_sum) * r_sum) / d_sum)
+
+    return jackknife_estimate(sum_by_unit(columns, units), stat)
 
 
 def residual_entry(estimate: Estimate) -> dict[str, float]:

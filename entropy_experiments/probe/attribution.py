@@ -14,16 +14,24 @@ entropy along the step, from what the earlier phases computed (estimators/attrib
 
 from __future__ import annotations
 
+import numpy as np
 from torch import Tensor
 
 from ..config import ProbeConfig
 from ..data.batch import Batch
 from ..estimators.attribution import TokenAttribution, influence_summary, token_summary, u_group_influences
-from ..estimators.delta_h import DeltaH, eta_grid
+from ..estimators.delta_h import DeltaH
 from ..estimators.error_bars import ErrorBars
 from ..estimators.objective_gradient import split_into_groups, u_terms
 from ..estimators.sequence_scores import SequenceScores
-from ..estimators.token_derivatives import TokenPassChoice, token_derivatives, token_pass_choice
+from ..estimators.token_derivatives import (
+    ERROR_SHARE_MAX,
+    FORWARD_ETA_MAX,
+    TokenPassChoice,
+    token_derivatives,
+    token_errors,
+    token_pass_choice,
+)
 from .results import DeltaH1Result, Policy
 
 TOP_K_TOKENS = 20
@@ -62,22 +70,48 @@ def token_choice(config: ProbeConfig) -> TokenPassChoice | None:
     out = config.output
     if not out.token_attribution or out.token_attribution_method != "finite_difference" or not config.importance.enabled:
         return None
-    return token_pass_choice(eta_grid(config.importance.eta_list, config.importance.symmetric))
+    return token_pass_choice(config.delta_h_etas())
 
 
 def token_rows(config: ProbeConfig, res: DeltaH1Result, along_v: SequenceScores | None,
                truth: DeltaH | None) -> tuple[list[Tensor], list[Tensor], dict]:
-    """(H_t, D_v H_t per E sequence, how D_v H_t was made {method, eta}): exact from jvp scores where a pass made
-    them (the E pass's, else `along_v`), else the difference of the ΔH passes (`truth`) that `token_choice` names."""
+    """(H_t, D_v H_t per E sequence, how D_v H_t was made {method, eta, errors: its estimated error per token per
+    sequence or None}): exact from jvp scores where a pass made them (the E pass's, else `along_v`), else the
+    difference of the ΔH passes (`truth`) that `token_choice` names."""
     for scores in (res.scores, along_v):
         if scores is not None and scores.d_entropy is not None:
-            return scores.token_entropies, scores.d_entropy, {"method": "jvp", "eta": None}
+            return scores.token_entropies, scores.d_entropy, {"method": "jvp", "eta": None, "errors": None}
     choice = token_choice(config)
     if choice is None or truth is None or any(e not in truth.token_entropies for e in choice.etas()):
         raise ValueError("the token attribution needs E's jvp scores along v or the ΔH passes' per-token "
                          "entropies: neither was made")
-    d = token_derivatives(choice, truth.token_entropies, res.scores.token_entropies)
-    return res.scores.token_entropies, d, {"method": f"{choice.kind}_difference", "eta": choice.eta}
+    base = res.scores.token_entropies
+    d = token_derivatives(choice, truth.token_entropies, base)
+    return base, d, {"method": f"{choice.kind}_difference", "eta": choice.eta,
+                     "errors": token_errors(choice, truth.token_entropies, base)}
+
+
+def error_summary(how: dict, errors: TokenAttribution | None, tokens: TokenAttribution) -> dict:
+    """results.json `attribution.E_tokens.dH_error`: the largest estimated error of a token's dH (nats, like dH),
+    its share of the largest |dH_t|, how it was estimated, and `warning` past ERROR_SHARE_MAX."""
+    if how["method"] == "jvp":
+        return {"max": 0.0, "share_of_largest": 0.0, "basis": "exact (forward mode), to fp32 rounding"}
+    if errors is None:
+        return {"max": None, "share_of_largest": None,
+                "basis": f"forward difference at η ≤ {FORWARD_ETA_MAX:g}: no pair to estimate its error; measured "
+                         "against the jvp at most 1.9 % of the largest |dH_t| (docs/attribution.md)"}
+    largest = float(np.abs(tokens.dH).max()) if len(tokens) else 0.0
+    worst = float(np.abs(errors.dH).max()) if len(errors) else 0.0
+    share = worst / largest if largest > 0 else None
+    out = {"max": worst, "share_of_largest": share,
+           "basis": f"{how['method']} at η {how['eta']:g}: truncation estimated from the other passes "
+                    "(estimators/token_derivatives.py)"}
+    if share is None or share > ERROR_SHARE_MAX:
+        out["warning"] = (f"attribution: a token's dH (the {how['method'].replace('_', ' ')} at η {how['eta']:g}) "
+                          f"may be off by up to {worst:.2g}, {'?' if share is None else f'{share:.0%}'} of the "
+                          f"largest |dH_t| (warned above {ERROR_SHARE_MAX:.0%}): set "
+                          "output.token_attribution_method: jvp for the exact values")
+    return out
 
 
 def e_token_attribution(policy: Policy, E: Batch, res: DeltaH1Result,
@@ -86,13 +120,16 @@ def e_token_attribution(policy: Policy, E: Batch, res: DeltaH1Result,
     (`token_rows`: H_t, D_v H_t per sequence and how D_v H_t was made)."""
     entropies, derivatives, how = rows
     tokens = TokenAttribution.from_scores(entropies, derivatives, res.learning_rate, res.sampler_weights)
+    errors = (None if how["errors"] is None
+              else TokenAttribution.from_scores(entropies, how["errors"], res.learning_rate, res.sampler_weights))
     ids = response_token_ids(E, [len(h) for h in entropies])
     tokenizer = policy.tokenizer if policy.tokenizer is not None else policy.engine.tokenizer
     texts = tokenizer.batch_decode([[t] for t in ids])  # each token decoded on its own
     columns = {"sequence": tokens.sequence, "position": tokens.position, "token_id": ids, "token": texts,
                "H": tokens.H, "dH": tokens.dH}
     summary = token_summary(tokens, float(res.coefficients.D), ids, texts, TOP_K_TOKENS)
-    return {**summary, "dH_method": how["method"], "dH_eta": how["eta"]}, columns
+    return {**summary, "dH_method": how["method"], "dH_eta": how["eta"],
+            "dH_error": error_summary(how, errors, tokens)}, columns
 
 
 def attribution_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, res: DeltaH1Result, bars: ErrorBars,

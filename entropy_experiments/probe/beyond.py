@@ -32,10 +32,10 @@ from ..estimators.central_difference import (
     r_eta_message,
     r_from_log_ratios,
 )
-from ..estimators.delta_h import DeltaH, RealStep, delta_h_from_values, eta_grid, eta_values, score_at_eta
+from ..estimators.delta_h import DeltaH, RealStep, delta_h_from_values, eta_values, score_at_eta
 from ..estimators.displacement import displacement_entry, step_comparison
 from ..estimators.entropy_gradient import e_microbatches, entropy_only_gradient_sum
-from ..estimators.error_bars import ErrorBars, paired_residuals
+from ..estimators.error_bars import ErrorBars, paired_residuals, with_slope_residuals
 from ..estimators.jackknife import Estimate
 from ..estimators.predictors import (
     PairedTruth,
@@ -46,7 +46,8 @@ from ..estimators.predictors import (
     unavailable_entry,
     with_ratios,
 )
-from ..estimators.second_difference import finite_difference_report
+from ..estimators.rounding_floor import floor_from_passes
+from ..estimators.second_difference import finite_difference_report, window_warning
 from ..estimators.second_order import second_derivative, second_order_report
 from ..estimators.sequence_scores import SECOND_ORDER_KEYS, second_order_sums, units_of
 from ..estimators.step_directions import no_momentum_caveat, predictor_direction_fns
@@ -81,7 +82,8 @@ def delta_h_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Res
     scores whole chunks of that layout; values are gathered in order and the estimate runs on the whole E
     (delta_h.delta_h_from_values). `with_beta`: each η's per-sequence values also carry Σ_k β_ik (ℓ'_ik − ℓ_ik)
     ("beta_logw", for r_i by the central difference). The per-token entropies of the passes the token attribution
-    differences (attribution.token_choice) are kept, gathered over all E."""
+    differences (attribution.token_choice) are kept, gathered over all E. The η are `config.delta_h_etas()`: the
+    importance η and the finite-difference second order's ±η, measured here once for both."""
     imp = config.importance
     if not imp.enabled:
         return DeltaH.not_measured()
@@ -97,7 +99,7 @@ def delta_h_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Res
     choice = token_choice(config)
     keep = choice.etas() if choice is not None else ()
     per_eta, tokens = {}, {}
-    for eta in eta_grid(imp.eta_list, imp.symmetric):
+    for eta in config.delta_h_etas():
         new = (score_at_eta(policy.engine, local_E, res.v, eta, real_step=step, tf_batch_size=res.scores_tf_batch)
                if local else None)
         mine = eta_values(new, base, beta) if local else {}
@@ -109,6 +111,30 @@ def delta_h_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Res
     truth = delta_h_from_values(h, T, per_eta, normalize=config.estimator.normalize, units=units_of(B, G),
                                 sampler_weights=sampler_weights_of(res))
     return replace(truth, token_entropies=tokens)
+
+
+#: ΔH(η) under this many rounding floors F measures the rounding more than the step (docs/maths.md §8).
+FLOOR_MULTIPLE = 5.0
+
+
+def rounding_floor_of(config: ProbeConfig, truth: DeltaH, res: DeltaH1Result) -> dict | None:
+    """results.json `rounding_floor` {value, eta, pair_eta}: F of ΔH from the ΔH passes (rounding_floor.py); None
+    where they hold no small η with a pair ≥ 10× it."""
+    if truth.h is None:
+        return None
+    return floor_from_passes(truth.h, truth.T, truth.per_sequence, normalize=config.estimator.normalize,
+                             sampler_weights=sampler_weights_of(res))
+
+
+def floor_warnings(truth: DeltaH, floor: dict | None) -> list[str]:
+    """One warning per ΔH(η) row with |ΔH| < FLOOR_MULTIPLE·F."""
+    if floor is None:
+        return []
+    F = floor["value"]
+    return [f"importance: |ΔH(η={row['eta']:g})| = {abs(row['deltaH_true']):.2g} is under {FLOOR_MULTIPLE:g}× the "
+            f"rounding floor F = {F:.2g} (from η {floor['eta']:g} and ±{floor['pair_eta']:g}): at that η ΔH and its "
+            "residual measure fp32 rounding, not first order; read the rows at larger η (docs/maths.md §8)"
+            for row in truth.rows if abs(row["deltaH_true"]) < FLOOR_MULTIPLE * F]
 
 
 def real_step_of(config: ProbeConfig, policy: Policy, res: DeltaH1Result) -> RealStep:
@@ -125,11 +151,10 @@ def central_difference_phase(config: ProbeConfig, policy: Policy, E: Batch, res:
     passes: then ΔH is measured here, before the error bars, and its result returned for the delta_h phase to reuse;
     an η of no ΔH pass gets a pair of its own (no-grad, θ ± η·v as a parameter override). Returns (that result,
     ΔH or None, timings)."""
-    imp = config.importance
-    etas = eta_grid(imp.eta_list, imp.symmetric) if imp.enabled else []
+    etas = config.delta_h_etas()
     eta = central_difference_eta(config.variance.r_eta, etas)
     if eta is None:
-        raise ConfigError(r_eta_message(imp.enabled))
+        raise ConfigError(r_eta_message(config.importance.enabled))
     t0 = time.perf_counter()
     if eta in etas and -eta in etas:
         truth = delta_h_phase(config, policy, E, res, dist, with_beta=True)
@@ -184,7 +209,7 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: Delta
     of its own), or by the second difference at each η of second_order.eta_list (`second_difference_values`)."""
     if not config.second_order.enabled:
         return None
-    etas = eta_grid(config.importance.eta_list, config.importance.symmetric) if config.importance.enabled else []
+    etas = config.delta_h_etas()
     if config.second_order.method == "jvp":
         d2 = (second_derivative_along(config, policy, E, res.v, dist, sampler_weights_of(res))[0]
               if sums_along_v is None else second_derivative_of(config, E, sums_along_v, sampler_weights_of(res)))
@@ -195,12 +220,13 @@ def second_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res: Delta
                                   normalize=config.estimator.normalize, units=units_of(B, G),
                                   sampler_weights=sampler_weights_of(res))
     report = second_order_report(Estimate(fd["d2"], fd["se"]), res.x_hat_dot_v, etas, "finite_difference")
-    if fd["bias_bound"] is not None and not fd["bias_bound"] <= fd["se"]:  # results.json warnings (recipe.run)
-        report["warning"] = (f"second_order: d2 at η = {fd['eta']:g} has a bias estimate {fd['bias_bound']:.3g} "
+    if fd["bias_estimate"] is not None and not fd["bias_estimate"] <= fd["se"]:  # results.json warnings (recipe.run)
+        report["warning"] = (f"second_order: d2 at η = {fd['eta']:g} has a bias estimate {fd['bias_estimate']:.3g} "
                              f"above its SE {fd['se']:.3g}: the second difference is rounding-bound or past the "
                              "quadratic regime there; see second_order.per_eta, set another second_order.eta_list "
                              "or second_order.method: jvp")
-    return {**report, **{k: fd[k] for k in ("eta", "bias_bound", "per_eta")}}
+    report["window_warning"] = window_warning(fd["per_eta"][-1])  # the reported η's (the largest)
+    return {**report, **{k: fd[k] for k in ("eta", "bias_estimate", "per_eta")}}
 
 
 def second_difference_values(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, truth: DeltaH,
@@ -319,6 +345,9 @@ def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res:
         if config.importance.enabled:
             timing["delta_h"] = time.perf_counter() - t0
     residuals = paired_residuals(truth, res, bars, normalize=config.estimator.normalize)
+    truth = replace(truth, linearity=with_slope_residuals(truth.linearity, truth, res, bars,
+                                                          normalize=config.estimator.normalize))
+    floor = rounding_floor_of(config, truth, res)
     t0 = time.perf_counter()
     sums, shared = sums_along_v or (None, 0.0)
     second_order = second_order_phase(config, policy, E, res, truth, dist, sums)
@@ -328,4 +357,5 @@ def beyond_first_order_phase(config: ProbeConfig, policy: Policy, E: Batch, res:
     predictors, extra = predictors_phase(config, policy, E, res, bars, truth, dist)
     if predictors is not None:
         timing["predictors"] = time.perf_counter() - t0
-    return BeyondFirstOrder(truth, residuals, second_order, predictors, timing, extra)
+    return BeyondFirstOrder(truth, residuals, second_order, predictors, timing, extra, floor,
+                            floor_warnings(truth, floor))

@@ -234,22 +234,30 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, note
     return Estimates(res, bars, timing, truth)
 
 
-def timed_attribution(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, res: DeltaH1Result, bars: ErrorBars,
-                      along_v: TangentAlongV, truth: DeltaH) -> tuple[dict, dict | None, float]:
+def timed_attribution(config: ProbeConfig, policy: Policy, batches: tuple[Batch, Batch],
+                      estimates: tuple[DeltaH1Result, ErrorBars], along_v: TangentAlongV, truth: DeltaH,
+                      notes: WarningLog) -> tuple[dict, dict | None, float]:
     """attribution_phase's (results, E token columns) and its seconds, which include the pass along v when it was
     made for the attribution alone (order 1; an order-2 pass counts as the second order's; the ΔH passes whose
     per-token entropies it differences count as ΔH's)."""
     t0 = time.perf_counter()
+    (E, U), (res, bars) = batches, estimates
     attribution, e_tokens = attribution_phase(config, policy, E, U, res, bars, along_v.scores, truth)
+    if (error := ((attribution.get("E_tokens") or {}).get("dH_error") or {}).get("warning")) is not None:
+        notes.warn(error)  # a token's dH may be off by more than ERROR_SHARE_MAX of the largest
     return attribution, e_tokens, time.perf_counter() - t0 + (along_v.seconds if along_v.order == 1 else 0.0)
 
 
 def record_later(later: BeyondFirstOrder, timing: dict[str, float], notes: WarningLog) -> None:
-    """The later phases' seconds into the run's `timing`, the second order's warning (its bias above its SE) into
-    `notes`, so that results.json `warnings` carries it."""
+    """The later phases' seconds into the run's `timing`, the second order's warnings (its bias above its SE, its η
+    past the measured window) and ΔH's (rows under the rounding floor) into `notes`, so that results.json
+    `warnings` carries them."""
     timing.update(later.timing)
-    if later.second_order and later.second_order.get("warning"):
-        notes.warn(later.second_order["warning"])
+    for key in ("warning", "window_warning"):
+        if later.second_order and later.second_order.get(key):
+            notes.warn(later.second_order[key])
+    for message in later.warnings:
+        notes.warn(message)
 
 
 def with_proxies(config: ProbeConfig, later: BeyondFirstOrder, engine: PolicyEngine, U: Batch,
@@ -263,6 +271,17 @@ def with_proxies(config: ProbeConfig, later: BeyondFirstOrder, engine: PolicyEng
     predictors = {**later.predictors, **u_proxy_entries(engine, U, advantages)}
     timing["predictors"] += time.perf_counter() - t0
     return replace(later, predictors=predictors)
+
+
+def with_absolute_etas(config: ProbeConfig, policy: Policy) -> ProbeConfig:
+    """`config` with importance.eta_over_lr turned into eta_list at the checkpoint's lr (unchanged when unset):
+    every later phase reads eta_list; config_hash stays the configured one's."""
+    imp = config.importance
+    if imp.eta_over_lr is None:
+        return config
+    lr = resolve_learning_rate(config.learning_rate, policy.optimizer.param_groups).value
+    importance = imp.model_copy(update={"eta_list": [k * lr for k in imp.eta_over_lr], "eta_over_lr": None})
+    return config.model_copy(update={"importance": importance})
 
 
 def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | None = None,
@@ -300,7 +319,7 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
     if on_batches is not None:
         on_batches(E, U)
     n_zero = warn_zero_advantages(U, notes.warn, logger)
-    work = budgeted_config(config, policy.trainable.model, (E, U), notes.warn)  # estimator.memory_budget_gb
+    work = budgeted_config(with_absolute_etas(config, policy), policy.trainable.model, (E, U), notes.warn)
     estimates = estimate_phase(work, policy, E, U, notes, dist, logger)
     res, bars = estimates.delta_h1, estimates.error_bars
     timing.update(estimates.timing)
@@ -309,8 +328,8 @@ def run(config: ProbeConfig, *, dist: DistContext = SINGLE, policy: Policy | Non
                                      None if along_v.sums is None else (along_v.sums, along_v.seconds))
     record_later(later, timing, notes)
     later = with_proxies(config, later, policy.engine, U, timing)
-    attribution, e_tokens, timing["attribution"] = timed_attribution(work, policy, E, U, res, bars, along_v,
-                                                                     later.truth)
+    attribution, e_tokens, timing["attribution"] = timed_attribution(work, policy, (E, U), (res, bars), along_v,
+                                                                     later.truth, notes)
     timing["total"] = time.perf_counter() - t_start
     facts = RunFacts(normalize=config.estimator.normalize, config_hash=config.config_hash(), seed=config.seed,
                      entropy_fp64=config.precision.entropy_fp64,

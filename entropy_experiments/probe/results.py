@@ -134,3 +134,5 @@ class BeyondFirstOrder:
     timing: dict[str, float]
     # extra per-sequence columns for per_sequence.jsonl, {name: {column: [N]}} (the displacement predictor's)
     per_sequence_extra: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    rounding_floor: dict | None = None    # F of ΔH from the ΔH passes (estimators/rounding_floor.py); None: not estimable
+    warnings: list[str] = field(default_factory=list)  # for results.json `warnings`: ΔH rows under 5 F

@@ -16,7 +16,7 @@ from ..data.batch import Batch
 from ..data.rewards import reward_warnings
 from ..estimators.sampler_correction import correction_diagnostics, sampler_log_weights
 from ..estimators.surrogate import entropy_estimates
-from .results_schema import with_legacy_timing_keys
+from .results_schema import with_legacy_second_order_keys, with_legacy_timing_keys
 
 
 @dataclass
@@ -82,8 +82,10 @@ def assemble_results(E: Batch, U: Batch, estimates, later, timing: dict, facts: 
         "true": [{**row, "residual": resid,
                   "second_order_prediction": None if second_order is None else second_order["predictions"][f"{row['eta']:g}"]}
                  for row, resid in zip(truth.rows, later.residuals)],
-        "second_order": None if second_order is None else {k: v for k, v in second_order.items() if k != "predictions"},
+        "second_order": None if second_order is None else with_legacy_second_order_keys(
+            {k: v for k, v in second_order.items() if k != "predictions"}),
         "linearity": truth.linearity,
+        "rounding_floor": later.rounding_floor,
         "predictors": predictors,
         "counts": {"B_E": E.num_prompts * E.num_responses_per_prompt,
                    "unique_E_prompts": len(set(E.prompt_ids)), "B_U": U.num_prompts,

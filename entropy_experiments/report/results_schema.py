@@ -82,6 +82,8 @@ NORMALIZE_MODES = ("per_token", "per_sequence")
 # Legacy keys results.json writes beside their canonical key, same value, so that a reader that asks for the seed
 # API's name (`bars_dot`, its word for X̂·v) keeps working: legacy key -> canonical key.
 LEGACY_RESULT_KEYS: dict[str, str] = {"bars_dot": "x_hat_dot_v"}
+# The same in `second_order` and each of its per_eta rows: legacy key -> canonical key.
+LEGACY_SECOND_ORDER_KEYS: dict[str, str] = {"bias_bound": "bias_estimate"}
 # The timing keys are the phases' names (docs/development.md "The phases of one run"); results.json also writes
 # each under its earlier numbered name, same value: legacy timing key -> phase timing key.
 LEGACY_TIMING_KEYS: dict[str, str] = {
@@ -96,6 +98,22 @@ LEGACY_TIMING_KEYS: dict[str, str] = {
 def with_legacy_timing_keys(timing: dict[str, float]) -> dict[str, float]:
     """`timing` plus each of its phase keys under its legacy name too (LEGACY_TIMING_KEYS)."""
     return {**timing, **{legacy: timing[key] for legacy, key in LEGACY_TIMING_KEYS.items() if key in timing}}
+
+
+def with_legacy_second_order_keys(second_order: dict[str, Any]) -> dict[str, Any]:
+    """`second_order` and its per_eta rows with each LEGACY_SECOND_ORDER_KEYS name beside its canonical one."""
+    def legacy(entry: dict[str, Any]) -> dict[str, Any]:
+        return {**entry, **{old: entry[new] for old, new in LEGACY_SECOND_ORDER_KEYS.items() if new in entry}}
+
+    out = legacy(second_order)
+    if out.get("per_eta") is not None:
+        out["per_eta"] = [legacy(row) for row in out["per_eta"]]
+    return out
+
+
+def bias_estimate_of(entry: dict[str, Any]) -> Any:
+    """The d2 bias estimate of a `second_order` entry or per_eta row, also of one written with only `bias_bound`."""
+    return entry["bias_estimate"] if "bias_estimate" in entry else entry.get("bias_bound")
 
 
 def x_hat_dot_v_of(results: dict[str, Any]) -> Any:

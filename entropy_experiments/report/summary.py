@@ -122,7 +122,8 @@ def render_summary(results: dict[str, Any]) -> str:
         if any(entry.get("residual") for entry in entries):
             console.print(RESIDUAL_NOTE, markup=False, highlight=False)
         console.print()
-        console.print(_fit_table(results.get("linearity") or {}, x_hat_dot_v, results.get("second_order")))
+        console.print(_fit_table(results.get("linearity") or {}, x_hat_dot_v, results.get("second_order"),
+                                 results.get("rounding_floor")))
     else:
         console.print(IMPORTANCE_OFF_NOTE, markup=False, highlight=False)
     if results.get("predictors"):
@@ -301,8 +302,20 @@ def residual_verdict(z: Any, se: Any, predicted: Any) -> str:
     return "consistent" if informative else "too noisy"
 
 
-def _fit_table(lin: dict[str, Any], x_hat_dot_v: Any, second_order: dict[str, Any] | None = None) -> Any:
-    """The linearity fits of ΔH in η against X̂·v, and the second-order coefficient with η* when measured."""
+def _slope_cells(item: dict[str, Any], x_hat_dot_v: Any) -> str:
+    """A symmetric slope, measured/predicted, and its paired residual's z with the verdict (`residual_verdict`)."""
+    s, residual = item.get("slope"), item.get("residual") or {}
+    text = f"{format_number(s, '+.4g')}  (measured/predicted {format_number(_ratio(s, x_hat_dot_v), '.3f')}"
+    if not residual:
+        return text + ")"
+    verdict = residual_verdict(residual.get("z"), residual.get("se"), x_hat_dot_v)
+    return text + f"; slope − X̂·v z {format_number(residual.get('z'), '+.2f')}" + (f" {verdict})" if verdict else ")")
+
+
+def _fit_table(lin: dict[str, Any], x_hat_dot_v: Any, second_order: dict[str, Any] | None = None,
+               floor: dict[str, Any] | None = None) -> Any:
+    """The linearity fits of ΔH in η against X̂·v (each symmetric slope with its paired residual: the first-order
+    check that ½η²·d2 cannot hide), the second-order coefficient with η* and ΔH's rounding floor when measured."""
     from rich.table import Table
 
     fit = Table(title="Linearity of ΔH in η", show_header=False, box=None, title_justify="left", padding=(0, 2))
@@ -313,13 +326,19 @@ def _fit_table(lin: dict[str, Any], x_hat_dot_v: Any, second_order: dict[str, An
                                         f"(measured/predicted {format_number(_ratio(slope, x_hat_dot_v), '.3f')})")
     fit.add_row("log-log slope", f"{format_number(lin.get('loglog_slope'), '.3f')}  (1 in the linear regime)")
     for item in lin.get("symmetric_slopes") or []:
-        s = item.get("slope")
-        fit.add_row(f"symmetric slope η={format_number(item.get('eta'), '.3g')}",
-                    f"{format_number(s, '+.4g')}  (measured/predicted {format_number(_ratio(s, x_hat_dot_v), '.3f')})")
+        fit.add_row(f"symmetric slope η={format_number(item.get('eta'), '.3g')}", _slope_cells(item, x_hat_dot_v))
+    if floor:
+        fit.add_row("ΔH rounding floor F", f"{format_number(floor.get('value'), '.2g')}  (rows under 5 F are warned)")
     if second_order:
         fit.add_row("second order d2 = D²_v H", f"{format_number(second_order.get('d2'), '+.4g')} ± "
                                                 f"{format_number(second_order.get('se'), '.2g')} per unit η²")
         fit.add_row("η* (½η²d2 = 10 % of η·X̂·v)", format_number(second_order.get("eta_star"), ".3g"))
+        reported = [r for r in second_order.get("per_eta") or [] if r.get("eta") == second_order.get("eta")]
+        if reported and "eta_sd_s" in reported[0]:
+            r = reported[0]
+            fit.add_row(f"weights at ±{format_number(r['eta'], '.3g')}",
+                        f"η·SD(s_i) {format_number(r['eta_sd_s'], '.2g')}, ESS/N {format_number(r['ess_frac_plus'], '.3f')}"
+                        f" / {format_number(r['ess_frac_minus'], '.3f')}")
     return fit
 
 
