@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from entropy_experiments.report.results_schema import bias_estimate_of
-from entropy_experiments.report.summary import sampler_lines
+from entropy_experiments.report.run_lines import sampler_lines
 
 if TYPE_CHECKING:
     from entropy_experiments.data.batch import Batch

@@ -141,7 +141,7 @@ def test_an_empty_directory_still_asks_for_the_adapter(tmp_path):
 
 def test_grpo_clip_range_and_num_iterations_are_accepted_and_recorded():
     from entropy_experiments.config import config_from_dict
-    from entropy_experiments.report.summary import objective_lines
+    from entropy_experiments.report.run_lines import objective_lines
 
     cfg = config_from_dict({"objective": {"trainer": "trl", "loss_type": "dapo", "epsilon_high": 0.28,
                                           "num_iterations": 2, "kl_coef": 0.04}})

@@ -13,7 +13,7 @@ YAML is read with PyYAML's safe loader, patched so that `1e-5` is a float as in 
 PyYAML follows YAML 1.1 and reads `1e-5` as the *string* "1e-5", a classic trap for learning rates).
 """
 
-from .loading import CONFIGS_DIR as CONFIGS_DIR  # not in __all__, as before the split
+from .loading import CONFIGS_DIR as CONFIGS_DIR  # importable, not in __all__ (an internal path)
 from .loading import LEGACY_KEYS, config_from_dict, load_config, packaged_config_path
 from .probe_config import ProbeConfig
 from .sections import (

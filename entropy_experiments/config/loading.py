@@ -25,7 +25,8 @@ CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 # Legacy keys still accepted in user configs. Old dotted key -> canonical dotted key; None means
 # "accepted and dropped" (generation.do_sample must be true: the probe always samples;
 # generation.num_return_sequences is superseded by batch_config.G and by G = 1 on E).
-# `probe_rework:` is the section `sampler:` had until its rename (and `sampling:` the seeds' before it).
+# `probe_rework:` and the seed code's `sampling:` are other spellings of the `sampler:` section, kept so that
+# configs written for them still load.
 LEGACY_KEYS: dict[str, str | None] = {
     "checkpoint.model_config_path": "checkpoint.base_model",
     "probe_rework.use_sequence_processor_sampling": "sampler.batched",

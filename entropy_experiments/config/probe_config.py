@@ -38,13 +38,13 @@ from .what_if_section import WhatIfSection
 TRAINER_GENERATION: dict[str, dict[str, Any]] = {
     trainer: {"stop_strings": [], "temperature": 1.0, "top_p": 1.0} for trainer in ("trl", "verl", "openrlhf")}
 
-# config_hash is taken over the spelling sections had before they were renamed, so that a run directory (or
-# sweep) started before a rename still resumes: section -> (its old name, {key: its old name}).
+# config_hash is taken over the spelling a run directory's hash was written with, so that every run directory
+# and sweep on disk resumes: section -> (its hashed name, {key: its hashed name}).
 HASHED_AS: dict[str, tuple[str, dict[str, str]]] = {
     "sampler": ("probe_rework", {"batched": "use_sequence_processor_sampling"}),
 }
-# Keys added after run directories already existed, hashed only when set to something other than the value that
-# reproduces the earlier behaviour, so that those runs still resume: section -> {key: that value}.
+# Keys hashed only when set to something other than the value under which a config computes what a config
+# without the key computes, so that run directories on disk still resume: section -> {key: that value}.
 HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
     "objective": {"kl_in_reward_coef": 0.0, "vllm_importance_sampling_mode": "sequence_mask",
                   "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0,
@@ -52,11 +52,11 @@ HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
                   "policy_loss": "vanilla", "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0,
                   "kl_cov_ratio": 0.0002, "ppo_kl_coef": 1.0, "epsilon": None,
                   "epsilon_high": None},
-    "second_order": {"method": "jvp", "eta_list": [0.0003, 0.001]},  # jvp: the default before finite_difference
+    "second_order": {"method": "jvp", "eta_list": [0.0003, 0.001]},  # the values existing run hashes assume
     "variance": {"r_method": "backward", "r_eta": None},
-    "importance": {"eta_over_lr": None},  # None: η from eta_list, absolute, as before the key
-    # gen_batch_size is hashed as before (an explicit integer keeps its hash; the default "auto" is a new value,
-    # so a default config's hash changes with its draws). The sampler's dtype and engine enter only when set.
+    "importance": {"eta_over_lr": None},  # None: η from eta_list, absolute
+    # gen_batch_size is always hashed (an explicit integer fixes the draws; "auto" draws otherwise, so its hash
+    # differs). The sampler's dtype and engine enter only when set.
     "generation": {"sampler_dtype": "auto", "sampler_engine": "generate"},
     # on: next_checkpoint (null outside a sweep) decides; a sweep's per-checkpoint config differs anyway
     "predictors": {"displacement": True},
@@ -220,16 +220,16 @@ class ProbeConfig(_Section):
     def config_hash(self) -> str:
         """First 16 hex chars of sha256 over the canonical JSON of the config, `output`, `distributed` and `what_if`
         excluded (none changes a number of the run: a run can be resumed on any number of ranks or backend, and the
-        what-if, asked on the command line, runs after it); renamed
-        sections under their old names (`HASHED_AS`), later keys only when changed (`HASHED_WHEN_CHANGED`),
+        what-if, asked on the command line, runs after it); sections under their hashed names (`HASHED_AS`),
+        some keys only when changed (`HASHED_WHEN_CHANGED`),
         objective.use_bias_correction_kl only where it changes the gradient, a null pool_size of the generated
         default data set as the 500 problems it makes."""
         d = self.model_dump(mode="json", exclude={"output", "distributed", "what_if"})
         # use_bias_correction_kl enters as whether it acts (trl, β ≠ 0, on): the numbers of a config changed
-        # only there, so only there its hash changes (`HASHED_WHEN_CHANGED` drops the earlier behaviour, False)
+        # only there, so only there its hash changes (`HASHED_WHEN_CHANGED` drops its inactive value, False)
         d["objective"]["use_bias_correction_kl"] = self.objective_options().weights_kl
-        # batch_config.pool_size was 500 for every data set; null now means the data set's own size, which for the
-        # generated default data set is the same 500 problems: its configs keep their hash (a read split's don't)
+        # a null batch_config.pool_size means the data set's own size, for the generated default data set 500
+        # problems: hashed as 500, the size that data set always has (a read split's null stays null)
         if d["batch_config"]["pool_size"] is None and d["batch_config"]["dataset_name"] == GENERATED_DATASET:
             d["batch_config"]["pool_size"] = DEFAULT_POOL_SIZE
         for section, keys in HASHED_WHEN_CHANGED.items():

@@ -375,10 +375,8 @@ class RewardSection(_Section):
 
 
 class DistributedSection(_Section):
-    """Multi-rank settings (used only when launched by torchrun with several ranks, see
-    entropy_experiments/probe/parallel.py; not part of config_hash). backend auto: nccl on CUDA, gloo on CPU;
-    timeout_s: how long a collective waits for a rank that died or hangs before every other rank exits
-    with one error line."""
+    """Multi-rank settings under torchrun (probe/parallel.py; not hashed). backend auto: nccl on CUDA, gloo on
+    CPU; timeout_s: how long a collective waits for a dead or hung rank before every rank exits with one line."""
 
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     timeout_s: float = Field(600, gt=0)

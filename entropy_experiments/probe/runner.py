@@ -21,7 +21,8 @@ from ..report.html_report import write_html_report
 from ..report.plot import plot_delta_h
 from ..report.results_schema import validate_results_schema
 from ..report.run_dir import GenerationChunkStore, RunDirectory
-from ..report.summary import objective_lines, print_summary
+from ..report.run_lines import objective_lines
+from ..report.summary import print_summary
 from ..report.token_table import write_token_table
 from . import recipe
 from .parallel import DistContext, init_from_env

@@ -30,10 +30,10 @@ from .html_parts import (
 from .html_what_if import what_if_section
 from .results_schema import load_results, x_hat_dot_v_of
 from .run_dir import HTML_REPORT_FILE, RunDirectory
+from .run_lines import objective_lines
 from .summary import (
     SCALE_FREE_NOTE,
     measured_over_predicted,
-    objective_lines,
     run_label,
     u_df_text,
     verdict_line,

@@ -18,7 +18,8 @@ import numpy as np
 from .. import io_utils
 from ..errors import output_error_on_os_error
 from .results_schema import x_hat_dot_v_of
-from .summary import IMPORTANCE_OFF_NOTE, UNITS_LONG, is_finite_number, run_label
+from .run_lines import is_finite_number
+from .summary import IMPORTANCE_OFF_NOTE, UNITS_LONG, run_label
 
 _warned_no_matplotlib = False
 
