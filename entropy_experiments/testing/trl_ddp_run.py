@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         dist = current()
         out.mkdir(parents=True, exist_ok=True)
         torch.save({**saved, "world_size": dist.world_size}, out / f"rank{dist.rank}.pt")
+    if torch.distributed.is_initialized():  # a group left to the interpreter's exit can abort a rank in gloo
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return 0
 
 
