@@ -99,11 +99,11 @@ def preconditioned(direction: dict[str, Tensor], optimizer: torch.optim.Optimize
     """direction / (√v̂ + ε) with the second moment v̂ this step's AdamW update will divide by (its state and the
     gradient in `.grad`, bias-corrected; read, never written): the term then spreads over the coordinates as
     the trainer's steps do, instead of piling onto the few where X̂ is largest."""
-    out = {}
+    out, name_of = {}, {id(q): n for n, q in named.items()}
     for group in optimizer.param_groups:
         beta2, eps = group["betas"][1], group["eps"]
         for p in group["params"]:
-            name = next((n for n, q in named.items() if q is p), None)
+            name = name_of.get(id(p))
             if name is None or name not in direction:
                 continue
             state = optimizer.state.get(p, {})
