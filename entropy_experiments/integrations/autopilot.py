@@ -30,6 +30,7 @@ Under several processes (DDP) each rank draws and scores its share of E, and eve
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ from entropy_experiments.integrations.steered_step import (
 from entropy_experiments.integrations.trainer_step import TRAINER_STEP, sample_E
 from entropy_experiments.integrations.trl_callback import EntropyProbeCallback
 
+log = logging.getLogger("entropy_experiments.callback")
 STATE_KEY = "entropy_autopilot"  # not a callback class name: transformers' callback restore leaves it alone
 DIRECTION_MEMORY = 0.7  # the share of the term direction kept from earlier steps (a moving average of X̂)
 RULE_OPTIONS = tuple(f.name for f in dataclasses.fields(AutopilotRule))
@@ -158,7 +160,11 @@ class EntropyAutopilot(EntropyProbeCallback):
         row = self.rows[-1] if self.rows else {}
         if self.track is not None and row.get("step") == state.global_step and "realised" in row:
             realised = Estimate(row["realised"], row["realised_se"])
-            if math.isfinite(realised.value) and math.isfinite(realised.se):
-                self.track = after_step(self.track, realised, self.options.every)
+            if not (math.isfinite(realised.value) and math.isfinite(realised.se)):
+                # unmeasured: the step's change is taken as unknown to within a fresh Ĥ's noise, not as 0 ± 0
+                log.warning("%s: step %s: the realised change is not finite; the filter carries it as 0 ± SE_Ĥ",
+                            KEY, state.global_step)
+                realised = Estimate(0.0, row["H_se"] if math.isfinite(row.get("H_se", math.nan)) else 1.0)
+            self.track = after_step(self.track, realised, self.options.every)
         state.stateful_callbacks[STATE_KEY] = self.exported()
         return result
