@@ -211,7 +211,8 @@ def test_chromium_shows_the_what_if_table_and_the_solved_knob(what_if_run):
     solve_rows = dict(_cell_texts(dom, "what-if-solve")[1:])
     assert solve_rows["value"] == format(solved["value"], ".4g")
     lo, hi = ("unbounded" if x is None else format(x, ".4g") for x in solved["interval"])
-    assert solve_rows["interval (δH₁ ± SE crosses the target)"] == f"[{lo}, {hi}]"
+    level = format(100 * solved["level"], "g")
+    assert solve_rows[f"{level} % interval (|δH₁(c) − target| ≤ t·SE(c))"] == f"[{lo}, {hi}]"
     assert solve_rows["δH₁ ± SE of a U backward at the value"] == plus_minus(solved["deltaH1"], solved["se"])
 
 
