@@ -57,9 +57,12 @@ def one_run(model_dir: Path, out: Path, args, mode: str | None) -> tuple[float, 
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
-    drawing = sum(r.get("seconds_drawing_E", 0.0) for r in (callback.rows if callback else []))
+    rows = callback.rows if callback else []
+    drawing = sum(r.get("seconds_drawing_E", 0.0) for r in rows)
     if drawing:
-        print(f"    of the probe's {callback.probe_seconds:.1f} s, drawing E took {drawing:.1f} s", flush=True)
+        measuring = sum(r.get("seconds_measuring", 0.0) for r in rows)
+        print(f"    of the probe's {callback.probe_seconds:.1f} s, drawing E took {drawing:.1f} s and measuring the "
+              f"candidate steps {measuring:.1f} s", flush=True)
     return wall, (callback.probe_seconds if callback else 0.0)
 
 

@@ -46,6 +46,9 @@ def test_the_autopilot_steers_the_real_step_and_survives_a_resume(tmp_path, tiny
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert max(watcher.errors) < 1e-6            # the step taken is the prediction at (m, κ), term included
     assert all(r["step_ok"] and r["step_error"] < 1e-6 for r in rows)
+    for row in rows:  # measured on E before the step, at the displacement then taken: the realised change
+        assert row["measured_change"] == pytest.approx(row["realised"], abs=1e-6)
+        assert row["measured_change_se"] == pytest.approx(row["realised_se"], rel=1e-4, abs=1e-9)
     assert any(r["entropy_term"] > 0 for r in rows[1:])  # from step 2 on, a term direction exists
     assert rows[0]["entropy_term"] == 0.0 and rows[0]["controller_error"] is None
     for previous, row in itertools.pairwise(rows):  # the previous decision graded on this step's fresh E

@@ -16,11 +16,13 @@ import pytest
 
 from entropy_experiments.errors import ConfigError
 from entropy_experiments.integrations.autopilot_rule import (
+    CLEAR,
     AutopilotRule,
     Estimate,
     decide,
     limited_multiplier,
     shrunk_ratio,
+    significant,
     target_of,
 )
 from entropy_experiments.integrations.entropy_filter import after_step, first_track, observe
@@ -33,8 +35,8 @@ def test_at_rest_the_law_does_nothing():
                term=Estimate(0.05, 0.01))
     assert (d.multiplier, d.term) == (1.0, 0.0) and d.steering == "within the budget: no action"
     # after an earlier cut, m returns toward 1 at the rate limit
-    d = decide(RULE, step=Estimate(0.0, 0.01), gap=Estimate(0.0, 0.005), previous=0.5)
-    assert d.multiplier == pytest.approx(0.5 * RULE.max_rate) and d.term == 0.0
+    d = decide(RULE, step=Estimate(0.0, 0.01), gap=Estimate(0.0, 0.005), previous=0.3)
+    assert d.multiplier == pytest.approx(0.3 * RULE.max_rate_clear) and d.term == 0.0
     assert d.steering == "within the budget: lr returning to 1" and d.limit == "rate limit"
 
 
@@ -96,13 +98,16 @@ def test_the_chosen_step_is_never_predicted_worse_than_the_lr_only_step():
             continue
         # the lr-only step: the shrunk ratio from the resting m, within the rate limit and the bounds
         resting = limited_multiplier(RULE, 1.0, previous)[0]
-        m = limited_multiplier(RULE, resting + shrunk_ratio(chosen.wanted - resting * step.value, step), previous)[0]
+        clear = significant(RULE, gap, gap.value - step.value, step.se, CLEAR * RULE.z)
+        m = limited_multiplier(RULE, resting + shrunk_ratio(chosen.wanted - resting * step.value, step), previous,
+                               clear)[0]
         # never predicted worse, beyond a tenth of the prediction's variance (closer than it can tell apart)
         error = (chosen.wanted - chosen.predicted) ** 2 + (chosen.term * term.se) ** 2
         assert error <= (chosen.wanted - m * step.value) ** 2 + 0.1 * step.se ** 2 + 1e-15
         assert RULE.min_multiplier <= chosen.multiplier <= RULE.max_multiplier
         assert abs(chosen.term) <= RULE.max_term
-        assert previous / RULE.max_rate - 1e-12 <= chosen.multiplier <= previous * RULE.max_rate + 1e-12 or \
+        fall = RULE.max_rate_clear if clear else RULE.max_rate
+        assert previous / fall - 1e-12 <= chosen.multiplier <= previous * RULE.max_rate_clear + 1e-12 or \
             chosen.limit == "multiplier bound"
 
 

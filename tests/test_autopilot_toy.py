@@ -4,8 +4,8 @@ A real trl.GRPOTrainer trains the 4-token toy under a LoRA with the "contains a"
 step the exact entropy and the exact expected reward are enumerated (no probe code). Trainer seed 0:
 
 - uncontrolled, the entropy collapses (rms |H − H₀| over 12 steps 0.54) while the reward climbs +0.45;
-- `EntropyAutopilot(trainer, target="initial")` holds it (examples/entropy_autopilot.py over trainer seeds 0–7:
-  rms 0.21–0.27 at these defaults, reward gain 0.4–1.1× the uncontrolled run's per seed);
+- `EntropyAutopilot(trainer, target="initial")` holds it (examples/entropy_autopilot.py over trainer seeds 0–15:
+  rms 0.12–0.24 at these defaults; seed 0: rms 0.14 and 0.85× the uncontrolled run's reward gain);
 - at lr 2e-4 (no entropy problem) it never acts: m stays 1 and no term is added.
 
 The bounds below sit between the measured spread and the failure they guard against (the autopilot off or
@@ -47,8 +47,8 @@ def test_the_autopilot_holds_the_exact_entropy_and_the_reward_still_climbs(tmp_p
     print(f"free H {np.round(free.H, 3)} R {np.round(free.R, 3)}\nheld H {np.round(held.H, 3)} R {np.round(held.R, 3)}"
           f"\nm {[round(r['lr_multiplier'], 2) for r in rows]} κ {[round(r['entropy_term'], 2) for r in rows]}")
     assert held.H[0] == free.H[0] and _rms(free.H) > 0.4
-    assert _rms(held.H) < 0.6 * _rms(free.H)
-    assert held.R[-1] - held.R[0] > 0.3 * (free.R[-1] - free.R[0]) > 0
+    assert _rms(held.H) < 0.4 * _rms(free.H)
+    assert held.R[-1] - held.R[0] > 0.5 * (free.R[-1] - free.R[0]) > 0
     assert sum(r["entropy_term"] > 0 for r in rows) >= 4 and all(r["step_ok"] for r in rows)
 
 

@@ -11,7 +11,9 @@ At each probed step (every = 1 by default), right before `optimizer.step()`:
    gap to the target;
 3. the control law (autopilot_rule.py) rests at "do nothing" (m = 1, κ = 0) and acts only on a significant
    predicted departure beyond the drift budget — through the entropy term first (it changes the step's
-   direction), through the lr where that is predicted to do better;
+   direction), through the lr where that is predicted to do better; by default each candidate step is
+   measured on E before it is taken (SNIS at θ + Δθ(m, κ), `steer_on="measured"`), so a large step's
+   curvature is seen (`"first_order"`: δ and e alone);
 4. every param group's lr is multiplied by m for this step (the scheduler's value is put back right after it);
    right after the step the term m·κ·‖Δθ_next‖·u is added to the parameters, outside AdamW's moments.
 
@@ -36,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from entropy_experiments.errors import ProbeError
+from entropy_experiments.errors import ConfigError, ProbeError
 from entropy_experiments.integrations import ranks
 from entropy_experiments.integrations.autopilot_rule import (
     INITIAL,
@@ -44,6 +46,7 @@ from entropy_experiments.integrations.autopilot_rule import (
     AutopilotRule,
     Estimate,
     decide,
+    decide_measured,
     target_of,
 )
 from entropy_experiments.integrations.entropy_filter import EntropyTrack, after_step, first_track, observe
@@ -51,6 +54,7 @@ from entropy_experiments.integrations.live_state import untouched
 from entropy_experiments.integrations.steered_step import (
     SteerablePass,
     add_to_parameters,
+    measured_change,
     remembered,
     steerable_prediction,
     steered,
@@ -63,19 +67,23 @@ log = logging.getLogger("entropy_experiments.callback")
 STATE_KEY = "entropy_autopilot"  # not a callback class name: transformers' callback restore leaves it alone
 DIRECTION_MEMORY = 0.7  # the share of the term direction kept from earlier steps (a moving average of X̂)
 RULE_OPTIONS = tuple(f.name for f in dataclasses.fields(AutopilotRule))
+MEASURED, FIRST_ORDER = "measured", "first_order"
 
 
 class EntropyAutopilot(EntropyProbeCallback):
     """Steer each step's entropy change toward a target by an entropy term and the lr (module docstring)."""
 
-    option_names = RULE_OPTIONS
+    option_names = (*RULE_OPTIONS, "steer_on")
 
     def __init__(self, trainer: Any, target: float | str | Callable[[int], float] = INITIAL, every: int = 1,
-                 **options: Any):
+                 steer_on: str = MEASURED, **options: Any):
         rule = {k: options.pop(k) for k in RULE_OPTIONS if k in options}
         super().__init__(trainer, every=every, predict=TRAINER_STEP, **options)
         self.rule = AutopilotRule(**rule)
         self.rule.check()
+        if steer_on not in (MEASURED, FIRST_ORDER):
+            raise ConfigError(f"{KEY}: steer_on must be {MEASURED!r} or {FIRST_ORDER!r}, got {steer_on!r}")
+        self.steer_on = steer_on
         self.hold_initial = target == INITIAL
         self.target = target_of(target)
         self.multiplier = 1.0
@@ -131,8 +139,16 @@ class EntropyAutopilot(EntropyProbeCallback):
         self.track = first_track(fresh) if self.track is None else observe(self.track, fresh)
         H_target = self.track.h0 if self.hold_initial else self.target(pending.step, self.track.h0)
         gap = self.track.gap_to(None if self.hold_initial else H_target)
-        decision = decide(self.rule, step=Estimate(pending.delta_h_next, pending.se_E), gap=gap,
-                          previous=self.multiplier, term=steerable.term_effect(config))
+        term = steerable.term_effect(config)
+        if self.steer_on == MEASURED:
+            def measure(m: float, kappa: float) -> Estimate:
+                return measured_change(config, self.policy, steerable, m, kappa, self.dist)
+            started = time.perf_counter()
+            decision = decide_measured(self.rule, gap=gap, previous=self.multiplier, term=term, measure=measure)
+            measuring = time.perf_counter() - started
+        else:
+            decision, measuring = decide(self.rule, step=Estimate(pending.delta_h_next, pending.se_E), gap=gap,
+                                         previous=self.multiplier, term=term), 0.0
         outcome = None if self.aimed_at is None else pending.H - self.aimed_at
         self.multiplier, self.aimed_at = decision.multiplier, H_target
         self.term = term_displacement(steerable, decision.multiplier, decision.term)
@@ -141,10 +157,11 @@ class EntropyAutopilot(EntropyProbeCallback):
         return steered(config, steerable, decision.multiplier, decision.term,
                        lr_multiplier=decision.multiplier, entropy_term=decision.term, H_target=H_target,
                        H_filtered=filtered.value, H_filtered_se=filtered.se, gap=gap.value, gap_se=gap.se,
-                       wanted=decision.wanted, delta_h_next_unsteered=pending.delta_h_next,
+                       wanted=decision.wanted, measured_change=decision.predicted if decision.predicted_se is not None else None,
+                       measured_change_se=decision.predicted_se, delta_h_next_unsteered=pending.delta_h_next,
                        se_E_unsteered=pending.se_E, steering=decision.steering, limit=decision.limit,
                        controller_error=outcome, controller_error_se=pending.H_se if outcome is not None else None,
-                       seconds_drawing_E=drawn)
+                       seconds_drawing_E=drawn, seconds_measuring=measuring)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         if self.scheduled_lrs is not None:

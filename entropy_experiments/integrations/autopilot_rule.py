@@ -16,8 +16,9 @@ m·(δ + κ·e):
                 (|κ| ≤ max_term)
     lr-only m   m_r + (w − m_r·δ)·δ / (δ² + s²), m_r the resting m: the change of m that would reach w, shrunk
                 toward no change where δ is noise — a noisy δ can never ask for m = 0, and a δ within its noise
-                asks for almost no lr change at all; then the rate limit (m_prev/max_rate … m_prev·max_rate)
-                and the bounds [min_multiplier, max_multiplier]
+                asks for almost no lr change at all; then the rate limit (a fall to m_prev/max_rate, to
+                m_prev/max_rate_clear on a clear departure; a rise to m_prev·max_rate_clear) and the bounds
+                [min_multiplier, max_multiplier]
     κ at m      (w − m·δ)·e / (m·(e² + s_e²)): the same shrinkage on the term's own noise; no term unless
                 e > z·s_e (u is built to raise the entropy: where E does not confirm it, the direction is noise,
                 and a term along it could move the entropy either way)
@@ -29,10 +30,16 @@ m·(δ + κ·e):
                 smaller |κ|
 
 Each decision says in words what set m and κ (`steering`) and which limit bound it (`limit`).
+
+`decide_measured` runs the same law on measured changes: δ is the untouched step's ΔH measured on E before the
+step (SNIS at θ + Δθ), the chosen step is measured and the law runs once more on the secants through it, and
+the step whose measured change misses the wanted change least is taken (never one measured worse than resting).
+A large step's curvature, which δ and e miss, is then in what the law reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +49,10 @@ from entropy_experiments.errors import ConfigError
 KEY = "EntropyAutopilot"
 INITIAL = "initial"
 NO_LIMIT = "none"
+# A clear departure, beyond the budget by CLEAR·z noise SDs, may cut the lr at max_rate_clear per step: pure
+# noise at the target crosses 3 SDs in 0.27 % of decisions where it crosses 2 in 4.6 % (two-sided normal), so a
+# fast cut answers a real fall (AdamW's first step at a large lr) and almost never noise.
+CLEAR = 1.5
 
 
 @dataclass(frozen=True)
@@ -52,9 +63,10 @@ class AutopilotRule:
     z: float = 2.0                 # the departure must exceed the budget by z noise SDs
     gain: float = 1.0              # share of the predicted excess closed per acting step
     max_term: float = 2.0          # |κ| bound: the term's displacement relative to the trainer's step (0: off)
-    min_multiplier: float = 0.1
+    min_multiplier: float = 0.5
     max_multiplier: float = 1.0   # above 1 the autopilot may train faster than the scheduler asks
-    max_rate: float = 1.25         # the factor m may change by per step
+    max_rate: float = 1.25         # the factor m may fall by per step on a departure significant at z
+    max_rate_clear: float = 2.0    # ... on a clear one (beyond the budget by 2z noise SDs), and rise by back to 1
     max_drop: float | None = 0.05  # nats/token per step; None: no limit
 
     def check(self) -> None:
@@ -68,9 +80,9 @@ class AutopilotRule:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
                 raise ConfigError(f"{KEY}: {name} must be a finite number >= 0, got {value!r}")
-        if not 1 <= self.max_rate < math.inf:
-            raise ConfigError(f"{KEY}: max_rate must be >= 1 (the factor m may change by per step), "
-                              f"got {self.max_rate!r}")
+        if not 1 <= self.max_rate <= self.max_rate_clear < math.inf:
+            raise ConfigError(f"{KEY}: need 1 <= max_rate <= max_rate_clear < inf (the factors m may change by per "
+                              f"step), got {self.max_rate!r}, {self.max_rate_clear!r}")
         if not 0 < self.gain <= 1:
             raise ConfigError(f"{KEY}: gain must be in (0, 1] (the share of the excess closed per step), "
                               f"got {self.gain!r}")
@@ -94,6 +106,7 @@ class Decision:
     predicted: float
     steering: str
     limit: str = NO_LIMIT
+    predicted_se: float | None = None  # set where `predicted` is a measured change
 
 
 def shrunk_ratio(wanted: float, effect: Estimate) -> float:
@@ -102,9 +115,10 @@ def shrunk_ratio(wanted: float, effect: Estimate) -> float:
     return wanted * effect.value / denominator if denominator > 0 else 0.0
 
 
-def limited_multiplier(rule: AutopilotRule, m: float, previous: float) -> tuple[float, str]:
-    """m within the rate limit around `previous`, then within the bounds; the limit that bound it."""
-    low, high = previous / rule.max_rate, previous * rule.max_rate
+def limited_multiplier(rule: AutopilotRule, m: float, previous: float, clear: bool = False) -> tuple[float, str]:
+    """m within the rate limit around `previous` (a fall by at most max_rate, max_rate_clear on a clear departure;
+    a rise by at most max_rate_clear), then within the bounds; the limit that bound it."""
+    low, high = previous / (rule.max_rate_clear if clear else rule.max_rate), previous * rule.max_rate_clear
     limit = NO_LIMIT if low <= m <= high else "rate limit"
     m = min(max(m, low), high)
     if not rule.min_multiplier <= m <= rule.max_multiplier:
@@ -124,10 +138,12 @@ def term_at(rule: AutopilotRule, m: float, wanted: float, step: Estimate, term: 
     return kappa, NO_LIMIT
 
 
-def significant(rule: AutopilotRule, gap: Estimate, excess: float, step_se: float) -> bool:
-    """The entropy is off the target, or the step would leave it off, beyond the budget by z noise SDs."""
-    off_now = abs(gap.value) > rule.budget + rule.z * gap.se
-    off_after = abs(excess) > rule.budget + rule.z * math.hypot(gap.se, step_se)
+def significant(rule: AutopilotRule, gap: Estimate, excess: float, step_se: float, z: float | None = None) -> bool:
+    """The entropy is off the target, or the step would leave it off, beyond the budget by z noise SDs (the
+    rule's z unless given)."""
+    z = rule.z if z is None else z
+    off_now = abs(gap.value) > rule.budget + z * gap.se
+    off_after = abs(excess) > rule.budget + z * math.hypot(gap.se, step_se)
     return off_now or off_after
 
 
@@ -142,7 +158,9 @@ def decide(rule: AutopilotRule, *, step: Estimate, gap: Estimate, previous: floa
     wanted = step.value + rule.gain * excess
     if rule.max_drop is not None:
         wanted = max(wanted, -rule.max_drop)
-    lr_only, lr_limit = limited_multiplier(rule, resting + shrunk_ratio(wanted - resting * step.value, step), previous)
+    clear = significant(rule, gap, excess, step.se, CLEAR * rule.z)
+    lr_only, lr_limit = limited_multiplier(rule, resting + shrunk_ratio(wanted - resting * step.value, step), previous,
+                                           clear)
     candidates = []
     for m, m_limit in dict.fromkeys([(resting, rest_limit), (lr_only, lr_limit)]):
         for kappa, k_limit in dict.fromkeys([term_at(rule, m, wanted, step, term), (0.0, NO_LIMIT)]):
@@ -172,3 +190,42 @@ def target_of(target: float | str | Callable[[int], float]) -> Callable[[int, fl
         return lambda step, initial: float(target)
     raise ConfigError(f"{KEY}: target must be an entropy in nats/token (>= 0), a callable step -> H, or "
                       f"{INITIAL!r}; got {target!r}")
+
+
+Measure = Callable[[float, float], Estimate]
+
+
+def secant(untouched: Estimate, term: Estimate | None, at: Decision, measured: Estimate) -> tuple:
+    """The step's and the term's effects as secants through a measured change at (m, κ) of `at`: the term's
+    slope (ΔH(m, κ)/m − ΔH(1, 0))/κ where κ ≠ 0, else the step's slope ΔH(m, 0)/m; their SEs kept."""
+    m, kappa = at.multiplier, at.term
+    if kappa and term is not None:
+        return untouched, Estimate((measured.value / m - untouched.value) / kappa, term.se)
+    return Estimate(measured.value / m, measured.se / m), term
+
+
+def decide_measured(rule: AutopilotRule, *, gap: Estimate, previous: float, term: Estimate | None,
+                    measure: Measure) -> Decision:
+    """`decide` on measured changes: the untouched step's ΔH(1, 0) in place of δ, then once more on the secants
+    through the first decision's measured change; of the decisions, the one whose measured change misses the
+    wanted change least (ties: the larger m, then the smaller |κ|)."""
+    untouched = measure(1.0, 0.0)
+    first = decide(rule, step=untouched, gap=gap, previous=previous, term=term)
+    resting, rest_limit = limited_multiplier(rule, 1.0, previous)
+    at_rest = untouched if resting == 1.0 else measure(resting, 0.0)
+    if (first.multiplier, first.term) == (resting, 0.0):
+        return dataclasses.replace(first, predicted=at_rest.value, predicted_se=at_rest.se)
+    tried = [(first, measure(first.multiplier, first.term))]
+    step, term_secant = secant(untouched, term, first, tried[0][1])
+    second = decide(rule, step=step, gap=gap, previous=previous, term=term_secant)
+    if (second.multiplier, second.term) != (first.multiplier, first.term):
+        tried.append((second, measure(second.multiplier, second.term)))
+    words = first.steering.split(":")[0] + ": no lever predicted to do better"
+    tried.append((Decision(resting, 0.0, first.wanted, at_rest.value, words, rest_limit), at_rest))
+
+    def miss(pair: tuple[Decision, Estimate]) -> float:
+        return (first.wanted - pair[1].value) ** 2 + pair[1].se ** 2
+
+    best = min(miss(p) for p in tried) + 0.1 * untouched.se ** 2
+    chosen, change = min((p for p in tried if miss(p) <= best), key=lambda p: (-p[0].multiplier, abs(p[0].term)))
+    return dataclasses.replace(chosen, wanted=first.wanted, predicted=change.value, predicted_se=change.se)

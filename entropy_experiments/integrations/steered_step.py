@@ -34,6 +34,7 @@ from entropy_experiments.data.batch import Batch
 from entropy_experiments.estimators.entropy_gradient import sampler_weights
 from entropy_experiments.estimators.jackknife import entropy_with_se, se_E
 from entropy_experiments.estimators.update_direction import named_norm
+from entropy_experiments.integrations import ranks
 from entropy_experiments.integrations.autopilot_rule import Estimate
 from entropy_experiments.integrations.live_state import copy_of
 from entropy_experiments.integrations.next_step import NextStep, next_adamw_step
@@ -173,6 +174,25 @@ def term_displacement(steerable: SteerablePass, multiplier: float, kappa: float)
     return {n: scale * u for n, u in steerable.direction.items()}
 
 
+def displacement(steerable: SteerablePass, multiplier: float, kappa: float) -> dict[str, Tensor]:
+    """Δθ(m, κ) = m·(Δθ_next + κ·‖Δθ_next‖·u) by parameter name."""
+    m = float(multiplier)
+    term = term_displacement(steerable, m, kappa)
+    return {n: m * s + term[n].to(s) if n in term else m * s for n, s in steerable.pending.next_step.step.items()}
+
+
+def measured_change(config: ProbeConfig, policy: Policy, steerable: SteerablePass, multiplier: float, kappa: float,
+                    dist: DistContext = SINGLE) -> Estimate:
+    """ΔĤ ± SE on E of the step at (m, κ), measured before it is taken: E scored at θ + Δθ(m, κ) by SNIS, as
+    `realised` is after the step. It holds the step's curvature, which δ and e (first order) miss at a large
+    lr: AdamW's first step, whose every coordinate moves by the lr, lowers the entropy where δ says ≈ 0."""
+    pending = steerable.pending
+    weights = None if pending.weights is None else pending.weights.numpy()
+    row = ranks.measured_on_shares(config, policy.engine, pending.E, displacement(steerable, multiplier, kappa),
+                                   base=pending.scores, sampler_weights=weights, dist=dist).rows[0]
+    return Estimate(float(row["deltaH_true"]), float(row["se"]))
+
+
 def steered(config: ProbeConfig, steerable: SteerablePass, multiplier: float, kappa: float,
             **extra) -> PendingTrainerStep:
     """The prediction of the step taken at (m, κ): pieces, displacement, δH_next and SE_E of m·(Δθ + κ‖Δθ‖u)."""
@@ -181,8 +201,7 @@ def steered(config: ProbeConfig, steerable: SteerablePass, multiplier: float, ka
     if kappa and steerable.term_pieces is not None:
         a, r = a + kappa * steerable.term_pieces[0], r + kappa * steerable.term_pieces[1]
     pieces = (m * a, m * r)
-    term = term_displacement(steerable, m, kappa)
-    step = {n: m * s + term[n].to(s) if n in term else m * s for n, s in pending.next_step.step.items()}
+    step = displacement(steerable, m, kappa)
     value, se = pieces_estimate(config, pending, pieces)
     upcoming = NextStep(step, tuple(m * lr for lr in pending.next_step.lrs))
     return dataclasses.replace(pending, pieces=pieces, next_step=upcoming, delta_h_next=value, se_E=se,
