@@ -133,7 +133,7 @@ def test_a_config_that_cannot_run_it_is_refused_naming_the_key(tiny, sections, k
     config_from_dict(d)  # the same config with the exact pieces runs
 
 
-def test_r_method_enters_the_hash_only_when_changed(tiny):
+def test_r_method_enters_the_hash(tiny):
     d = copy.deepcopy(tiny[0])
     plain = config_from_dict(d).config_hash()
     d["variance"] = {"r_method": "backward"}
