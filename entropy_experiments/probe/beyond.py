@@ -299,7 +299,7 @@ def direct_only_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH
 
 def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
                      truth: DeltaH, dist: DistContext = SINGLE) -> tuple[dict | None, dict[str, dict]]:
-    """results.json `predictors`: {name: {delta_h1, se, se_E, se_U, from_pieces, ratio_to_measured}} (None: off),
+    """results.json `predictors`: {name: {delta_h1, se, se_E, se_U, from_pieces, measured_over_predicted}} (None: off),
     and the extra per-sequence columns of the predictors that have them ({name: {column: [N]}}). With
     predictors.enabled false, the displacement alone where there is one (predictors.displacement)."""
     if not config.predictors.enabled:
