@@ -22,6 +22,7 @@ def fake_results(**changes) -> dict:
         })
     res = {
         "schema_version": SCHEMA_VERSION, "deltaH1": lr * x_hat_dot_v, "x_hat_dot_v": x_hat_dot_v, "learning_rate": lr,
+        "e_pass": "backward_hooks",
         "se": {"E": 1.5e-5, "U": 2.0e-5, "total": 2.5e-5},
         "H_orig": {"per_token": 0.61234, "per_sequence": 41.876},
         "true": true,

@@ -78,7 +78,7 @@ def test_per_sequence_pieces_sum_to_backward(tiny_model_dir, prompts_file, basel
                                                       "variance": {"directional": directional},
                                                       "importance": {"enabled": False}})
     results, _, _, _ = _run(probe)
-    assert results["consistency"]["pieces_method"] == method
+    assert results["e_pass"] == method
     assert results["consistency"]["relative_difference"] < 1e-4
     assert np.isfinite(results["se"]["E"]) and results["se"]["E"] > 0
     assert np.isfinite(results["se"]["U"]) and results["se"]["U"] > 0

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from entropy_experiments.errors import OutputError
+from entropy_experiments.probe.e_pass import E_PASSES
 from entropy_experiments.report.html_report import render_html_report
 from entropy_experiments.report.plot import plot_delta_h
 from entropy_experiments.report.results_schema import (
@@ -74,13 +75,18 @@ def test_results_json_carries_the_schema_version():
 def version_1_results() -> tuple[dict, dict]:
     """(a results.json as version 1 wrote it, the same run under the current names): X̂·v as `bars_dot` only,
     the timing under the numbered phase names, the d2 bias estimate as `bias_bound`, a predictor's ratio as
-    `ratio_to_measured` (predicted / measured) only."""
+    `ratio_to_measured` (predicted / measured) only, the E pass as `consistency.pieces_method` (backward_hooks,
+    with r_i by the central difference: the pass named central_difference)."""
     phases = {"sample": 1.0, "update_direction": 2.0, "e_pass_backward": 3.0, "delta_h": 4.0, "total": 10.0}
     second_order = {"eta": 1e-3, "bias_estimate": 2e-4, "per_eta": [{"eta": 1e-3, "d2": 3.0, "bias_estimate": 2e-4}]}
     predictor = {"delta_h1": -1.2e-4, "se": 2e-5, "se_E": 1e-5, "se_U": 1.7e-5, "from_pieces": None}
-    current = fake_results(timing=phases, second_order=second_order,
+    consistency = {"deltaH1_from_pieces": -1.23e-4, "relative_difference": 1e-6, "r_method": "central_difference",
+                   "r_eta": 1e-4}
+    current = fake_results(timing=phases, second_order=second_order, e_pass="central_difference",
+                           consistency=consistency,
                            predictors={"adamw_step": {**predictor, "measured_over_predicted": 1.25}})
-    old = {k: v for k, v in current.items() if k not in ("schema_version", "x_hat_dot_v")}
+    old = {k: v for k, v in current.items() if k not in ("schema_version", "x_hat_dot_v", "e_pass")}
+    old["consistency"] = {**consistency, "pieces_method": "backward_hooks"}
     old["bars_dot"] = current["x_hat_dot_v"]
     old["timing"] = {next(o for o, n in V1_TIMING_KEYS.items() if n == k) if k != "total" else k: v
                      for k, v in phases.items()}
@@ -103,6 +109,19 @@ def test_a_version_1_results_json_reads_under_the_current_names(tmp_path):
     assert upgrade_results(current) is current  # the current version passes as it is
     with pytest.raises(OutputError, match="schema_version 3: this entropy-probe reads versions 1 to 2"):
         upgrade_results(fake_results(schema_version=3))
+
+
+@pytest.mark.parametrize("consistency, e_pass", [
+    ({"pieces_method": "backward_hooks", "r_method": "backward"}, "backward_hooks"),
+    ({"pieces_method": "backward_hooks", "r_method": "central_difference"}, "central_difference"),
+    ({"pieces_method": "jvp", "r_method": "jvp"}, "jvp"),
+    ({}, "two_pass"),  # error bars off: no pieces, the E pass without them
+])
+def test_a_version_1_e_pass_is_read_off_its_consistency(consistency, e_pass):
+    old = {k: v for k, v in fake_results(consistency=consistency).items() if k not in ("schema_version", "e_pass")}
+    read = upgrade_results(old)
+    assert read["e_pass"] == e_pass and "pieces_method" not in read["consistency"]
+    assert e_pass in E_PASSES
 
 
 def test_load_results_missing_file_names_the_path(tmp_path):

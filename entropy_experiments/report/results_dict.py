@@ -76,7 +76,7 @@ def assemble_results(E: Batch, U: Batch, estimates, later, timing: dict, facts: 
     results = {
         "schema_version": SCHEMA_VERSION, "deltaH1": res.delta_h1, "x_hat_dot_v": res.x_hat_dot_v,
         "learning_rate": res.learning_rate,
-        "normalize": facts.normalize, "se": bars.se,
+        "e_pass": res.e_pass, "normalize": facts.normalize, "se": bars.se,
         "H_orig": entropy_estimates(scores.seq_entropies, scores.lengths, res.sampler_weights),
         "true": [{**row, "residual": resid,
                   "second_order_prediction": None if second_order is None else second_order["predictions"][f"{row['eta']:g}"]}

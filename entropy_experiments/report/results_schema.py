@@ -66,6 +66,7 @@ REQUIRED_SCHEMA: dict[str, Any] = {
     "deltaH1": None,
     "x_hat_dot_v": None,  # X̂·v, δH₁ per unit lr
     "learning_rate": None,
+    "e_pass": None,       # the E pass that ran: probe/e_pass.E_PASSES
     "se": {"E": None, "U": None, "total": None},  # and U_df (SE_U's degrees of freedom), optional: not every run has it
     "H_orig": {"per_token": None, "per_sequence": None},
     "true": None,  # list of TRUE_ENTRY_SCHEMA, checked separately
@@ -121,8 +122,12 @@ def _renamed(entry: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
 
 def _from_version_1(results: dict[str, Any]) -> dict[str, Any]:
     """Version 1's names mapped (V1_*_KEYS); a predictor's `ratio_to_measured` (predicted / measured) becomes
-    `measured_over_predicted`, its inverse, where that is missing."""
+    `measured_over_predicted`, its inverse, where that is missing; `e_pass` is read off `consistency`
+    (`v1_e_pass`)."""
     out = _renamed(results, V1_RESULT_KEYS)
+    out.setdefault("e_pass", v1_e_pass(out.get("consistency")))
+    if isinstance(out.get("consistency"), dict):
+        out["consistency"] = {k: v for k, v in out["consistency"].items() if k != "pieces_method"}
     if isinstance(out.get("timing"), dict):
         out["timing"] = _renamed(out["timing"], V1_TIMING_KEYS)
     if isinstance(out.get("second_order"), dict):
@@ -135,6 +140,18 @@ def _from_version_1(results: dict[str, Any]) -> dict[str, Any]:
             finite = isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio != 0
             out["predictors"][name] = {**entry, "measured_over_predicted": 1.0 / ratio if finite else None}
     return out
+
+
+def v1_e_pass(consistency: dict[str, Any] | None) -> str | None:
+    """The E pass of a version-1 results.json from its `consistency`: `pieces_method` backward_hooks with r_i by the
+    central difference is central_difference, backward_hooks and jvp are themselves, and an empty one (error bars
+    off: no pieces) is two_pass; None where it does not say."""
+    if consistency == {}:
+        return "two_pass"
+    method = (consistency or {}).get("pieces_method")
+    if method == "backward_hooks" and consistency.get("r_method") == "central_difference":
+        return "central_difference"
+    return method
 
 
 def refuse_other_schema(meta: dict[str, Any] | None, path: str | os.PathLike) -> None:
