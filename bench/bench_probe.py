@@ -396,8 +396,8 @@ def main() -> int:
     if args.passes:
         passes = pass_seconds(demo, E)
         print("one E microbatch: " + ", ".join(f"{k} {v:.2f} s" for k, v in passes.items()))
-    print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se'].get('total', float('nan')):.2e}, pieces: "
-          f"{results['consistency'].get('pieces_method')}")
+    print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se'].get('total', float('nan')):.2e}, E pass: "
+          f"{results.get('e_pass')}")
     for label, text in sampler_lines(results.get("sampler")):
         print(f"{label}: {text}")
     for side, side_results in runs.items():
