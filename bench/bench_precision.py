@@ -90,7 +90,7 @@ def main() -> int:
 def phase_seconds(results: dict) -> float:
     """Seconds of the run's phases after sampling (loading and sampling apart)."""
     timing = results["timing"]
-    return timing["total"] - timing.get("load", 0.0) - timing.get("phase0_sampling", 0.0)
+    return timing["total"] - timing.get("load", 0.0) - timing.get("sample", 0.0)
 
 
 def print_table(table: dict, other: str = "bf16 base") -> None:

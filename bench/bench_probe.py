@@ -50,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from entropy_experiments.report.results_schema import bias_estimate_of
 from entropy_experiments.report.run_lines import sampler_lines
 
 if TYPE_CHECKING:
@@ -161,7 +160,7 @@ def phases_1_3_seconds(demo: DemoProbe, E: Batch, U: Batch, directional: str = "
     results = probe_run(demo, E, U, variance={"directional": directional, "enabled": variance},
                         importance={"enabled": False}, second_order={"enabled": False},
                         predictors={"enabled": False})
-    return results["timing"]["phase1_3_total"], results
+    return results["timing"]["delta_h1_total"], results
 
 
 R_METHODS = ("backward", "central_difference")
@@ -179,8 +178,8 @@ def r_method_lines(rows: list[dict[str, dict]], baseline: list[float]) -> list[s
     """Per r_method: median phases 1–3 / training step and (phases 1–3 + ΔH(±η)) / training step, SE_E, r's η."""
     lines = []
     for m in R_METHODS:
-        p13 = statistics.median([r[m]["timing"]["phase1_3_total"] / b for r, b in zip(rows, baseline)])
-        with_dh = statistics.median([(r[m]["timing"]["phase1_3_total"] + r[m]["timing"]["phase4_importance"]) / b
+        p13 = statistics.median([r[m]["timing"]["delta_h1_total"] / b for r, b in zip(rows, baseline)])
+        with_dh = statistics.median([(r[m]["timing"]["delta_h1_total"] + r[m]["timing"]["delta_h"]) / b
                                      for r, b in zip(rows, baseline)])
         last = rows[-1][m]
         lines.append(f"r_method {m}: phases 1–3 / training step = {p13:.2f}, with ΔH(±η) {with_dh:.2f}; "
@@ -190,8 +189,10 @@ def r_method_lines(rows: list[dict[str, dict]], baseline: list[float]) -> list[s
     return lines
 
 
-PHASES = (("phases 1–3", "phase1_3_total"), ("ΔH(η)", "phase4_importance"), ("second order", "phase5_second_order"),
-          ("predictors", "phase6_predictors"), ("attribution", "phase7_attribution"))
+# the timing keys of phases 1–3 that the breakdown prints: the U side, the E pass and their total
+PHASES_1_3 = ("update_direction", "e_pass_scoring", "e_pass_backward", "delta_h1_total")
+PHASES = (("phases 1–3", "delta_h1_total"), ("ΔH(η)", "delta_h"), ("second order", "second_order"),
+          ("predictors", "predictors"), ("attribution", "attribution"))
 
 # the default of the previous release: three η at ±η, the second difference at two η, the predictors (and the
 # field's proxies), and the token attribution by its own forward-mode pass along v
@@ -219,7 +220,7 @@ def phase_seconds(results: dict) -> dict[str, float]:
     sampling happened in it)."""
     timing = results["timing"]
     out = {name: timing.get(key, 0.0) for name, key in PHASES}
-    out["whole probe"] = timing["total"] - timing.get("phase0_sampling", 0.0)
+    out["whole probe"] = timing["total"] - timing.get("sample", 0.0)
     return out
 
 
@@ -258,7 +259,7 @@ def second_order_lines(runs: dict[str, dict]) -> list[str]:
             continue
         line = f"d2 ({side}, {so['method']}) = {so['d2']:+.5g} ± {so['se']:.3g}"
         if so["method"] == "finite_difference":
-            line += f" at η {so['eta']:g}, bias estimate {bias_estimate_of(so)}; per η: " + ", ".join(
+            line += f" at η {so['eta']:g}, bias estimate {so['bias_estimate']}; per η: " + ", ".join(
                 f"{r['eta']:g}: {r['d2']:+.4g} ± {r['se']:.2g}" for r in so["per_eta"])
         lines.append(line)
     return lines
@@ -267,8 +268,8 @@ def second_order_lines(runs: dict[str, dict]) -> list[str]:
 def profile_lines(breakdown: dict, train_parts: dict) -> str:
     """Where the ratio comes from (last repeat): each side's U and E parts; with U at par the ratio's floor is
     (U_train + E_probe) / total_train."""
-    u_probe = breakdown.get("phase1_3_U_gradient_and_direction")
-    e_probe = breakdown.get("phase1_3_E_backward", 0.0) + breakdown.get("phase1_3_E_scoring", 0.0)
+    u_probe = breakdown.get("update_direction")
+    e_probe = breakdown.get("e_pass_backward", 0.0) + breakdown.get("e_pass_scoring", 0.0)
     if u_probe is None or not e_probe:
         return "profile: n/a (no E timing)"
     floor = (train_parts["U"] + e_probe) / train_parts["total"]
@@ -384,19 +385,19 @@ def main() -> int:
             line += f", phases 1–3 with jvp pieces {jvp[-1]:.1f} s"
         if args.r_methods:
             r_rows.append(r_method_runs(demo, E, U, max(args.etas or [1e-5])))
-            line += ", phases 1–3 " + ", ".join(f"({m}) {r_rows[-1][m]['timing']['phase1_3_total']:.1f} s"
+            line += ", phases 1–3 " + ", ".join(f"({m}) {r_rows[-1][m]['timing']['delta_h1_total']:.1f} s"
                                                 for m in R_METHODS)
         print(line + f" (load average {os.getloadavg()[0]:.1f})", flush=True)
 
     results = runs["default"]
-    breakdown = {k: round(v, 1) for k, v in results["timing"].items() if k.startswith("phase1_3")}
+    breakdown = {k: round(v, 1) for k, v in results["timing"].items() if k in PHASES_1_3}
     print(f"phases 1–3 breakdown (last repeat, s): {breakdown}")
     print(profile_lines(breakdown, train_parts))
     if args.passes:
         passes = pass_seconds(demo, E)
         print("one E microbatch: " + ", ".join(f"{k} {v:.2f} s" for k, v in passes.items()))
-    print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se'].get('total', float('nan')):.2e}, pieces: "
-          f"{results['consistency'].get('pieces_method')}")
+    print(f"δH₁ = {results['deltaH1']:+.4e} ± {results['se'].get('total', float('nan')):.2e}, E pass: "
+          f"{results.get('e_pass')}")
     for label, text in sampler_lines(results.get("sampler")):
         print(f"{label}: {text}")
     for side, side_results in runs.items():

@@ -8,7 +8,7 @@ and SDPA attention on one CPU) must agree within tolerances that follow from fp3
 * ΔH(η): rel·|ΔH| + z·√2·F, F = the rounding floor of E measured as fp32 − fp64 per token at θ on the CPU;
 * d2 by the second difference at η: (ΔH(η) + ΔH(−η))/η², rounding SD √3·F/η² per run (the θ pass is shared by
   both signs), so two runs differ by z·√6·F/η² + rel·|d2|;
-* ratio_to_measured: the relative tolerance of ΔH at the smallest positive η plus that of the predictor.
+* measured_over_predicted: the relative tolerance of ΔH at the smallest positive η plus that of the predictor.
 `differences(a, b, floor)` lists every field that breaks its tolerance (empty: the runs agree).
 """
 
@@ -108,7 +108,7 @@ def _predictors(a: dict | None, b: dict | None, ratio_rel: float, scale: float, 
         size = max(abs(x["delta_h1"]), 1e-300)
         slope_rel = GRADIENT_REL * max(1.0, scale / size)
         for key, rel in (("delta_h1", slope_rel), ("se_E", SE_REL), ("se_U", SE_REL),
-                         ("ratio_to_measured", ratio_rel + slope_rel)):
+                         ("measured_over_predicted", ratio_rel + slope_rel)):
             if key in x and not _rel(x[key], y.get(key), rel):
                 bad.append(f"predictors.{name}.{key}: {x[key]} vs {y.get(key)}")
         half_a, half_b = x.get("second_order"), y.get("second_order")

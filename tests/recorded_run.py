@@ -111,11 +111,11 @@ def _slack(old_results: dict, old_rows: list[dict], r: Rounding) -> dict[tuple, 
 
 def _predictor_slack(old_results: dict, r: Rounding) -> dict[tuple, float]:
     """A predictor's slope and SEs: `GRADIENT_REL` of δH₁'s scale (a small slope such as direct_only is a sum
-    that cancels from that scale); its ratio_to_measured adds ΔH's relative tolerance at the smallest positive η.
+    that cancels from that scale); its measured_over_predicted moves by ΔH's relative tolerance at the smallest
+    positive η plus the slope's.
     A predictor the probe itself flags (`warning`: dominated by entries divided by AdamW's ε) amplifies the
     gradient's rounding by up to 1/ε: `ILL_CONDITIONED_REL` of its size (measured: 0.9 % from AVX2 to `default`)."""
     positive = min((row for row in old_results["true"] if row["eta"] > 0), key=lambda row: row["eta"])
-    measured = positive["deltaH_true"] * old_results["learning_rate"] / positive["eta"]
     rel_dh = delta_h_tolerance(positive["deltaH_true"], r.floor, z=Z) / abs(positive["deltaH_true"])
     slack = {}
     for name, entry in (old_results.get("predictors") or {}).items():
@@ -124,7 +124,9 @@ def _predictor_slack(old_results: dict, r: Rounding) -> dict[tuple, float]:
             slack |= {(*at, k): ILL_CONDITIONED_REL * abs(x) for k, x in entry.items() if isinstance(x, float)}
             continue
         scale = GRADIENT_REL * max(abs(old_results["deltaH1"]), abs(entry["delta_h1"]))
-        slack[(*at, "ratio_to_measured")] = scale / abs(measured) + rel_dh * abs(entry["ratio_to_measured"])
+        if entry.get("measured_over_predicted") is not None:
+            slack[(*at, "measured_over_predicted")] = abs(entry["measured_over_predicted"]) * (
+                rel_dh + scale / abs(entry["delta_h1"]))
         slack[at] = scale
     return slack
 

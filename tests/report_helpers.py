@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from entropy_experiments.report.results_schema import SCHEMA_VERSION
+
 
 def fake_results(**changes) -> dict:
     """A results dict shaped like a real per_token run on the embedded model (numbers are made up but consistent)."""
@@ -19,7 +21,8 @@ def fake_results(**changes) -> dict:
             "zero_weight_count": 2 if eta == 1e-4 else 0, "se": abs(eta * x_hat_dot_v) * 0.1,
         })
     res = {
-        "deltaH1": lr * x_hat_dot_v, "x_hat_dot_v": x_hat_dot_v, "bars_dot": x_hat_dot_v, "learning_rate": lr,
+        "schema_version": SCHEMA_VERSION, "deltaH1": lr * x_hat_dot_v, "x_hat_dot_v": x_hat_dot_v, "learning_rate": lr,
+        "e_pass": "backward_hooks",
         "se": {"E": 1.5e-5, "U": 2.0e-5, "total": 2.5e-5},
         "H_orig": {"per_token": 0.61234, "per_sequence": 41.876},
         "true": true,

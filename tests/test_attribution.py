@@ -132,7 +132,7 @@ def test_token_dH_is_the_exact_derivative_of_each_prefix_entropy(toy_dir, toy_pr
     outcome, E, _ = _outcome(probe)
     res, cols = outcome.results, outcome.e_tokens
     lr, v = res["learning_rate"], outcome.update_vector
-    assert res["consistency"]["pieces_method"] == ("backward_hooks" if directional == "auto" else "jvp")
+    assert res["e_pass"] == ("backward_hooks" if directional == "auto" else "jvp")
     summary = res["attribution"]["E_tokens"]
     assert (summary["dH_method"], summary["dH_eta"]) == method
     model64 = _true_float64(probe.model)

@@ -40,7 +40,7 @@ def both(tmp_path_factory, tiny_model_dir):
     samples = recipe.sample_phase(config, policy.engine)
     E = samples.E
     res = recipe.delta_h1_phase(config, policy, E, samples.U, per_sequence_pieces=True)
-    assert res.pieces_method == "backward_hooks"
+    assert res.e_pass == "backward_hooks"
     options = config.entropy_options()
     scores = score_sequences(policy.engine, E)
     coefs = coefficients(scores, options)

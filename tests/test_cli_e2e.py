@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from entropy_experiments import cli
-from entropy_experiments.report.results_schema import validate_results_schema
+from entropy_experiments.report.results_schema import SCHEMA_VERSION, validate_results_schema
 from entropy_experiments.report.summary import render_summary
 from tests.independent_checks import lr_times_snis_slope
 from tests.probe_helpers import SHORT_PROMPTS, write_prompts
@@ -141,7 +141,7 @@ def test_run_writes_every_output(first_run, tiny_model_dir):
     validate_results_schema(res)
     assert math.isfinite(res["deltaH1"]) and math.isfinite(res["x_hat_dot_v"])
     assert res["deltaH1"] == pytest.approx(lr_times_snis_slope(res), abs=4 * res["se"]["E"])
-    assert res["bars_dot"] == res["x_hat_dot_v"]  # the legacy alias consumers read
+    assert res["schema_version"] == SCHEMA_VERSION and "bars_dot" not in res  # the current names only
     assert [t["eta"] for t in res["true"] if t["eta"] > 0] == [1.0e-4, 1.0e-3]
     assert res["counts"]["B_E"] == 4 and res["counts"]["B_U"] == 2 and res["counts"]["G"] == 2
 

@@ -15,7 +15,6 @@ from entropy_experiments.config import (
     load_config,
     packaged_config_path,
 )
-from entropy_experiments.config.probe_config import HASHED_WHEN_CHANGED
 from entropy_experiments.errors import ConfigError
 
 
@@ -226,54 +225,30 @@ def test_probe_rework_section_is_a_legacy_alias_of_sampler():
         config_from_dict({"probe_rework": {"use_sequence_processor_samplin": False}})
 
 
-@pytest.mark.parametrize("batched", [True, False])
-def test_config_hash_is_taken_over_the_sections_pre_rename_spelling(batched):
-    """A run directory started before `probe_rework` became `sampler` still resumes: the hash is the one the
-    code before the rename computed (sha256 of the sorted compact JSON, `output` / `distributed` left out)."""
-    # gen_batch_size stated as every run directory's config.yaml states it (the default before "auto": 8)
-    cfg = config_from_dict({"sampler": {"batched": batched}, "seed": 7, "generation": {"gen_batch_size": 8},
-                            "second_order": {"method": "jvp", "eta_list": [3e-4, 1e-3]}})  # jvp: the default then
+@pytest.mark.parametrize("sections", [
+    {},
+    {"sampler": {"batched": False}, "seed": 7},
+    {"objective": {"trainer": "trl", "kl_coef": 0.04, "use_bias_correction_kl": False}},
+    {"batch_config": {"pool_size": 500}, "second_order": {"method": "jvp"}, "variance": {"r_method": "backward"}},
+])
+def test_config_hash_is_the_sha256_of_the_canonical_config(sections):
+    """The hash is sha256 of the sorted compact JSON of the whole resolved config, output / distributed / what_if
+    left out, every other key under its own name, each key hashed whatever its value: no key is renamed, dropped
+    at a value or normalised (a run directory of another schema version is refused by its version instead)."""
+    cfg = config_from_dict(sections)
     d = cfg.to_dict()
-    for key in ("output", "distributed", "sampler", "what_if"):  # what_if: a later section, never hashed
+    for key in ("output", "distributed", "what_if"):
         del d[key]
-    for key in ("sampler_dtype", "sampler_engine"):  # later keys, hashed only when changed
-        del d["generation"][key]
-    del d["objective"]["kl_in_reward_coef"]  # a later key, hashed only when changed (HASHED_WHEN_CHANGED)
-    for key in ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
-                "vllm_importance_sampling_clip_max", "epsilon", "epsilon_high"):  # later keys, hashed only when changed (HASHED_WHEN_CHANGED)
-        del d["objective"][key]
-    del d["objective"]["use_bias_correction_kl"]  # a later key, hashed only where it acts (trl with β > 0)
-    for key in ("use_adaptive_entropy", "entropy_target", "policy_loss", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
-                "kl_cov_ratio", "ppo_kl_coef"):  # the entropy controls: later keys, hashed only when changed
-        del d["objective"][key]
-    d["probe_rework"] = {"use_sequence_processor_sampling": batched}
-    d["batch_config"]["pool_size"] = 500  # null: the default data set's own 500 problems, hashed as the 500 it was
-    del d["second_order"]["method"], d["second_order"]["eta_list"]  # later keys, hashed only when changed
-    for key in ("r_method", "r_eta"):  # later keys, hashed only when changed (HASHED_WHEN_CHANGED)
-        del d["variance"][key]
-    del d["predictors"]["displacement"]  # a later key, hashed only when turned off
-    del d["importance"]["eta_over_lr"]  # a later key, hashed only when changed
-    old = hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-    assert cfg.config_hash() == old
-    old_default = config_from_dict({"generation": {"gen_batch_size": 8},
-                                    "second_order": {"method": "jvp", "eta_list": [3e-4, 1e-3]},
-                                    "importance": {"eta_list": [1e-6, 3e-6, 1e-5], "symmetric": True},
-                                    "predictors": {"enabled": True}})  # the defaults then, stated
-    assert old_default.config_hash() == "15bd06d456c52722"  # what the code before the rename wrote (294fa60)
-    # the default gen_batch_size "auto" changes the draws (row-keyed), so it changes a default config's hash
-    assert ProbeConfig().config_hash() != old_default.config_hash()
+    payload = json.dumps(d, sort_keys=True, separators=(",", ":"))
+    assert cfg.config_hash() == hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
-def test_a_key_added_later_is_hashed_only_when_changed():
-    """objective.kl_in_reward_coef came after runs existed: at 0 (the earlier behaviour) the hash is unchanged;
-    a key listed in HASHED_WHEN_CHANGED still changes the hash once it differs from that value."""
+def test_a_key_at_its_default_hashes_like_the_key_left_out():
+    """A key stated at its default is the same config: the same hash; any other value changes it."""
     base = ProbeConfig().config_hash()
     assert config_from_dict({"objective": {"kl_in_reward_coef": 0.0}}).config_hash() == base
-    with pytest.MonkeyPatch.context() as mp:  # the rule on another key: left out at that value, hashed otherwise
-        mp.setitem(HASHED_WHEN_CHANGED, "generation", {"temperature": 1.0})
-        without = ProbeConfig().config_hash()
-        assert without != base
-        assert config_from_dict({"generation": {"temperature": 0.7}}).config_hash() not in (without, base)
+    assert config_from_dict({"objective": {"entropy_coef": 0.01}}).config_hash() != base
+    assert config_from_dict({"generation": {"temperature": 0.7}}).config_hash() != base
 
 
 def test_alias_and_canonical_with_the_same_value_are_accepted():

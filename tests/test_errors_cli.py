@@ -165,6 +165,13 @@ def case_args(case: str, tmp: Path, config: dict, config_file: Path) -> tuple[li
         (out / "config.yaml").write_text("seed: 1\n")
         (out / "run_meta.json").write_text(json.dumps({"config_hash": "other", "status": "complete"}))
         return [*run, "--config", str(config_file)], ["holds a different config", "--overwrite"]
+    if case == "resume_other_schema":  # a run killed under schema version 1 (its run_meta.json has no version)
+        out = tmp / "out"
+        out.mkdir()
+        shutil.copy(config_file, out / "config.yaml")
+        (out / "run_meta.json").write_text(json.dumps({"config_hash": "h", "created": "c", "status": "failed"}))
+        return ["run", "--resume", str(out)], ["--resume", "written by schema version 1", "writes version 2",
+                                                 "start a fresh output directory"]
     if case == "out_dir_unwritable":
         (tmp / "file").write_text("x")
         return ["run", "--out", str(tmp / "file" / "run"), "--config", str(config_file)], [str(tmp / "file")]
@@ -176,7 +183,8 @@ CASES = ["config_missing", "config_not_yaml", "config_unknown_key", "config_wron
          "base_model_unknown_offline", "remote_code_needed", "optimizer_missing", "optimizer_malicious_pickle",
          "optimizer_wrong_count", "dataset_unknown", "dataset_path_missing", "jsonl_malformed", "split_empty",
          "B_U_larger_than_pool", "reward_unknown", "reward_import_fails", "reward_wrong_length",
-         "reward_non_finite", "cuda_without_gpu", "prompt_too_long", "out_dir_other_config", "out_dir_unwritable"]
+         "reward_non_finite", "cuda_without_gpu", "prompt_too_long", "out_dir_other_config", "out_dir_unwritable",
+         "resume_other_schema"]
 
 
 SUBPROCESS_CASES = {"config_unknown_key", "optimizer_malicious_pickle"}  # one config-stage, one load-stage error

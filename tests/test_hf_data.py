@@ -226,13 +226,14 @@ def test_a_large_split_is_sampled_whole_unless_the_user_caps_it(tmp_path):
     assert len(prompt_examples(config_from_dict({}).batch_config)) == 500
 
 
-def test_the_default_pool_keeps_its_config_hash(tmp_path):
-    """pool_size null hashes as the 500 it was for the generated default data set, not for a read split."""
+def test_the_pool_size_is_hashed_as_written(tmp_path):
+    """The config hash is over the config as written: pool_size null (the data set's own size) and each number
+    hash apart, for the generated default data set and for a read split alike."""
     from entropy_experiments.config import config_from_dict
 
     def config_hash(batch_config: dict) -> str:
         return config_from_dict({"batch_config": batch_config}).config_hash()
 
-    assert config_hash({}) == config_hash({"pool_size": 500}) != config_hash({"pool_size": 400})
+    assert len({config_hash({}), config_hash({"pool_size": 500}), config_hash({"pool_size": 400})}) == 3
     hf = {"dataset_name": "hf", "dataset_path": str(tmp_path)}
     assert config_hash(hf) != config_hash({**hf, "pool_size": 500})

@@ -6,7 +6,7 @@
 - direct_only: lr·X_H·v against a central difference of Σ_i h_i(θ ± εv) on the SAME sequences, its SE_E
   against a jackknife written in the test over those finite-difference pieces;
 - the hook pieces along every direction against forward-mode (jvp) pieces, through whole runs;
-- ratio_to_measured against the results' own ΔH rows;
+- measured_over_predicted against the results' own ΔH rows;
 - on the enumerable model: each prediction against the exact derivative of the exact entropy.
 """
 
@@ -90,9 +90,9 @@ def test_direction_predictors_equal_the_snis_slope_along_their_direction(tiny_mo
     measured = row["deltaH_true"] * lr / row["eta"]
     for entry in results["predictors"].values():
         if entry.get("scale_free"):  # the entropy proxies: no lr, no ratio (tests/test_entropy_proxies.py)
-            assert entry["ratio_to_measured"] is None
+            assert entry["measured_over_predicted"] is None
             continue
-        assert entry["ratio_to_measured"] == pytest.approx(entry["delta_h1"] / measured, rel=1e-12)
+        assert entry["measured_over_predicted"] == pytest.approx(measured / entry["delta_h1"], rel=1e-12)
 
 
 def _jackknife_ratio(num: np.ndarray, den: np.ndarray) -> float:
@@ -119,7 +119,7 @@ def test_direct_only_against_finite_differences_of_the_entropies(tiny_model_dir,
     assert abs(entry["delta_h1"] - lr * d.sum() / T.sum()) <= 2e-3 * lr * np.abs(d).sum() / T.sum()
     assert entry["se_E"] == pytest.approx(lr * _jackknife_ratio(d, T), rel=1e-2)
     assert entry["from_pieces"] == pytest.approx(entry["delta_h1"], rel=1e-4)
-    assert entry["se_U"] > 0 and entry["ratio_to_measured"] is None  # importance off: nothing to compare with
+    assert entry["se_U"] > 0 and entry["measured_over_predicted"] is None  # importance off: nothing to compare with
 
 
 @pytest.mark.e2e
@@ -139,7 +139,7 @@ def test_hook_pieces_equal_jvp_pieces_for_every_predictor(tiny_model_dir, prompt
 @pytest.mark.e2e
 def test_predictors_off_and_variance_off(tiny_model_dir, prompts_file):
     off = _run(make_probe(tiny_model_dir, prompts_file, {"predictors": {"enabled": False}}))[0]
-    assert off["predictors"] is None and "phase6_predictors" not in off["timing"]
+    assert off["predictors"] is None and "predictors" not in off["timing"]
     no_bars = _run(make_probe(tiny_model_dir, prompts_file, {"variance": {"enabled": False}}))[0]["predictors"]
     for entry in no_bars.values():
         assert math.isfinite(entry["delta_h1"])

@@ -78,7 +78,7 @@ def test_per_sequence_pieces_sum_to_backward(tiny_model_dir, prompts_file, basel
                                                       "variance": {"directional": directional},
                                                       "importance": {"enabled": False}})
     results, _, _, _ = _run(probe)
-    assert results["consistency"]["pieces_method"] == method
+    assert results["e_pass"] == method
     assert results["consistency"]["relative_difference"] < 1e-4
     assert np.isfinite(results["se"]["E"]) and results["se"]["E"] > 0
     assert np.isfinite(results["se"]["U"]) and results["se"]["U"] > 0
@@ -95,7 +95,7 @@ def test_without_error_bars_one_backward_gives_the_same_delta_h1(tiny_model_dir,
     d = probe.config.to_dict()
     d["variance"]["enabled"] = False
     without = probe.with_config(config_from_dict(d)).run(batches=(E, U)).results
-    assert "phase1_3_E_scoring" in without["timing"] and "phase1_3_E_scoring" not in with_bars["timing"]
+    assert "e_pass_scoring" in without["timing"] and "e_pass_scoring" not in with_bars["timing"]
     assert without["deltaH1"] != 0
     assert abs(without["deltaH1"] - with_bars["deltaH1"]) <= 1e-5 * abs(with_bars["deltaH1"])
 

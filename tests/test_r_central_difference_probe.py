@@ -22,7 +22,7 @@ from entropy_experiments.config import config_from_dict
 from entropy_experiments.errors import ConfigError
 from entropy_experiments.probe import recipe
 from entropy_experiments.probe.results import WarningLog
-from entropy_experiments.report.results_schema import LEGACY_TIMING_KEYS
+from entropy_experiments.report.results_schema import V1_TIMING_KEYS
 from tests.run_helpers import make_run_setup
 from tests.sampler_toy import draw_from_sampler
 
@@ -54,7 +54,7 @@ def _results(tiny, E=None, **sections) -> dict:
 def _assert_close_to_exact(exact: dict, lean: dict, eta: float) -> None:
     assert exact["consistency"]["r_method"] == "backward" and exact["consistency"]["r_eta"] is None
     assert lean["consistency"]["r_method"] == "central_difference" and lean["consistency"]["r_eta"] == eta
-    assert lean["consistency"]["pieces_method"] == "backward_hooks"
+    assert exact["e_pass"] == "backward_hooks" and lean["e_pass"] == "central_difference"
     # rel 1e-4: the two E passes add in different orders (1.4e-5 apart on torch's scalar kernels, ATEN_CPU_CAPABILITY
     # default); a wrong r_i moves δH₁ by percents
     assert lean["deltaH1"] == pytest.approx(exact["deltaH1"], rel=1e-4)
@@ -73,7 +73,7 @@ def test_central_difference_pieces_match_the_exact_pieces(tiny, sampler):
     exact = _results(tiny, E, variance={"r_method": "backward"}, **off)
     lean = _results(tiny, E, variance={"r_method": "central_difference"}, **off)
     _assert_close_to_exact(exact, lean, 1.0e-4)
-    assert "phase4_importance" in lean["timing"] and "phase3_r_central_difference" not in lean["timing"]
+    assert "delta_h" in lean["timing"] and "r_central_difference" not in lean["timing"]
     for e_row, l_row in zip(exact["true"], lean["true"], strict=True):  # ΔH(η) and its paired residual
         assert l_row["deltaH_true"] == pytest.approx(e_row["deltaH_true"], rel=1e-3, abs=1e-9)
         assert l_row["residual"]["se"] == pytest.approx(e_row["residual"]["se"], rel=1e-2)
@@ -86,10 +86,7 @@ def test_a_pair_of_its_own_when_the_eta_is_no_delta_h_pass(tiny):
     lean = _results(tiny, variance={"r_method": "central_difference", "r_eta": 3.0e-5}, **off)
     _assert_close_to_exact(exact, lean, 3.0e-5)
     assert lean["timing"]["r_central_difference"] > 0
-    # every phase's timing key is written under its legacy numbered name too, with the same value
-    for legacy, phase in LEGACY_TIMING_KEYS.items():
-        assert (legacy in lean["timing"]) == (phase in lean["timing"]), (legacy, phase)
-        assert lean["timing"].get(legacy) == lean["timing"].get(phase), (legacy, phase)
+    assert not set(V1_TIMING_KEYS) & set(lean["timing"])  # the phases' names only
     assert {"sample", "update_direction", "e_pass_backward", "error_bars", "r_central_difference", "delta_h1_total",
             "delta_h", "second_order", "attribution"} <= set(lean["timing"])
     alone = _results(tiny, variance={"r_method": "central_difference", "r_eta": 3.0e-5},
@@ -133,7 +130,7 @@ def test_a_config_that_cannot_run_it_is_refused_naming_the_key(tiny, sections, k
     config_from_dict(d)  # the same config with the exact pieces runs
 
 
-def test_r_method_enters_the_hash_only_when_changed(tiny):
+def test_r_method_enters_the_hash(tiny):
     d = copy.deepcopy(tiny[0])
     plain = config_from_dict(d).config_hash()
     d["variance"] = {"r_method": "backward"}

@@ -260,8 +260,8 @@ def test_solved_knob_with_an_open_side_and_an_unreached_target():
 def test_scale_free_proxies_carry_their_units_note():
     """A predictors table with a scale-free proxy says that its number is not nats/token (the note once); one without
     proxies has no such note."""
-    adamw = {"delta_h1": -1.2e-4, "se": 2e-5, "ratio_to_measured": 1.1}
-    proxy = {"delta_h1": 0.37, "se": None, "ratio_to_measured": None, "scale_free": True}
+    adamw = {"delta_h1": -1.2e-4, "se": 2e-5, "measured_over_predicted": 1 / 1.1}
+    proxy = {"delta_h1": 0.37, "se": None, "measured_over_predicted": None, "scale_free": True}
     with_proxy = render_html_report(fake_results(predictors={"adamw_step": adamw, "cui_npg": proxy}))
     without = render_html_report(fake_results(predictors={"adamw_step": adamw}))
     note = "not nats/token"

@@ -10,12 +10,16 @@ import pytest
 import torch
 
 from entropy_experiments.errors import OutputError
+from entropy_experiments.probe.e_pass import E_PASSES
+from entropy_experiments.report.html_report import render_html_report
 from entropy_experiments.report.plot import plot_delta_h
 from entropy_experiments.report.results_schema import (
+    SCHEMA_VERSION,
+    V1_TIMING_KEYS,
     dumps_strict,
     load_results,
+    upgrade_results,
     validate_results_schema,
-    with_legacy_timing_keys,
 )
 from entropy_experiments.report.run_dir import RunDirectory
 from entropy_experiments.report.summary import render_summary
@@ -39,7 +43,7 @@ def test_results_json_is_strict_and_round_trips(tmp_path):
     assert loaded["update"]["norm"] == 153.25
     assert loaded["deltaH1"] == res["deltaH1"] and loaded["true"][0]["eta"] == -1e-5
     assert load_results(tmp_path) == loaded == load_results(path)
-    assert path.read_text().startswith('{\n  "deltaH1"')  # indent 2
+    assert path.read_text().startswith('{\n  "schema_version": 2')  # indent 2
 
 
 def test_validate_results_schema_names_first_missing_key():
@@ -58,27 +62,66 @@ def test_validate_results_schema_names_first_missing_key():
         RunDirectory("unused").write_results({k: v for k, v in fake_results().items() if k != "config_hash"})
 
 
-def test_timing_keys_are_the_phase_names_with_the_numbered_names_as_aliases():
+def test_results_json_carries_the_schema_version():
+    """Every results.json written holds the schema version of the code that wrote it (validated on write)."""
+    assert SCHEMA_VERSION == 2
+    validate_results_schema(fake_results())
+    with pytest.raises(ValueError, match="missing key 'schema_version'"):
+        validate_results_schema({k: v for k, v in fake_results().items() if k != "schema_version"})
+    with pytest.raises(ValueError, match="'schema_version' must be 2, got 1"):
+        validate_results_schema(fake_results(schema_version=1))
+
+
+def version_1_results() -> tuple[dict, dict]:
+    """(a results.json as version 1 wrote it, the same run under the current names): X̂·v as `bars_dot` only,
+    the timing under the numbered phase names, the d2 bias estimate as `bias_bound`, a predictor's ratio as
+    `ratio_to_measured` (predicted / measured) only, the E pass as `consistency.pieces_method` (backward_hooks,
+    with r_i by the central difference: the pass named central_difference)."""
     phases = {"sample": 1.0, "update_direction": 2.0, "e_pass_backward": 3.0, "delta_h": 4.0, "total": 10.0}
-    timing = with_legacy_timing_keys(phases)
-    assert timing == {**phases, "phase0_sampling": 1.0, "phase1_3_U_gradient_and_direction": 2.0,
-                      "phase1_3_E_backward": 3.0, "phase4_importance": 4.0}
-    validate_results_schema(fake_results(timing=timing))
-    with pytest.raises(ValueError, match="'timing.phase4_importance' must equal 'delta_h'"):
-        validate_results_schema(fake_results(timing={**timing, "phase4_importance": 5.0}))
-    with pytest.raises(ValueError, match="'timing.phase0_sampling' must equal 'sample'"):
-        validate_results_schema(fake_results(timing=phases))  # an alias missing
+    second_order = {"eta": 1e-3, "bias_estimate": 2e-4, "per_eta": [{"eta": 1e-3, "d2": 3.0, "bias_estimate": 2e-4}]}
+    predictor = {"delta_h1": -1.2e-4, "se": 2e-5, "se_E": 1e-5, "se_U": 1.7e-5, "from_pieces": None}
+    consistency = {"deltaH1_from_pieces": -1.23e-4, "relative_difference": 1e-6, "r_method": "central_difference",
+                   "r_eta": 1e-4}
+    current = fake_results(timing=phases, second_order=second_order, e_pass="central_difference",
+                           consistency=consistency,
+                           predictors={"adamw_step": {**predictor, "measured_over_predicted": 1.25}})
+    old = {k: v for k, v in current.items() if k not in ("schema_version", "x_hat_dot_v", "e_pass")}
+    old["consistency"] = {**consistency, "pieces_method": "backward_hooks"}
+    old["bars_dot"] = current["x_hat_dot_v"]
+    old["timing"] = {next(o for o, n in V1_TIMING_KEYS.items() if n == k) if k != "total" else k: v
+                     for k, v in phases.items()}
+    old["second_order"] = {"eta": 1e-3, "bias_bound": 2e-4, "per_eta": [{"eta": 1e-3, "d2": 3.0, "bias_bound": 2e-4}]}
+    old["predictors"] = {"adamw_step": {**predictor, "ratio_to_measured": 0.8}}
+    return old, current
 
 
-def test_bars_dot_is_a_legacy_alias_of_x_hat_dot_v():
-    res = fake_results()
-    assert res["bars_dot"] == res["x_hat_dot_v"]
-    with pytest.raises(ValueError, match="'bars_dot' must equal 'x_hat_dot_v'"):
-        validate_results_schema(fake_results(bars_dot=1.0))
-    validate_results_schema(fake_results(x_hat_dot_v=float("nan"), bars_dot=float("nan")))
-    # a results.json written before x_hat_dot_v existed (bars_dot only) reads the same
-    old = {k: v for k, v in fake_results().items() if k != "x_hat_dot_v"}
-    assert render_summary(old) == render_summary(fake_results())
+def test_a_version_1_results_json_reads_under_the_current_names(tmp_path):
+    """A results.json without schema_version (version 1) reads through `upgrade_results` into the current names,
+    and the summary and report.html render it as they render the same run written now."""
+    old, current = version_1_results()
+    assert "phase0_sampling" in old["timing"] and "bias_bound" in old["second_order"]
+    (tmp_path / "results.json").write_text(json.dumps(old))
+    read = load_results(tmp_path)
+    assert read == current
+    assert "bars_dot" not in read and "ratio_to_measured" not in read["predictors"]["adamw_step"]
+    assert render_summary(read) == render_summary(current)
+    assert render_html_report(read) == render_html_report(current)
+    assert upgrade_results(current) is current  # the current version passes as it is
+    with pytest.raises(OutputError, match="schema_version 3: this entropy-probe reads versions 1 to 2"):
+        upgrade_results(fake_results(schema_version=3))
+
+
+@pytest.mark.parametrize("consistency, e_pass", [
+    ({"pieces_method": "backward_hooks", "r_method": "backward"}, "backward_hooks"),
+    ({"pieces_method": "backward_hooks", "r_method": "central_difference"}, "central_difference"),
+    ({"pieces_method": "jvp", "r_method": "jvp"}, "jvp"),
+    ({}, "two_pass"),  # error bars off: no pieces, the E pass without them
+])
+def test_a_version_1_e_pass_is_read_off_its_consistency(consistency, e_pass):
+    old = {k: v for k, v in fake_results(consistency=consistency).items() if k not in ("schema_version", "e_pass")}
+    read = upgrade_results(old)
+    assert read["e_pass"] == e_pass and "pieces_method" not in read["consistency"]
+    assert e_pass in E_PASSES
 
 
 def test_load_results_missing_file_names_the_path(tmp_path):
@@ -124,7 +167,7 @@ def test_summary_notes_when_khat_rests_on_few_tail_draws():
 
 
 def test_summary_tolerates_nulls():
-    res = json.loads(dumps_strict(fake_results(deltaH1=float("nan"), x_hat_dot_v=0.0, bars_dot=0.0)))
+    res = json.loads(dumps_strict(fake_results(deltaH1=float("nan"), x_hat_dot_v=0.0)))
     text = render_summary(res)
     assert "n/a" in text
 

@@ -61,7 +61,7 @@ def test_summary_ratios_all_read_measured_over_predicted():
     measured = row["deltaH_true"] * lr / row["eta"]  # ΔH at the smallest positive η, scaled to the lr
     predicted = results["deltaH1"]
     results["predictors"] = {"adamw_step": {"delta_h1": predicted, "se": 2.5e-5, "se_E": 1.5e-5, "se_U": 2e-5,
-                                            "ratio_to_measured": predicted / measured}}
+                                            "measured_over_predicted": measured / predicted}}
     text = render_summary(results)
     assert f"{measured / predicted:.3f}" == "1.010"
     eta_row = next(line for line in text.splitlines() if line.strip().startswith("1e-06"))
@@ -259,12 +259,12 @@ def test_tiny_run_failed_config_then_corrected_config_completes_without_partial(
 # ---- h. which optional phases ran and their seconds -----------------------------------------------------
 
 def test_summary_states_the_optional_phases_and_their_seconds():
-    timing = {"load": 3.0, "phase0_sampling": 10.0, "phase1_3_total": 20.0, "phase3_variance": 4.0,
-              "phase4_importance": 6.0, "phase5_second_order": 32.0, "phase6_predictors": 32.0, "total": 100.0}
+    timing = {"load": 3.0, "sample": 10.0, "delta_h1_total": 20.0, "error_bars": 4.0,
+              "delta_h": 6.0, "second_order": 32.0, "predictors": 32.0, "total": 100.0}
     text = " ".join(render_summary(fake_results(timing=timing)).split())
     assert ("optional phases ran: variance 4.0 s (4 %), importance 6.0 s (6 %), second_order 32.0 s (32 %), "
             "predictors 32.0 s (32 %) (set <phase>.enabled: false to skip one)") in text
-    del timing["phase5_second_order"], timing["phase6_predictors"]
+    del timing["second_order"], timing["predictors"]
     text = " ".join(render_summary(fake_results(timing=timing)).split())
     assert "ran: variance 4.0 s (4 %), importance 6.0 s (6 %) (set" in text and "; off: second_order, predictors" in text
 
@@ -275,7 +275,7 @@ def _with_residual(ratio: float, z: float) -> str:
     """The summary of a run whose η = 1e-5 row has ΔH = ratio·δH₁(η) and a paired residual with that z."""
     results = fake_results()
     for entry in results["true"]:
-        predicted = entry["eta"] * results["bars_dot"]
+        predicted = entry["eta"] * results["x_hat_dot_v"]
         entry["deltaH_true"] = ratio * predicted
         value = entry["deltaH_true"] - predicted
         entry["residual"] = {"value": value, "se": abs(value / z), "z": z}

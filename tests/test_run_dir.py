@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from entropy_experiments import io_utils
-from entropy_experiments.errors import OutputError
+from entropy_experiments.errors import ConfigError, OutputError
+from entropy_experiments.report.results_schema import SCHEMA_VERSION
 from entropy_experiments.report.run_dir import GenerationChunkStore, RunDirectory
 from tests.report_helpers import fake_results, no_temp_files
 
@@ -124,7 +125,32 @@ def test_resume_same_config_keeps_batches_and_partials(tmp_path):
     assert torch.equal(resumed.load_batch("E")["sequences"], torch.arange(6).reshape(1, 2, 3))
     assert torch.equal(resumed.load_partial("U_grads")["g"], torch.ones(3))
     meta = resumed.read_meta()
-    assert meta == {"config_hash": "h1", "created": created, "status": "running"}
+    assert meta == {"config_hash": "h1", "created": created, "status": "running", "schema_version": SCHEMA_VERSION}
+
+
+@pytest.mark.parametrize("version", [None, 1, 3])
+def test_resume_of_a_directory_of_another_schema_version_is_refused(tmp_path, version):
+    """--resume of a run or sweep directory written under another schema version (no key: version 1) is one
+    ConfigError line naming both versions; nothing in the directory is touched."""
+    from entropy_experiments.config import ProbeConfig
+    from entropy_experiments.sweep.sweep_dir import META_FILE, SWEEP_KIND, SweepDirectory
+
+    stamp = {} if version is None else {"schema_version": version}
+    run_meta = {"config_hash": "h1", "created": "c", "status": "failed", **stamp}
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run_meta.json").write_text(json.dumps(run_meta))
+    sweep_meta = {"kind": SWEEP_KIND, "config_hash": "h", "checkpoints_dir": str(tmp_path), "every": 1, **stamp}
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / META_FILE).write_text(json.dumps(sweep_meta))
+    expected = (f"was written by schema version {version or 1}, this entropy-probe writes version {SCHEMA_VERSION}; "
+                "start a fresh output directory")
+    for prepare in (lambda: RunDirectory.prepare(tmp_path / "run", "seed: 1\n", "h1", overwrite=False, resume=True),
+                    lambda: SweepDirectory.prepare(tmp_path / "sweep", ProbeConfig(), tmp_path, 1, resume=True)):
+        with pytest.raises(ConfigError, match=expected) as info:
+            prepare()
+        assert "\n" not in str(info.value) and info.value.exit_code == 2
+    assert json.loads((tmp_path / "run" / "run_meta.json").read_text()) == run_meta
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run_meta.json"]
 
 
 def test_resume_hint_only_when_samples_are_saved(tmp_path):

@@ -26,6 +26,7 @@ import yaml
 
 from entropy_experiments import cli
 from entropy_experiments.policy import sampler_setup
+from entropy_experiments.report.results_schema import upgrade_results
 from entropy_experiments.testing.tiny_model import build_tiny_model_dir
 from tests.recorded_run import measured_rounding, recorded_differences
 from tests.run_helpers import logging_restored, make_run_setup, numbers, results
@@ -122,7 +123,8 @@ def test_fp32_sampler_with_integer_rows_reproduces_the_code_before_the_correctio
     rounding = measured_rounding(run)
     assert 0 < rounding.floor < 1e-5 and 0 < rounding.sigma_l < 1e-5  # fp32 rounding, not a bug's size
     # every key the old code wrote (paths aside; later code may add keys beside them)
-    saved = {k: v for k, v in FIXTURE["results"].items() if k not in ("checkpoint", "config_hash")}
+    # recorded by schema version 1: read under the current names, as `entropy-probe report` reads it
+    saved = {k: v for k, v in upgrade_results(FIXTURE["results"]).items() if k not in ("checkpoint", "config_hash")}
     assert recorded_differences(res, per_sequence(run), saved, FIXTURE["per_sequence"], rounding) == []
 
 

@@ -170,7 +170,7 @@ def test_backward_hooks_jvp_and_two_pass_agree_under_weights(toy_dir, toy_prompt
     E_s, U, _ = _sampled(probe, 96, 0.7, seed=5)
     res = _paths(probe, E_s, U)
     hooks, jvp, two = res["backward_hooks"], res["jvp"], res["two_pass"]
-    assert hooks.pieces_method == "backward_hooks" and jvp.pieces_method == "jvp" and two.pieces is None
+    assert hooks.e_pass == "backward_hooks" and jvp.e_pass == "jvp" and two.e_pass == "two_pass" and two.pieces is None
     s = hooks.sampler_weights
     assert s is not None and s.mean().item() == pytest.approx(1.0) and s.std().item() > 0.05
     for other in (jvp, two):

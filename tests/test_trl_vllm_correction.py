@@ -140,8 +140,8 @@ def test_keys_refused_where_trl_or_the_probe_refuses():
     assert off.objective_options().vllm_correction is None
 
 
-def test_config_hash_of_existing_configs_unchanged():
-    """The new keys at their defaults leave the hash as it was before they existed (HASHED_WHEN_CHANGED)."""
+def test_the_correction_keys_enter_the_config_hash():
+    """Each correction key is in the config (so in its hash); set off its default, it changes the hash."""
     cfg = config_from_dict({"objective": {"trainer": "trl"}})
     d = cfg.model_dump(mode="json")
     for key in ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",

@@ -9,8 +9,6 @@ from typing import Any
 import yaml
 from pydantic import Field, model_validator
 
-from entropy_experiments.data.datasets.gsm_symbolic import DEFAULT_POOL_SIZE
-from entropy_experiments.data.datasets.gsm_symbolic import NAME as GENERATED_DATASET
 from entropy_experiments.errors import ConfigError
 
 from .sections import (
@@ -38,29 +36,9 @@ from .what_if_section import WhatIfSection
 TRAINER_GENERATION: dict[str, dict[str, Any]] = {
     trainer: {"stop_strings": [], "temperature": 1.0, "top_p": 1.0} for trainer in ("trl", "verl", "openrlhf")}
 
-# config_hash is taken over the spelling a run directory's hash was written with, so that every run directory
-# and sweep on disk resumes: section -> (its hashed name, {key: its hashed name}).
-HASHED_AS: dict[str, tuple[str, dict[str, str]]] = {
-    "sampler": ("probe_rework", {"batched": "use_sequence_processor_sampling"}),
-}
-# Keys hashed only when set to something other than the value under which a config computes what a config
-# without the key computes, so that run directories on disk still resume: section -> {key: that value}.
-HASHED_WHEN_CHANGED: dict[str, dict[str, object]] = {
-    "objective": {"kl_in_reward_coef": 0.0, "vllm_importance_sampling_mode": "sequence_mask",
-                  "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0,
-                  "use_bias_correction_kl": False, "use_adaptive_entropy": False, "entropy_target": 0.2,
-                  "policy_loss": "vanilla", "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0,
-                  "kl_cov_ratio": 0.0002, "ppo_kl_coef": 1.0, "epsilon": None,
-                  "epsilon_high": None},
-    "second_order": {"method": "jvp", "eta_list": [0.0003, 0.001]},  # the values existing run hashes assume
-    "variance": {"r_method": "backward", "r_eta": None},
-    "importance": {"eta_over_lr": None},  # None: η from eta_list, absolute
-    # gen_batch_size is always hashed (an explicit integer fixes the draws; "auto" draws otherwise, so its hash
-    # differs). The sampler's dtype and engine enter only when set.
-    "generation": {"sampler_dtype": "auto", "sampler_engine": "generate"},
-    # on: next_checkpoint (null outside a sweep) decides; a sweep's per-checkpoint config differs anyway
-    "predictors": {"displacement": True},
-}
+# Sections that change no number of a run: a run resumes on any number of ranks or backend, and the what-if, asked on
+# the command line, runs after it. config_hash leaves them out.
+UNHASHED_SECTIONS = frozenset({"output", "distributed", "what_if"})
 
 
 class ProbeConfig(_Section):
@@ -218,30 +196,9 @@ class ProbeConfig(_Section):
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
     def config_hash(self) -> str:
-        """First 16 hex chars of sha256 over the canonical JSON of the config, `output`, `distributed` and `what_if`
-        excluded (none changes a number of the run: a run can be resumed on any number of ranks or backend, and the
-        what-if, asked on the command line, runs after it); sections under their hashed names (`HASHED_AS`),
-        some keys only when changed (`HASHED_WHEN_CHANGED`),
-        objective.use_bias_correction_kl only where it changes the gradient, a null pool_size of the generated
-        default data set as the 500 problems it makes."""
-        d = self.model_dump(mode="json", exclude={"output", "distributed", "what_if"})
-        # use_bias_correction_kl enters as whether it acts (trl, β ≠ 0, on): the numbers of a config changed
-        # only there, so only there its hash changes (`HASHED_WHEN_CHANGED` drops its inactive value, False)
-        d["objective"]["use_bias_correction_kl"] = self.objective_options().weights_kl
-        # a null batch_config.pool_size means the data set's own size, for the generated default data set 500
-        # problems: hashed as 500, the size that data set always has (a read split's null stays null)
-        if d["batch_config"]["pool_size"] is None and d["batch_config"]["dataset_name"] == GENERATED_DATASET:
-            d["batch_config"]["pool_size"] = DEFAULT_POOL_SIZE
-        for section, keys in HASHED_WHEN_CHANGED.items():
-            for key, earlier in keys.items():
-                if d[section].get(key) == earlier:
-                    del d[section][key]
-        for section, (old_section, old_keys) in HASHED_AS.items():
-            d[old_section] = {old_keys.get(k, k): v for k, v in d.pop(section).items()}
-        payload = json.dumps(
-            d,
-            sort_keys=True,
-            separators=(",", ":"),
-            allow_nan=False,
-        )
+        """First 16 hex chars of sha256 over the canonical JSON (sorted keys, compact) of the config without
+        `UNHASHED_SECTIONS`. A run directory records it with the results.json schema version
+        (report/results_schema.SCHEMA_VERSION): --resume needs both to match."""
+        d = self.model_dump(mode="json", exclude=set(UNHASHED_SECTIONS))
+        payload = json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]

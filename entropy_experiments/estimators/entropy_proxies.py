@@ -118,7 +118,7 @@ def proxy_entries(table: TokenTable) -> dict[str, dict]:
     """results.json `predictors` entries of every registered proxy: delta_h1 = the proxy's value (scale-free),
     no SE, `scale_free: true`, its units and the number of U tokens."""
     return {name: {"delta_h1": fn(table), "se": None, "se_E": None, "se_U": None, "from_pieces": None,
-                   "ratio_to_measured": None, "scale_free": True, "units": UNITS,
+                   "measured_over_predicted": None, "scale_free": True, "units": UNITS,
                    "n_tokens": int(table.logp.size)} for name, fn in PROXIES.items()}
 
 

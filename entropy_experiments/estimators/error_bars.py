@@ -72,8 +72,8 @@ def error_bars(res, u_groups: list[list[int]], *, normalize: str, direction_of: 
     else:
         warn("SE_U unavailable: U has a single prompt (need ≥ 2 groups), so SE_total is n/a (null): SE_E alone "
              "would leave out U's sampling noise, usually the larger side")
-    consistency = {"deltaH1_from_pieces": from_pieces, "relative_difference": rel, "pieces_method": res.pieces_method,
-                   "r_method": res.r_method, "r_eta": res.r_eta}
+    consistency = {"deltaH1_from_pieces": from_pieces, "relative_difference": rel, "r_method": res.r_method,
+                   "r_eta": res.r_eta}
     U_df = float(len(u_groups) - 1) if len(u_groups) >= 2 else NAN
     return ErrorBars({"E": se_E, "U": se_U, "total": jackknife.se_total(se_E, se_U), "U_df": U_df}, consistency,
                      a, r, loo)

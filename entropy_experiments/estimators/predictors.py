@@ -18,7 +18,7 @@ Units: nats per token (per_token) or per sequence (per_sequence), for a step of 
 (direct_only: X_H·v₍₋k₎), SE = √(SE_E² + SE_U²). `residual` {value, se, z, eta} = ΔH(η₊)·lr/η₊ − the prediction
 with ONE delete-one jackknife over the E units (estimators/paired.py, as the probe's own residual along v): both
 come from the same E, so their E errors are correlated and adding SE_E² and SE(ΔH)² would miss it; the U error
-is left out (the ΔH along v shares it only in part). `measured_over_predicted` = (ΔH(η₊)·lr/η₊) / prediction (`ratio_to_measured` its inverse), η₊ the
+is left out (the ΔH along v shares it only in part). `measured_over_predicted` = (ΔH(η₊)·lr/η₊) / prediction, η₊ the
 smallest positive η of the ΔH measurement (the most linear one) — the measured change along v scaled to lr.
 """
 
@@ -134,7 +134,7 @@ def estimate_entry(value: float, se_E: float, se_U: float, from_pieces: float | 
 def unavailable_entry(reason: str) -> dict:
     """The entry of a predictor that cannot be formed on this checkpoint: every number None, and why."""
     return {"delta_h1": None, "se": None, "se_E": None, "se_U": None, "from_pieces": None,
-            "measured_over_predicted": None, "ratio_to_measured": None, "unavailable": reason}
+            "measured_over_predicted": None, "unavailable": reason}
 
 
 def direction_estimate(X: NamedTensors, direction: NamedTensors, pieces: tuple[Tensor, Tensor] | None, scores,
@@ -179,14 +179,11 @@ def measured_reference(true_rows: list[dict], learning_rate: float) -> dict | No
 
 def with_ratios(predictors: dict[str, dict], measured: dict | None) -> dict[str, dict]:
     """Each predictor's entry with measured_over_predicted = measured / delta_h1 (the convention of every ratio the
-    probe prints) and its inverse ratio_to_measured = delta_h1 / measured, kept for older readers (None without a
-    measurement, or where the divisor is 0)."""
+    probe prints; None without a measurement, or where delta_h1 is 0)."""
     out = {}
     for name, entry in predictors.items():
-        ratio = inverse = None
-        if measured is not None and measured["deltaH_scaled"] != 0:
-            ratio = entry["delta_h1"] / measured["deltaH_scaled"]
+        ratio = None
         if measured is not None and entry["delta_h1"] not in (0, None):
-            inverse = measured["deltaH_scaled"] / entry["delta_h1"]
-        out[name] = {**entry, "measured_over_predicted": inverse, "ratio_to_measured": ratio}
+            ratio = measured["deltaH_scaled"] / entry["delta_h1"]
+        out[name] = {**entry, "measured_over_predicted": ratio}
     return out

@@ -280,7 +280,7 @@ def direct_only_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH
     """The `direct_only` predictor: one forward + backward of Σ H over E (this rank's microbatches, summed over
     ranks) → X_H = ∇ΣH/D, with d_i = D_v h_i from the same backward (hooks) or from the jvp scores."""
     options = config.entropy_options()
-    hooks = res.pieces_method == "backward_hooks"
+    hooks = res.e_pass in ("backward_hooks", "central_difference")  # the passes with the row hooks
     microbatches = e_microbatches(E.num_prompts, E.num_responses_per_prompt, options.microbatch_size)
     X_H, d = entropy_only_gradient_sum(policy.engine, policy.trainable, E, dist.chunk_slice(microbatches), options,
                                        res.v if hooks else None,
@@ -289,17 +289,17 @@ def direct_only_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH
     if dist.enabled:
         summed = dist.all_reduce_tree({"X_H": X_H, "d": d}, "direct_only all-reduce")
         X_H, d = summed["X_H"], summed["d"]
-    if res.pieces_method == "jvp":  # the E scores already carry D_v H_ik
+    if res.e_pass == "jvp":  # the E scores already carry D_v H_ik
         d = torch.stack([t.double().sum() for t in res.scores.d_entropy])
     X_H = {n: (t / weighted_normalizer(res, config.estimator.normalize)).float() for n, t in X_H.items()}
-    return direct_only_estimate(X_H, d if res.pieces_method else None, res.scores, res.learning_rate, res.v,
+    return direct_only_estimate(X_H, None if res.e_pass == "two_pass" else d, res.scores, res.learning_rate, res.v,
                                 bars.loo_directions, normalize=config.estimator.normalize,
                                 sampler_weights=res.sampler_weights, paired=paired)
 
 
 def predictors_phase(config: ProbeConfig, policy: Policy, E: Batch, res: DeltaH1Result, bars: ErrorBars,
                      truth: DeltaH, dist: DistContext = SINGLE) -> tuple[dict | None, dict[str, dict]]:
-    """results.json `predictors`: {name: {delta_h1, se, se_E, se_U, from_pieces, ratio_to_measured}} (None: off),
+    """results.json `predictors`: {name: {delta_h1, se, se_E, se_U, from_pieces, measured_over_predicted}} (None: off),
     and the extra per-sequence columns of the predictors that have them ({name: {column: [N]}}). With
     predictors.enabled false, the displacement alone where there is one (predictors.displacement)."""
     if not config.predictors.enabled:

@@ -1,11 +1,16 @@
 """The E pass of δH₁ (docs/maths.md §3–4, docs/scaling.md): X̂ = ∇L_X on E, the E scores, the surrogate's
-coefficients and the per-sequence pieces (a, r) along each direction — by one of three strategies, chosen once
-by `choose_e_pass`:
+coefficients and the per-sequence pieces (a, r) along each direction — by one of four strategies, chosen once
+by `choose_e_pass`. Each has one name: its class, the config value that selects it and results.json's `e_pass`
+(`E_PASSES`):
 
-    HookedPass   one forward + backward per microbatch; the pieces from the backward's row hooks (exact r_i)
-    LeanPass     scores without grad, then the L_X backward whose row hooks give D_v L_X,i; r_i is left to the
-                 ±η passes (variance.r_method central_difference, beyond.central_difference_phase)
-    ScoredPass   scores first (with the jvp along each direction when the pieces are wanted), then the L_X backward
+    BackwardHooksPass      backward_hooks (variance.directional): one forward + backward per microbatch; the
+                           pieces from the backward's row hooks (exact r_i)
+    CentralDifferencePass  central_difference (variance.r_method): scores without grad, then the L_X backward whose
+                           row hooks give D_v L_X,i; r_i is left to the ±η passes (beyond.central_difference_phase)
+    JvpPass                jvp (variance.directional): scores first with the jvp along each direction, then the
+                           L_X backward
+    TwoPass                two_pass (no key: what runs when no pieces are wanted, variance.enabled false): scores
+                           without grad, then the L_X backward
 
 Like recipe.py this module knows the ranks: microbatches split over ranks, sums all-reduced, rows gathered.
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from torch import Tensor
 
@@ -46,10 +51,11 @@ def progress(desc: str):
 
 
 class EPass(Protocol):
-    """One way of running the E pass: what it records about itself, and the pass."""
+    """One way of running the E pass: its name, the key that selects it, what it records about itself, and the pass."""
 
-    pieces_method: str | None  # "backward_hooks" | "jvp" | None (no pieces)
-    r_method: str              # "backward" | "jvp" | "central_difference" (r_i by the ±η passes, later)
+    name: ClassVar[str]                # the strategy's one word: results.json `e_pass`, the config value
+    config_key: ClassVar[str | None]   # the key whose value `name` selects it (None: chosen when no pieces are wanted)
+    r_method: ClassVar[str]            # "backward" | "jvp" | "central_difference" (r_i by the ±η passes, later)
 
     def scores_tf_batch(self, config: ProbeConfig, E: Batch) -> int | None:
         """Rows per forward the E scores were made with (None: the config's tf_batch_size)."""
@@ -60,11 +66,12 @@ class EPass(Protocol):
 
 
 @dataclass(frozen=True)
-class HookedPass:
+class BackwardHooksPass:
     """One forward + backward per microbatch; the pieces along every direction from the row hooks."""
 
-    pieces_method: str | None = "backward_hooks"
-    r_method: str = "backward"
+    name: ClassVar[str] = "backward_hooks"
+    config_key: ClassVar[str | None] = "variance.directional"
+    r_method: ClassVar[str] = "backward"
 
     def scores_tf_batch(self, config: ProbeConfig, E: Batch) -> int | None:
         G = E.num_responses_per_prompt
@@ -77,47 +84,55 @@ class HookedPass:
 
 
 @dataclass(frozen=True)
-class LeanPass:
-    """Scores without grad, then the L_X backward with the row hooks along v alone (r_i later, by the ±η passes)."""
+class ScoredFirst:
+    """The passes that score E first, then run the L_X backward (`scored_pieces_phase` with their name)."""
 
-    pieces_method: str | None = "backward_hooks"
-    r_method: str = "central_difference"
+    name: ClassVar[str]
 
     def scores_tf_batch(self, config: ProbeConfig, E: Batch) -> int | None:
         return None
 
     def run(self, config, policy, E, directions, dist) -> SurrogatePass:
-        return scored_pieces_phase(config, policy, E, directions, False, dist, lean=True)
+        return scored_pieces_phase(config, policy, E, directions, self.name, dist)
 
 
 @dataclass(frozen=True)
-class ScoredPass:
-    """Scores first (with the jvp along each direction when `with_pieces`), then the L_X backward."""
+class CentralDifferencePass(ScoredFirst):
+    """Scores without grad, then the L_X backward with the row hooks along v alone (r_i later, by the ±η passes)."""
 
-    with_pieces: bool
+    name: ClassVar[str] = "central_difference"
+    config_key: ClassVar[str | None] = "variance.r_method"
+    r_method: ClassVar[str] = "central_difference"
 
-    @property
-    def pieces_method(self) -> str | None:
-        return "jvp" if self.with_pieces else None
 
-    @property
-    def r_method(self) -> str:
-        return "jvp" if self.with_pieces else "backward"
+@dataclass(frozen=True)
+class JvpPass(ScoredFirst):
+    """Scores with the jvp along each direction (the pieces), then the L_X backward."""
 
-    def scores_tf_batch(self, config: ProbeConfig, E: Batch) -> int | None:
-        return None
+    name: ClassVar[str] = "jvp"
+    config_key: ClassVar[str | None] = "variance.directional"
+    r_method: ClassVar[str] = "jvp"
 
-    def run(self, config, policy, E, directions, dist) -> SurrogatePass:
-        return scored_pieces_phase(config, policy, E, directions, self.with_pieces, dist)
+
+@dataclass(frozen=True)
+class TwoPass(ScoredFirst):
+    """Scores without grad, then the L_X backward: no pieces (no error bars wanted them)."""
+
+    name: ClassVar[str] = "two_pass"
+    config_key: ClassVar[str | None] = None
+    r_method: ClassVar[str] = "backward"
+
+
+E_PASSES: dict[str, type] = {cls.name: cls for cls in (BackwardHooksPass, CentralDifferencePass, JvpPass, TwoPass)}
 
 
 def choose_e_pass(method: str, r_method: str, n_directions: int) -> EPass:
     """The E pass for `method` (entropy_gradient.pieces_method: backward_hooks | jvp | two_pass). r_i by the
     central difference (variance.r_method) only along v alone: every other direction would cost two no-grad
     passes, more than the L_β backward that gives them all (docs/scaling.md "r_i without the second backward")."""
-    if method == "backward_hooks":
-        return LeanPass() if r_method == "central_difference" and n_directions == 1 else HookedPass()
-    return ScoredPass(with_pieces=method == "jvp")
+    if method == BackwardHooksPass.name and r_method == CentralDifferencePass.name and n_directions == 1:
+        return CentralDifferencePass()
+    return E_PASSES[method]()
 
 
 def score_E(config: ProbeConfig, policy: Policy, E: Batch, v: NamedTensors | None,
@@ -155,23 +170,25 @@ def one_pass_phase(config: ProbeConfig, policy: Policy, E: Batch, directions: di
 
 
 def scored_pieces_phase(config: ProbeConfig, policy: Policy, E: Batch, directions: dict[str, NamedTensors],
-                        with_pieces: bool, dist: DistContext = SINGLE, lean: bool = False) -> SurrogatePass:
-    """E scored first (with the jvp along v when the pieces are wanted), X̂ by a second backward pass; the
-    pieces along every other direction by one more jvp scoring pass each. Returns the timings too. `lean`
-    (variance.r_method central_difference): no jvp; the backward's row hooks give D_v L_X,i, whose r_i the ±η
-    passes give later (beyond.central_difference_phase)."""
+                        name: str, dist: DistContext = SINGLE) -> SurrogatePass:
+    """The E pass `name` that scores E first: "jvp" (the scores with the jvp along v, the pieces along every
+    other direction by one more jvp scoring pass each), "central_difference" (no jvp; the backward's row hooks
+    give D_v L_X,i, whose r_i the ±η passes give later: beyond.central_difference_phase) or "two_pass" (no
+    pieces); then X̂ by a second backward pass. Returns the timings too."""
+    with_pieces = name == JvpPass.name
+    hooked = {MAIN: directions[MAIN]} if name == CentralDifferencePass.name else {}  # D_v L_X,i by the row hooks
     timings, t0 = {}, time.perf_counter()
     scores = score_E(config, policy, E, directions[MAIN] if with_pieces else None, dist)
     coefs = coefficients(scores, config.entropy_options(), sampler_weights(scores, E.sampler_response_logqs()))
     pieces = {}
     if with_pieces:
         pieces[MAIN] = directional_pieces(scores.d_logq, scores.d_entropy, coefs)
-        for name, v in directions.items():
-            if name != MAIN:
+        for key, v in directions.items():
+            if key != MAIN:
                 other = score_E(config, policy, E, v, dist)
-                pieces[name] = directional_pieces(other.d_logq, other.d_entropy, coefs)
+                pieces[key] = directional_pieces(other.d_logq, other.d_entropy, coefs)
     timings["e_pass_scoring"], t0 = time.perf_counter() - t0, time.perf_counter()
-    X, rows = surrogate_rows_phase(config, policy, E, coefs, {MAIN: directions[MAIN]} if lean else {}, dist)
+    X, rows = surrogate_rows_phase(config, policy, E, coefs, hooked, dist)
     timings["e_pass_backward"] = time.perf_counter() - t0
     return SurrogatePass(X, scores, coefs, pieces, timings, rows.get(MAIN))
 

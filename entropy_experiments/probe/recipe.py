@@ -179,7 +179,7 @@ def delta_h1_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, *, u
     return DeltaH1Result(delta_h1=lr * x_hat_dot_v, x_hat_dot_v=x_hat_dot_v, learning_rate=lr, X_hat=surrogate.X_hat,
                          v=update.v, coefficients=surrogate.coefficients, scores=surrogate.scores,
                          u_gradients=update.gradients, update_info=update.info,
-                         timings=timings, pieces=main_pieces, pieces_method=e_pass.pieces_method,
+                         timings=timings, pieces=main_pieces, e_pass=e_pass.name,
                          predictor_directions=extra, predictor_pieces=pieces, predictors_unavailable=unavailable,
                          sampler_weights=surrogate.coefficients.weights,
                          scores_tf_batch=e_pass.scores_tf_batch(config, E), r_method=e_pass.r_method,
@@ -220,7 +220,7 @@ def estimate_phase(config: ProbeConfig, policy: Policy, E: Batch, U: Batch, note
         early = sum(passes.values())
     elif config.variance.enabled and config.variance.r_method == "central_difference":
         notes.warn(f"variance.r_method central_difference applies to the backward-hook pieces along v alone; r_i "
-                   f"came from the {res.pieces_method} pass that the predictors' directions or the model need")
+                   f"came from the {res.e_pass} pass that the predictors' directions or the model need")
     if E.sampler_logqs is not None:  # docs/maths.md §12: the sampler is far from the policy
         for line in correction_warnings(correction_diagnostics(res.scores.token_logqs, E.sampler_response_logqs())):
             notes.warn(line)

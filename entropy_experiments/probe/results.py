@@ -64,7 +64,7 @@ class DeltaH1Result:
     update_info: dict
     timings: dict = field(default_factory=dict)
     pieces: tuple[Tensor, Tensor] | None = None   # (a [N], r [N]) when the E pass produced them
-    pieces_method: str | None = None               # "backward_hooks" | "jvp" | None (not computed)
+    e_pass: str | None = None                      # the E pass that ran (probe/e_pass.E_PASSES: results.json `e_pass`)
     scores_tf_batch: int | None = None             # rows per forward the scores were made with (None: config's)
     predictor_directions: dict[str, NamedTensors] = field(default_factory=dict)  # competing predictors' v'
     predictor_pieces: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # their (a', r')

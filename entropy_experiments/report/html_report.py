@@ -28,12 +28,11 @@ from .html_parts import (
     varying_part,
 )
 from .html_what_if import what_if_section
-from .results_schema import load_results, x_hat_dot_v_of
+from .results_schema import load_results
 from .run_dir import HTML_REPORT_FILE, RunDirectory
 from .run_lines import objective_lines
 from .summary import (
     SCALE_FREE_NOTE,
-    measured_over_predicted,
     run_label,
     u_df_text,
     verdict_line,
@@ -81,7 +80,7 @@ def summary_section(res: dict) -> str:
     counts = res.get("counts") or {}
     items += [(text_html(k), text_html(str(v))) for k, v in counts.items()]
     out = ["<h2>Summary</h2>", rows_table(["", ""], [[f"<th>{k}</th>", f"<td>{v}</td>"] for k, v in items])]
-    slope = x_hat_dot_v_of(res)
+    slope = res.get("x_hat_dot_v")
     rows = [[num_cell(r["eta"], ".3g"), num_cell(r.get("deltaH_true")), num_cell(r.get("se")),
              num_cell(r["eta"] * slope if slope is not None else None),
              num_cell(r.get("ess_frac"), ".3f"), num_cell(r.get("psis_khat"), ".3f")] for r in res.get("true") or []]
@@ -93,7 +92,7 @@ def summary_section(res: dict) -> str:
     predictors = res.get("predictors") or {}
     if predictors:
         prow = [[f"<td>{text_html(name)}</td>", num_cell(e.get("delta_h1")), num_cell(e.get("se")),
-                 num_cell(measured_over_predicted(e), ".3f")] for name, e in predictors.items()]
+                 num_cell(e.get("measured_over_predicted"), ".3f")] for name, e in predictors.items()]
         out.append(rows_table(["predictor", "δH (one step)", "SE", "measured/predicted"], prow))
         if any(e.get("scale_free") for e in predictors.values()):
             out.append(f'<p class="note">{text_html(SCALE_FREE_NOTE)}</p>')

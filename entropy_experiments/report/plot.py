@@ -17,7 +17,6 @@ import numpy as np
 
 from .. import io_utils
 from ..errors import output_error_on_os_error
-from .results_schema import x_hat_dot_v_of
 from .run_lines import is_finite_number
 from .summary import IMPORTANCE_OFF_NOTE, UNITS_LONG, run_label
 
@@ -64,7 +63,7 @@ def plot_delta_h(results: dict[str, Any], path: str | os.PathLike) -> Path | Non
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    x_hat_dot_v, lr = x_hat_dot_v_of(results), results.get("learning_rate")
+    x_hat_dot_v, lr = results.get("x_hat_dot_v"), results.get("learning_rate")
     entries = results.get("true") or []
     points = [(e["eta"], e["deltaH_true"], e.get("se")) for e in entries
               if is_finite_number(e.get("eta")) and is_finite_number(e.get("deltaH_true"))]

@@ -16,7 +16,7 @@ from ..data.batch import Batch
 from ..data.rewards import reward_warnings
 from ..estimators.sampler_correction import correction_diagnostics, sampler_log_weights
 from ..estimators.surrogate import entropy_estimates
-from .results_schema import with_legacy_second_order_keys, with_legacy_timing_keys
+from .results_schema import SCHEMA_VERSION
 
 
 @dataclass
@@ -74,16 +74,15 @@ def assemble_results(E: Batch, U: Batch, estimates, later, timing: dict, facts: 
     second_order, predictors = later.second_order, later.predictors
     scores = res.scores
     results = {
-        "deltaH1": res.delta_h1, "x_hat_dot_v": res.x_hat_dot_v,
-        "bars_dot": res.x_hat_dot_v,  # legacy alias (results_schema.LEGACY_RESULT_KEYS)
+        "schema_version": SCHEMA_VERSION, "deltaH1": res.delta_h1, "x_hat_dot_v": res.x_hat_dot_v,
         "learning_rate": res.learning_rate,
-        "normalize": facts.normalize, "se": bars.se,
+        "e_pass": res.e_pass, "normalize": facts.normalize, "se": bars.se,
         "H_orig": entropy_estimates(scores.seq_entropies, scores.lengths, res.sampler_weights),
         "true": [{**row, "residual": resid,
                   "second_order_prediction": None if second_order is None else second_order["predictions"][f"{row['eta']:g}"]}
                  for row, resid in zip(truth.rows, later.residuals)],
-        "second_order": None if second_order is None else with_legacy_second_order_keys(
-            {k: v for k, v in second_order.items() if k != "predictions"}),
+        "second_order": None if second_order is None else {
+            k: v for k, v in second_order.items() if k != "predictions"},
         "linearity": truth.linearity,
         "rounding_floor": later.rounding_floor,
         "predictors": predictors,
@@ -92,7 +91,7 @@ def assemble_results(E: Batch, U: Batch, estimates, later, timing: dict, facts: 
                    "G": U.num_responses_per_prompt, "E_tokens": E.count_tokens(), "U_tokens": U.count_tokens(),
                    "zero_advantage_prompts": facts.zero_advantage_prompts,
                    "u_groups": facts.u_groups},
-        "update": res.update_info, "consistency": bars.consistency, "timing": with_legacy_timing_keys(timing),
+        "update": res.update_info, "consistency": bars.consistency, "timing": timing,
         "environment": {**environment_info(facts.model, facts.entropy_fp64, facts.seed),
                         "distributed": {"world_size": facts.world_size, "backend": facts.backend}},
         "config_hash": facts.config_hash,

@@ -1,7 +1,9 @@
-"""results.json: the keys every results file holds, strict JSON (no NaN / inf), and reading it back."""
+"""results.json: the keys every results file holds, strict JSON (no NaN / inf), its schema version, and reading it
+back (any version, through `upgrade_results`)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -11,9 +13,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import OutputError, os_error_reason
+from ..errors import ConfigError, OutputError, os_error_reason
 
 RESULTS_FILE = "results.json"
+# The version of results.json's layout and of the config hash (config/probe_config.ProbeConfig.config_hash) that a
+# run directory records: written into results.json, run_meta.json and sweep_meta.json. A file without the key is
+# version 1. --resume refuses a directory of another version (`refuse_other_schema`); its results.json still reads.
+SCHEMA_VERSION = 2
 
 # ----------------------------------------------------------------------------------------------
 # Strict JSON
@@ -56,10 +62,11 @@ def dumps_strict(obj: Any, indent: int | None = None) -> str:
 
 # Nested keys every results.json holds (docs/outputs.md). None = a leaf whose inner layout is free.
 REQUIRED_SCHEMA: dict[str, Any] = {
+    "schema_version": None,
     "deltaH1": None,
     "x_hat_dot_v": None,  # X̂·v, δH₁ per unit lr
-    "bars_dot": None,     # legacy alias of x_hat_dot_v (LEGACY_RESULT_KEYS)
     "learning_rate": None,
+    "e_pass": None,       # the E pass that ran: probe/e_pass.E_PASSES
     "se": {"E": None, "U": None, "total": None},  # and U_df (SE_U's degrees of freedom), optional: not every run has it
     "H_orig": {"per_token": None, "per_sequence": None},
     "true": None,  # list of TRUE_ENTRY_SCHEMA, checked separately
@@ -79,14 +86,10 @@ TRUE_ENTRY_SCHEMA: dict[str, Any] = {
     "se": None,
 }
 NORMALIZE_MODES = ("per_token", "per_sequence")
-# Legacy keys results.json writes beside their canonical key, same value, so that a reader that asks for the seed
-# API's name (`bars_dot`, its word for X̂·v) keeps working: legacy key -> canonical key.
-LEGACY_RESULT_KEYS: dict[str, str] = {"bars_dot": "x_hat_dot_v"}
-# The same in `second_order` and each of its per_eta rows: legacy key -> canonical key.
-LEGACY_SECOND_ORDER_KEYS: dict[str, str] = {"bias_bound": "bias_estimate"}
-# The timing keys are the phases' names (docs/development.md "The phases of one run"); results.json also writes
-# each under its earlier numbered name, same value: legacy timing key -> phase timing key.
-LEGACY_TIMING_KEYS: dict[str, str] = {
+# Version 1's names of keys results.json holds under another name since version 2: {version-1 name: name}.
+V1_RESULT_KEYS: dict[str, str] = {"bars_dot": "x_hat_dot_v"}
+V1_SECOND_ORDER_KEYS: dict[str, str] = {"bias_bound": "bias_estimate"}  # `second_order` and each per_eta row
+V1_TIMING_KEYS: dict[str, str] = {  # the phases' names: docs/development.md "The phases of one run"
     "phase0_sampling": "sample", "phase1_3_U_gradient_and_direction": "update_direction",
     "phase1_3_E_scoring": "e_pass_scoring", "phase1_3_E_backward": "e_pass_backward",
     "phase3_variance": "error_bars", "phase3_r_central_difference": "r_central_difference",
@@ -95,31 +98,69 @@ LEGACY_TIMING_KEYS: dict[str, str] = {
 }
 
 
-def with_legacy_timing_keys(timing: dict[str, float]) -> dict[str, float]:
-    """`timing` plus each of its phase keys under its legacy name too (LEGACY_TIMING_KEYS)."""
-    return {**timing, **{legacy: timing[key] for legacy, key in LEGACY_TIMING_KEYS.items() if key in timing}}
+def upgrade_results(results: dict[str, Any]) -> dict[str, Any]:
+    """`results` (a results.json of any version) under the current schema's names: every reader goes through
+    here, so that version 1's names are known here alone. A current one is returned as it is; OutputError for a
+    version this code does not know."""
+    version = results.get("schema_version", 1)
+    if version == SCHEMA_VERSION:
+        return results
+    if version != 1:
+        raise OutputError(f"results.json has schema_version {version!r}: this entropy-probe reads versions 1 to "
+                          f"{SCHEMA_VERSION}; read it with the entropy-probe that wrote it")
+    return {"schema_version": SCHEMA_VERSION, **_from_version_1(copy.deepcopy(results))}
 
 
-def with_legacy_second_order_keys(second_order: dict[str, Any]) -> dict[str, Any]:
-    """`second_order` and its per_eta rows with each LEGACY_SECOND_ORDER_KEYS name beside its canonical one."""
-    def legacy(entry: dict[str, Any]) -> dict[str, Any]:
-        return {**entry, **{old: entry[new] for old, new in LEGACY_SECOND_ORDER_KEYS.items() if new in entry}}
-
-    out = legacy(second_order)
-    if out.get("per_eta") is not None:
-        out["per_eta"] = [legacy(row) for row in out["per_eta"]]
+def _renamed(entry: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """`entry` with each key of `names` under its new name (the new one wins where both are present)."""
+    out = {k: v for k, v in entry.items() if k not in names}
+    for old, new in names.items():
+        if old in entry and new not in out:
+            out[new] = entry[old]
     return out
 
 
-def bias_estimate_of(entry: dict[str, Any]) -> Any:
-    """The d2 bias estimate of a `second_order` entry or per_eta row, also of one written with only `bias_bound`."""
-    return entry["bias_estimate"] if "bias_estimate" in entry else entry.get("bias_bound")
+def _from_version_1(results: dict[str, Any]) -> dict[str, Any]:
+    """Version 1's names mapped (V1_*_KEYS); a predictor's `ratio_to_measured` (predicted / measured) becomes
+    `measured_over_predicted`, its inverse, where that is missing; `e_pass` is read off `consistency`
+    (`v1_e_pass`)."""
+    out = _renamed(results, V1_RESULT_KEYS)
+    out.setdefault("e_pass", v1_e_pass(out.get("consistency")))
+    if isinstance(out.get("consistency"), dict):
+        out["consistency"] = {k: v for k, v in out["consistency"].items() if k != "pieces_method"}
+    if isinstance(out.get("timing"), dict):
+        out["timing"] = _renamed(out["timing"], V1_TIMING_KEYS)
+    if isinstance(out.get("second_order"), dict):
+        out["second_order"] = _renamed(out["second_order"], V1_SECOND_ORDER_KEYS)
+        if isinstance(out["second_order"].get("per_eta"), list):
+            out["second_order"]["per_eta"] = [_renamed(r, V1_SECOND_ORDER_KEYS) for r in out["second_order"]["per_eta"]]
+    for name, entry in (out.get("predictors") or {}).items():
+        ratio = entry.pop("ratio_to_measured", None)
+        if "measured_over_predicted" not in entry:
+            finite = isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio != 0
+            out["predictors"][name] = {**entry, "measured_over_predicted": 1.0 / ratio if finite else None}
+    return out
 
 
-def x_hat_dot_v_of(results: dict[str, Any]) -> Any:
-    """X̂·v of a results dict, also of one that carries it only under the seed API's name `bars_dot`, so that
-    the report reads every results.json that holds the number."""
-    return results["x_hat_dot_v"] if "x_hat_dot_v" in results else results.get("bars_dot")
+def v1_e_pass(consistency: dict[str, Any] | None) -> str | None:
+    """The E pass of a version-1 results.json from its `consistency`: `pieces_method` backward_hooks with r_i by the
+    central difference is central_difference, backward_hooks and jvp are themselves, and an empty one (error bars
+    off: no pieces) is two_pass; None where it does not say."""
+    if consistency == {}:
+        return "two_pass"
+    method = (consistency or {}).get("pieces_method")
+    if method == "backward_hooks" and consistency.get("r_method") == "central_difference":
+        return "central_difference"
+    return method
+
+
+def refuse_other_schema(meta: dict[str, Any] | None, path: str | os.PathLike) -> None:
+    """ConfigError when the run or sweep directory `path`, whose meta file holds `meta`, was written under another
+    SCHEMA_VERSION: its config hash is another function of the config, so nothing of it may be mixed with a new run."""
+    version = (meta or {}).get("schema_version", 1)
+    if meta and version != SCHEMA_VERSION:
+        raise ConfigError(f"--resume {path}: that directory was written by schema version {version}, this "
+                          f"entropy-probe writes version {SCHEMA_VERSION}; start a fresh output directory (--out)")
 
 
 def _check_keys(obj: Any, schema: dict[str, Any], where: str) -> None:
@@ -144,30 +185,22 @@ def validate_results_schema(results: dict[str, Any]) -> None:
         raise ValueError(f"results: 'normalize' must be one of {NORMALIZE_MODES}, got {results['normalize']!r}")
     if not isinstance(results["warnings"], list):
         raise ValueError("results: 'warnings' must be a list of strings")  # noqa: TRY004
-    aliases = [(results, legacy, key, legacy) for legacy, key in LEGACY_RESULT_KEYS.items()]
-    aliases += [(results["timing"], legacy, key, f"timing.{legacy}") for legacy, key in LEGACY_TIMING_KEYS.items()
-                if key in results["timing"]]
-    for obj, legacy, canonical, where in aliases:
-        if not _same_value(obj.get(legacy), obj[canonical]):
-            raise ValueError(f"results: '{where}' must equal '{canonical}' (its legacy alias), "
-                             f"got {obj.get(legacy)!r} and {obj[canonical]!r}")
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    """Equal, or both NaN / null (a non-finite float is written as null)."""
-    return a == b or all(x is None or (isinstance(x, float) and math.isnan(x)) for x in (a, b))
+    if results["schema_version"] != SCHEMA_VERSION:
+        raise ValueError(f"results: 'schema_version' must be {SCHEMA_VERSION}, got {results['schema_version']!r}")
 
 
 def load_results(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """Read RUN_DIR/results.json (or a results.json path given directly) for `entropy-probe report`."""
+    """Read RUN_DIR/results.json (or a results.json path given directly) under the current names
+    (`upgrade_results`), for `entropy-probe report`."""
     path = Path(run_dir)
     if path.is_dir() or path.suffix != ".json":
         path = path / RESULTS_FILE
     if not path.is_file():
         raise OutputError(f"no results file at {path}: is {run_dir} a finished run directory?")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        results = json.loads(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise OutputError(f"cannot read {path}: {os_error_reason(err)}") from err
     except json.JSONDecodeError as err:
         raise OutputError(f"{path} is not valid JSON (line {err.lineno}: {err.msg})") from err
+    return upgrade_results(results)

@@ -3,8 +3,8 @@
 A run directory holds everything a result needs to be checked or resumed (docs/outputs.md, "A run directory"):
 
     config.yaml                 the fully resolved config
-    run_meta.json               {"config_hash", "created", "status"[, "sampling_warnings"]}: marks the directory
-                                as ours; a resumed run keeps the reward warnings its sampling raised
+    run_meta.json               {"schema_version", "config_hash", "created", "status"[, "sampling_warnings"]}: marks
+                                the directory as ours; a resumed run keeps the reward warnings its sampling raised
     results.json                strict JSON (non-finite floats written as null), schema in REQUIRED_SCHEMA
     E_batch.pt, U_batch.pt      packed batch dicts, loadable with torch.load(weights_only=True)
     update_vector.safetensors   v per unit learning rate, keyed by parameter name
@@ -39,6 +39,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from .. import io_utils
 from ..errors import OutputError, os_error_reason, output_error_on_os_error
+from . import results_schema as schema
 from .results_schema import RESULTS_FILE, dumps_strict, validate_results_schema
 
 CONFIG_FILE = "config.yaml"
@@ -62,10 +63,6 @@ COMPUTED_FILES: tuple[str, ...] = (RESULTS_FILE, *BATCH_FILES.values(), UPDATE_V
                                    *E_TOKENS_FILES, HTML_REPORT_FILE)
 RUN_STATUSES = ("running", "complete", "failed")
 _PARTIAL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -117,8 +114,8 @@ class RunDirectory:
         """Create or reopen a run directory and write config.yaml + run_meta.json (status "running").
 
         - new or empty directory: created (parents too);
-        - directory of a run with a different config hash: OutputError unless `overwrite`
-          (`resume` needs the same config, so it gets the same error);
+        - directory of a run with a different config hash: OutputError unless `overwrite` (`resume` needs the
+          same config, so it gets the same error; and the same SCHEMA_VERSION, else a ConfigError);
         - directory of a run with the same config: `resume` keeps its batches and partial state;
           otherwise the stale files are cleared so that a later --resume never mixes two runs;
         - directory of a run that failed before it sampled or computed anything (`failed_before_computing`):
@@ -138,6 +135,8 @@ class RunDirectory:
             has_old_run = False
         if resume and not ours:
             raise OutputError(f"nothing to resume in {run.path}: it holds no {META_FILE}")
+        if resume:
+            schema.refuse_other_schema(meta, run.path)
         if has_old_run and old_hash != config_hash and not overwrite:
             hint = "; --resume needs the config the run was started with" if resume else ""
             raise OutputError(f"run directory {run.path} holds a different config (hash {old_hash} ≠ "
@@ -152,7 +151,7 @@ class RunDirectory:
         if overwrite or (ours and not resume):
             run._clear_run_files()
             meta = None
-        created = (meta or {}).get("created") or _now()
+        created = (meta or {}).get("created") or datetime.now(UTC).isoformat(timespec="seconds")
         run.write_config(config_yaml)
         run._write_meta({**(meta or {}), "config_hash": config_hash, "created": created, "status": "running"})
         return run
@@ -223,7 +222,8 @@ class RunDirectory:
         return meta if isinstance(meta, dict) else {}
 
     def _write_meta(self, meta: dict[str, Any]) -> None:
-        self._write_text(META_FILE, dumps_strict(meta, indent=2) + "\n")
+        """run_meta.json, stamped with the SCHEMA_VERSION of this code (`prepare` refused a directory of another)."""
+        self._write_text(META_FILE, dumps_strict({**meta, "schema_version": schema.SCHEMA_VERSION}, indent=2) + "\n")
 
     def record_meta(self, key: str, value: Any) -> None:
         """Store `key` in run_meta.json (kept by a resume of the same config, dropped by a fresh start)."""
@@ -235,9 +235,7 @@ class RunDirectory:
         """Record the run's status in run_meta.json: "running" | "complete" | "failed"."""
         if status not in RUN_STATUSES:
             raise ValueError(f"run status must be one of {RUN_STATUSES}, got {status!r}")
-        meta = self.read_meta() or {}
-        meta["status"] = status
-        self._write_meta(meta)
+        self.record_meta("status", status)
 
     # ---- files ------------------------------------------------------------------------------
 

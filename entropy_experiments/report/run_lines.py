@@ -17,8 +17,8 @@ def format_number(x: Any, spec: str = ".4g") -> str:
     return format(x, spec) if is_finite_number(x) else "n/a"
 
 
-OPTIONAL_PHASES = (("variance.enabled", "phase3_variance"), ("importance.enabled", "phase4_importance"),
-                   ("second_order.enabled", "phase5_second_order"), ("predictors.enabled", "phase6_predictors"))
+OPTIONAL_PHASES = (("variance.enabled", "error_bars"), ("importance.enabled", "delta_h"),
+                   ("second_order.enabled", "second_order"), ("predictors.enabled", "predictors"))
 
 
 def optional_phases_line(timing: dict[str, Any]) -> str:

@@ -13,7 +13,6 @@ from typing import Any
 
 from ..checkpoint.file_names import ADAPTER_SUBDIR
 from ..estimators.snis import PSIS_PRIOR_DRAWS, psis_tail_size
-from .results_schema import x_hat_dot_v_of
 from .run_lines import format_number, is_finite_number, objective_lines, optional_phases_line, sampler_lines
 
 UNITS = {"per_token": "nats/token", "per_sequence": "nats/seq"}
@@ -30,18 +29,10 @@ def _ratio(num: Any, den: Any) -> float | None:
     return num / den if is_finite_number(num) and is_finite_number(den) and den != 0 else None
 
 
-def measured_over_predicted(entry: dict[str, Any]) -> float | None:
-    """A competing predictor's measured/predicted (results.json `measured_over_predicted`; runs written before it
-    carry only its inverse, `ratio_to_measured`)."""
-    if "measured_over_predicted" in entry:
-        return entry["measured_over_predicted"]
-    return _ratio(1.0, entry.get("ratio_to_measured"))
-
-
 def verdict_line(results: dict[str, Any]) -> str:
     """First order against the measured ΔH at the smallest positive η: the η table's measured/predicted and its
     residual verdict (`residual_verdict`), in one line for the summary's head and report.html's header."""
-    x_hat_dot_v = x_hat_dot_v_of(results)
+    x_hat_dot_v = results.get("x_hat_dot_v")
     rows = [e for e in results.get("true") or [] if is_finite_number(e.get("eta")) and e["eta"] > 0
             and is_finite_number(e.get("deltaH_true"))]
     if not rows:
@@ -98,7 +89,7 @@ def render_summary(results: dict[str, Any]) -> str:
     from rich.console import Console
 
     unit = UNITS.get(results.get("normalize", "per_token"), "nats")
-    x_hat_dot_v = x_hat_dot_v_of(results)
+    x_hat_dot_v = results.get("x_hat_dot_v")
     buffer = io.StringIO()
     console = Console(file=buffer, width=110, color_system=None, force_terminal=False, soft_wrap=False)
     console.print(_head_table(results, unit))
@@ -136,7 +127,7 @@ def _head_table(results: dict[str, Any], unit: str) -> Any:
     """Ĥ, δH₁ ± SE, X̂·v, lr, batch counts, update and time."""
     from rich.table import Table
 
-    se, x_hat_dot_v, label = results.get("se", {}), x_hat_dot_v_of(results), run_label(results)
+    se, x_hat_dot_v, label = results.get("se", {}), results.get("x_hat_dot_v"), run_label(results)
     head = Table(title="Entropy probe" + (f": {label}" if label else ""), show_header=False, box=None,
                  title_justify="left", padding=(0, 2))
     head.add_column(style="bold")
@@ -288,7 +279,7 @@ def _predictors_table(predictors: dict[str, dict[str, Any]], entries: list[dict[
     for name, entry in predictors.items():
         table.add_row(name, format_number(entry.get("delta_h1"), "+.4g"), format_number(entry.get("se"), ".2g"),
                       f"{format_number(entry.get('se_E'), '.2g')} / {format_number(entry.get('se_U'), '.2g')}",
-                      format_number(measured_over_predicted(entry), ".3f"),
+                      format_number(entry.get("measured_over_predicted"), ".3f"),
                       PREDICTOR_MEANINGS.get(name, SCALE_FREE_MEANING if entry.get("scale_free") else ""))
     return table
 

@@ -20,6 +20,7 @@ from ..checkpoint.trainer_batch import recorded_trainer_batch
 from ..errors import OutputError
 from ..estimators.entropy_proxies import PROXIES
 from ..estimators.jackknife import entropy_with_se
+from ..report.results_schema import upgrade_results
 from ..report.run_dir import PER_SEQUENCE_FILE
 from .decomposition import interval_decomposition
 from .discovery import SweepCheckpoint
@@ -85,7 +86,7 @@ def _columns_of(lines: list[dict]) -> dict[str, np.ndarray]:
 def read_run(run_dir: Path) -> CheckpointRun:
     """The finished run in `run_dir` (OutputError naming the file when something is missing or unreadable)."""
     if (run_dir / RESULTS_FILE).is_file():
-        kind, results = "probe", _read_json(run_dir / RESULTS_FILE)
+        kind, results = "probe", upgrade_results(_read_json(run_dir / RESULTS_FILE))
     elif (run_dir / ENTROPY_ONLY_FILE).is_file():
         kind, results = "entropy_only", _read_json(run_dir / ENTROPY_ONLY_FILE)
     else:

@@ -1,15 +1,15 @@
 """The sweep directory: what it holds and when it may be (re)used.
 
-    sweep_meta.json     {"kind": "entropy-probe sweep", "config_hash", "checkpoints_dir", "every", "created",
-                         "status"}: marks the directory as a sweep's
+    sweep_meta.json     {"kind": "entropy-probe sweep", "schema_version", "config_hash", "checkpoints_dir", "every",
+                         "created", "status"}: marks the directory as a sweep's
     config.yaml         the sweep's config (checkpoint.checkpoint_path is set per checkpoint)
     runs/<checkpoint>/  one probe run directory per checkpoint (`entropy-probe run`'s layout), or an
                         entropy-only one (entropy_only.json) where no step follows
     sweep.json          rows, realised, calibration
     trajectory.png, calibration.png, sweep.log
 
-`--out D` needs a new or empty directory; `--resume D` needs D's sweep_meta.json to hold the same config hash,
-checkpoint directory and --every, and keeps every finished run. Every file is written atomically.
+`--out D` needs a new or empty directory; `--resume D` needs D's sweep_meta.json to hold the same schema version
+(report/results_schema.SCHEMA_VERSION), config hash, checkpoint directory and --every, and keeps every finished run. Every file is written atomically.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 from .. import io_utils
 from ..config import ProbeConfig
 from ..errors import OutputError, output_error_on_os_error
-from ..report.results_schema import dumps_strict
+from ..report.results_schema import SCHEMA_VERSION, dumps_strict, refuse_other_schema
 from ..report.run_dir import META_FILE as RUN_META_FILE
 
 __all__ = ["META_FILE", "SWEEP_FILE", "SWEEP_KIND", "SweepDirectory", "sweep_config_hash"]
@@ -86,6 +86,7 @@ class SweepDirectory:
         if resume:
             if meta is None:
                 raise OutputError(f"nothing to resume in {path}: it holds no {META_FILE}")
+            refuse_other_schema(meta, path)
             for key, value in wanted.items():
                 if meta.get(key) != value:
                     raise OutputError(f"--resume {path}: that sweep has {key} {meta.get(key)!r}, this one "
@@ -97,7 +98,8 @@ class SweepDirectory:
             sweep.runs.mkdir(parents=True, exist_ok=True)
         sweep.write_text(CONFIG_FILE, without_checkpoint_path(config).to_yaml())
         created = (meta or {}).get("created") or datetime.now(UTC).isoformat(timespec="seconds")
-        sweep.write_meta({"kind": SWEEP_KIND, **wanted, "created": created, "status": "running"})
+        sweep.write_meta({"kind": SWEEP_KIND, "schema_version": SCHEMA_VERSION, **wanted, "created": created,
+                          "status": "running"})
         return sweep
 
     def write_text(self, name: str, text: str) -> Path:
