@@ -9,9 +9,12 @@ step measured worse than resting.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
+from entropy_experiments.errors import NumericsError
 from entropy_experiments.integrations.autopilot_rule import (
     AutopilotRule,
     Estimate,
@@ -70,3 +73,9 @@ def test_the_chosen_step_is_never_measured_worse_than_resting():
             assert (d.wanted - d.predicted) ** 2 <= (d.wanted - truth(1.0, 0.0)) ** 2 + 0.1 * se ** 2 + 1e-15
         assert RULE.min_multiplier <= d.multiplier <= RULE.max_multiplier and abs(d.term) <= RULE.max_term
         assert d.predicted_se is not None
+
+
+def test_a_measurement_that_is_not_finite_is_an_error_not_a_rest():
+    for bad in (Estimate(math.nan, 0.01), Estimate(-0.3, math.inf)):
+        with pytest.raises(NumericsError, match="not finite"):
+            decide_measured(RULE, gap=Estimate(0.0, 0.01), previous=1.0, term=None, measure=lambda m, k, bad=bad: bad)

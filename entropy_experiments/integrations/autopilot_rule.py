@@ -44,7 +44,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from entropy_experiments.errors import ConfigError
+from entropy_experiments.errors import ConfigError, NumericsError
 
 KEY = "EntropyAutopilot"
 INITIAL = "initial"
@@ -195,6 +195,19 @@ def target_of(target: float | str | Callable[[int], float]) -> Callable[[int, fl
 Measure = Callable[[float, float], Estimate]
 
 
+def finite(measure: Measure) -> Measure:
+    """`measure`, raising NumericsError on a change or SE that is not finite: the law would read a NaN as
+    "within the budget" and rest, silently."""
+    def checked(m: float, kappa: float) -> Estimate:
+        change = measure(m, kappa)
+        if not (math.isfinite(change.value) and math.isfinite(change.se)):
+            raise NumericsError(f"{KEY}: the measured change of the step at lr x{m:.3g}, entropy term {kappa:+.3g} "
+                                f"is not finite ({change.value} ± {change.se}): the importance weights on E "
+                                "degenerated; this step keeps the previous lr multiplier and takes no term")
+        return change
+    return checked
+
+
 def secant(untouched: Estimate, term: Estimate | None, at: Decision, measured: Estimate) -> tuple:
     """The step's and the term's effects as secants through a measured change at (m, κ) of `at`: the term's
     slope (ΔH(m, κ)/m − ΔH(1, 0))/κ where κ ≠ 0, else the step's slope ΔH(m, 0)/m; their SEs kept."""
@@ -209,6 +222,7 @@ def decide_measured(rule: AutopilotRule, *, gap: Estimate, previous: float, term
     """`decide` on measured changes: the untouched step's ΔH(1, 0) in place of δ, then once more on the secants
     through the first decision's measured change; of the decisions, the one whose measured change misses the
     wanted change least (ties: the larger m, then the smaller |κ|)."""
+    measure = finite(measure)
     untouched = measure(1.0, 0.0)
     first = decide(rule, step=untouched, gap=gap, previous=previous, term=term)
     resting, rest_limit = limited_multiplier(rule, 1.0, previous)

@@ -23,6 +23,7 @@ added after the moments, so the prediction of the step really taken needs no sec
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
@@ -190,7 +191,7 @@ def measured_change(config: ProbeConfig, policy: Policy, steerable: SteerablePas
     weights = None if pending.weights is None else pending.weights.numpy()
     row = ranks.measured_on_shares(config, policy.engine, pending.E, displacement(steerable, multiplier, kappa),
                                    base=pending.scores, sampler_weights=weights, dist=dist).rows[0]
-    return Estimate(float(row["deltaH_true"]), float(row["se"]))
+    return Estimate(*(math.nan if row[k] is None else float(row[k]) for k in ("deltaH_true", "se")))
 
 
 def steered(config: ProbeConfig, steerable: SteerablePass, multiplier: float, kappa: float,
