@@ -1,7 +1,7 @@
 """Entropy control in real TRL GRPO runs: no control, TRL's adaptive entropy bonus, and `EntropyAutopilot`.
 
     OMP_NUM_THREADS=1 .venv/bin/python examples/entropy_autopilot.py --world toy [--steps 12] [--lr 2e-2]
-        [--seeds 0,1,2,3] [--arms none,trl_default,trl_tuned,autopilot] [--tuned-delta 0.05]
+        [--seeds 0,1,2,3] [--arms none,trl_default,trl_tuned,autopilot] [--tuned-delta 0.05] [--world-seed 2]
         [--plot docs/entropy_autopilot.png] [--json out.json]
     OMP_NUM_THREADS=2 .venv/bin/python examples/entropy_autopilot.py --world embedded --steps 8 --lr 5e-4 --seeds 0
 
@@ -180,7 +180,7 @@ def run_all(args, tmp: Path) -> tuple[list[dict], list[dict]]:
     if args.world == "toy":
         from entropy_experiments.testing.enumerable_world import world_model
 
-        model_dir, arm_of = world_model(tmp / "toy"), toy_arm
+        model_dir, arm_of = world_model(tmp / "toy", args.world_seed), toy_arm
     else:
         from entropy_experiments.models.embedded import ensure_embedded_model
 
@@ -198,8 +198,12 @@ def run_all(args, tmp: Path) -> tuple[list[dict], list[dict]]:
 
 
 def main(argv=None) -> int:
+    from entropy_experiments.testing.enumerable_world import WORLD_SEED
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", choices=("toy", "embedded"), default="toy")
+    parser.add_argument("--world-seed", type=int, default=WORLD_SEED,
+                        help="toy: the seed of the toy model's initial weights (another enumerable world)")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--lr", type=float, default=2e-2)
     parser.add_argument("--seeds", default="0,1,2,3", help="trainer seeds; the arms share each")

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COPIED = ["entropy_experiments", "sequence_processing", "tests", "pyproject.toml"]
+COPIED = ["entropy_experiments", "sequence_processing", "examples", "tests", "pyproject.toml"]
 TIMEOUT_S = 400
 
 
@@ -225,6 +225,9 @@ TRAPS = [
     Trap("autopilot_cuts_fast_on_noise", EE + "integrations/autopilot_rule.py",
          "clear = significant(rule, gap, excess, step.se, CLEAR * rule.z)", "clear = True",
          ("tests/test_autopilot_rule.py::test_pure_noise_at_the_target_leaves_m_near_1_and_pushes_nothing[False]",)),
+    Trap("example_ignores_the_world_seed", "examples/entropy_autopilot.py",
+         'world_model(tmp / "toy", args.world_seed)', 'world_model(tmp / "toy")',
+         ("tests/test_entropy_autopilot_example.py::test_another_world_is_another_model",)),
     Trap("autopilot_measures_nothing", EE + "integrations/autopilot_rule.py",
          "untouched = measure(1.0, 0.0)", "untouched = Estimate(0.0, 0.0)",
          ("tests/test_autopilot_measured.py::test_a_curved_step_lands_nearer_the_wanted_change_than_first_order",)),

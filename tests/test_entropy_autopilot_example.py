@@ -58,3 +58,26 @@ def test_the_yardstick_is_the_exact_entropy(tmp_path):
                 num, den, reward = num + q * h, den + q * len(response), reward + q * (a in response)
     assert H == pytest.approx(num / den, rel=1e-9) and R == pytest.approx(reward / len(world.PROMPTS), rel=1e-9)
     assert 1.0 < H < math.log(4)
+
+
+def test_another_world_is_another_model(tmp_path):
+    """--world-seed builds the toy model from that seed: the run's exact H₀ is that world's, not the default's."""
+    pytest.importorskip("trl")
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from entropy_experiments.testing import enumerable_world as world
+
+    def exact_H0(seed: int) -> float:
+        model_dir = world.world_model(tmp_path / f"world{seed}", seed)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+        return world.exact_entropy_and_reward(model, AutoTokenizer.from_pretrained(model_dir))[0]
+
+    out = tmp_path / "runs.json"
+    assert _example().main(["--world", "toy", "--world-seed", "0", "--steps", "1", "--seeds", "0", "--arms", "none",
+                            "--json", str(out)]) == 0
+    H0 = json.loads(out.read_text())["runs"][0]["H"][0]
+    assert H0 == pytest.approx(exact_H0(0), rel=1e-6)
+    assert abs(exact_H0(0) - exact_H0(world.WORLD_SEED)) > 0.1

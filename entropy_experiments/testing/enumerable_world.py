@@ -77,11 +77,12 @@ class ExactMeter(TrainerCallback):
         self.measure()
 
 
-def world_model(folder: str | Path) -> Path:
-    """The world's toy model (seed 2, initialiser range 0.4), written to `folder`."""
+def world_model(folder: str | Path, seed: int = WORLD_SEED) -> Path:
+    """The world's toy model (initialiser range 0.4; seed 2 unless another world is asked for), written to
+    `folder`."""
     from entropy_experiments.testing.tiny_model import build_toy_enumerable_dir
 
-    return build_toy_enumerable_dir(folder, seed=WORLD_SEED, initializer_range=INIT_RANGE)
+    return build_toy_enumerable_dir(folder, seed=seed, initializer_range=INIT_RANGE)
 
 
 def world_trainer(model_dir: Path, out: Path, *, steps: int = 12, lr: float = 2e-2, seed: int = 0, **overrides):
