@@ -29,24 +29,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def exact_entropy_gradient(model, tokenizer, named: dict) -> dict:
-    """∇H of the world's exact per-token entropy (every response enumerated, float64 sums)."""
-    from entropy_experiments.testing import enumerable_world as world
+    """∇H of the world's exact per-token entropy (every response enumerated), by parameter name."""
+    from entropy_experiments.testing.enumerable_world import exact_sums
 
-    eos = tokenizer.eos_token_id
-    every = world.responses(len(tokenizer), eos)
-    num = den = 0.0
     with torch.enable_grad():
-        for prompt in world.PROMPTS:
-            p_ids = tokenizer(prompt).input_ids
-            ids = torch.tensor([p_ids + r + [eos] * (world.MAX_NEW - len(r)) for r in every])
-            logq = torch.log_softmax(model(input_ids=ids).logits.double(), -1)
-            for i, r in enumerate(every):
-                steps = logq[i, len(p_ids) - 1: len(p_ids) - 1 + len(r)]
-                q = torch.exp(steps.gather(-1, torch.tensor(r)[:, None]).sum())
-                num = num + q * (-(steps.exp() * steps).sum())
-                den = den + q * len(r)
+        num, den, _ = exact_sums(model, tokenizer)
         grads = torch.autograd.grad(num / den, list(named.values()), allow_unused=True)
-    return {n: g for n, g in zip(named, grads) if g is not None}
+    missing = [n for n, g in zip(named, grads) if g is None]
+    if missing:  # a step along a parameter H does not see would be dropped from δ silently
+        raise SystemExit(f"rollouts_as_E: the exact entropy has no gradient for {missing[:3]}")
+    return dict(zip(named, grads))
 
 
 def rollouts_batch(inputs: dict, G: int):
@@ -69,12 +61,20 @@ class Grader(TrainerCallback):
 
     def __init__(self, trainer, probe, out: list):
         self.trainer, self.probe, self.out, self.inputs = trainer, probe, out, None
+        a = trainer.args
+        if (a.temperature, a.top_p, a.top_k or 0, a.min_p or 0) != (1.0, 1.0, 0, 0):
+            # the rollouts are scored as draws of the policy itself (no sampler weights)
+            raise SystemExit("rollouts_as_E: the trainer must sample the policy as it is (temperature 1, no top_p, "
+                             f"top_k or min_p); got {a.temperature}, {a.top_p}, {a.top_k}, {a.min_p}")
         compute_loss = trainer.compute_loss
 
         def recording(model, inputs, *args, **kwargs):  # the completions this step trains on
             self.inputs = inputs
             return compute_loss(model, inputs, *args, **kwargs)
         trainer.compute_loss = recording
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.probe.on_train_begin(args, state, control, **kwargs)  # the live policy, never a probed step
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         from entropy_experiments.integrations.live_state import untouched
@@ -90,7 +90,7 @@ class Grader(TrainerCallback):
                                  step, time.perf_counter(), probe.dist)
         named = named_params(probe.policy)
         grad = exact_entropy_gradient(probe.policy.trainable.model, self.trainer.processing_class, named)
-        exact = sum(float((grad[n].double() * d.double()).sum()) for n, d in own.next_step.step.items() if n in grad)
+        exact = sum(float((grad[n].double() * d.double()).sum()) for n, d in own.next_step.step.items())
         z = ((own.delta_h_next - exact) / own.se_E, (fresh.delta_h_next - exact) / fresh.se_E)
         self.out.append((own.delta_h_next - exact, fresh.delta_h_next - exact, *z))
         print(f"step {step}: exact δ {exact:+.4f}; rollouts {own.delta_h_next:+.4f} ± {own.se_E:.4f} (z {z[0]:+.2f}); "
@@ -117,9 +117,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             trainer, _ = world_trainer(world_model(Path(tmp) / "model"), Path(tmp) / "out", steps=args.steps,
                                        lr=args.lr, seed=seed)
-            # the observer probe supplies the live policy, config and prompts (B_E = the trainer's 64 completions)
-            probe = EntropyProbeCallback(trainer, every=10 ** 9, predict="trainer_step", B_E=64)
-            trainer.add_callback(probe)
+            # the probe's config, prompts and (from on_train_begin) live policy; B_E = the trainer's 64 completions
+            probe = EntropyProbeCallback(trainer, predict="trainer_step", B_E=64)
             trainer.add_callback(Grader(trainer, probe, rows))
             trainer.train()
     own, fresh, z_own, z_fresh = zip(*rows)

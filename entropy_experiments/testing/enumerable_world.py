@@ -38,24 +38,30 @@ def responses(n_tokens: int, eos: int) -> list[list[int]]:
     return out + [list(p) for p in itertools.product(others, repeat=MAX_NEW)]
 
 
-@torch.no_grad()
-def exact_entropy_and_reward(model, tokenizer) -> tuple[float, float]:
-    """(H per token, R) of `model` over PROMPTS by enumeration, float64."""
-    model64 = copy.deepcopy(model).double().eval()
+def exact_sums(model, tokenizer) -> tuple:
+    """(Σ q·h, Σ q·|y|, Σ_p Σ q·[a ∈ y]) over PROMPTS and every response, float64 tensors carrying the model's
+    graph: H = first / second, R = third / len(PROMPTS), and ∇H by autograd through them."""
     eos, a = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("a")
     every = responses(len(tokenizer), eos)
-    num = den = reward = 0.0
+    num = den = reward = torch.zeros((), dtype=torch.float64)
     for prompt in PROMPTS:
         p_ids = tokenizer(prompt).input_ids
         ids = torch.tensor([p_ids + r + [eos] * (MAX_NEW - len(r)) for r in every])
-        logq = torch.log_softmax(model64(input_ids=ids).logits.double(), -1)
+        logq = torch.log_softmax(model(input_ids=ids).logits.double(), -1)
         for i, r in enumerate(every):
             steps = logq[i, len(p_ids) - 1: len(p_ids) - 1 + len(r)]
-            q = float(torch.exp(steps.gather(-1, torch.tensor(r)[:, None]).sum()))
-            num += q * float(-(steps.exp() * steps).sum())
-            den += q * len(r)
-            reward += q * (a in r)
-    return num / den, reward / len(PROMPTS)
+            q = torch.exp(steps.gather(-1, torch.tensor(r)[:, None]).sum())
+            num = num + q * -(steps.exp() * steps).sum()
+            den = den + q * len(r)
+            reward = reward + q * (a in r)
+    return num, den, reward
+
+
+@torch.no_grad()
+def exact_entropy_and_reward(model, tokenizer) -> tuple[float, float]:
+    """(H per token, R) of `model` over PROMPTS by enumeration, float64."""
+    num, den, reward = exact_sums(copy.deepcopy(model).double().eval(), tokenizer)
+    return float(num / den), float(reward) / len(PROMPTS)
 
 
 class ExactMeter(TrainerCallback):
