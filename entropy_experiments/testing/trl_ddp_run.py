@@ -18,6 +18,7 @@ scenario trains a fresh trainer in the same process group and writes `OUT/<scena
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import sys
 import time
@@ -158,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         dist = current()
         out.mkdir(parents=True, exist_ok=True)
         torch.save({**saved, "world_size": dist.world_size}, out / f"rank{dist.rank}.pt")
+        # the trainer and its callbacks form a reference cycle: its DDP reducer (which holds the process group)
+        # would otherwise live until the interpreter's exit, where gloo's teardown can abort the rank
+        del saved
+        gc.collect()
     if torch.distributed.is_initialized():  # a group left to the interpreter's exit can abort a rank in gloo
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
