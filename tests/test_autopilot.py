@@ -4,17 +4,47 @@ own error, its state survives a resume; and what the prediction cannot represent
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import TrainerCallback
 
 from entropy_experiments.errors import ConfigError
+from entropy_experiments.integrations.live_state import untouched
 from entropy_experiments.integrations.representable import check_optimizer, check_representable, step_agrees
+from entropy_experiments.integrations.trainer_step import check_trainer_step
 
 pytestmark = pytest.mark.xdist_group("trl_callback")
+AFTER_STEP = ("realised", "realised_se", "first_order_residual", "first_order_residual_se")
+
+
+class Remeasured(TrainerCallback):
+    """Added after the autopilot: each step's row as `check_trainer_step` makes it when E is scored again at the
+    parameters really reached (no measurement from before the step)."""
+
+    def __init__(self, pilot):
+        self.pilot, self.pending, self.rows = pilot, None, []
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.pending = self.pilot.pending
+
+    def on_step_end(self, args, state, control, **kwargs):
+        policy = self.pilot.policy
+        with untouched(policy.trainable.model):
+            self.rows.append(check_trainer_step(self.pilot.config, policy,
+                                                dataclasses.replace(self.pending, measured=None)))
+
+
+class HalvesTheLr(TrainerCallback):
+    """Another callback, after the autopilot, that halves every group's lr right before the step."""
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        for group in optimizer.param_groups:
+            group["lr"] *= 0.5
 
 
 def _trainer(out, model_dir, steps=3, **kw):
@@ -38,17 +68,20 @@ def test_the_autopilot_steers_the_real_step_and_survives_a_resume(tmp_path, tiny
     trainer = _trainer(tmp_path / "steered", tiny_model_dir)
     pilot = EntropyAutopilot(trainer, **PILOT)
     watcher = StepWatcher(trainer, pilot)
-    trainer.add_callback(pilot)
-    trainer.add_callback(watcher)
+    again = Remeasured(pilot)
+    for callback in (pilot, watcher, again):
+        trainer.add_callback(callback)
     trainer.train()
     rows = [r for r in pilot.rows if "realised" in r]
     print([(r["lr_multiplier"], r["entropy_term"], r["steering"], r["limit"]) for r in rows], watcher.errors)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert max(watcher.errors) < 1e-6            # the step taken is the prediction at (m, κ), term included
     assert all(r["step_ok"] and r["step_error"] < 1e-6 for r in rows)
-    for row in rows:  # measured on E before the step, at the displacement then taken: the realised change
-        assert row["measured_change"] == pytest.approx(row["realised"], abs=1e-6)
-        assert row["measured_change_se"] == pytest.approx(row["realised_se"], rel=1e-4, abs=1e-9)
+    for row, scored_again in zip(rows, again.rows, strict=True):  # measured before the step: E scored after it
+        assert row["realised_before_step"] and not scored_again["realised_before_step"]
+        assert (row["measured_change"], row["measured_change_se"]) == (row["realised"], row["realised_se"])
+        for key in AFTER_STEP:
+            assert row[key] == pytest.approx(scored_again[key], rel=1e-4, abs=1e-7), key
     assert any(r["entropy_term"] > 0 for r in rows[1:])  # from step 2 on, a term direction exists
     assert rows[0]["entropy_term"] == 0.0 and rows[0]["controller_error"] is None
     for previous, row in itertools.pairwise(rows):  # the previous decision graded on this step's fresh E
@@ -70,6 +103,27 @@ def test_the_autopilot_steers_the_real_step_and_survives_a_resume(tmp_path, tiny
     step3 = next(r for r in again.rows if "realised" in r)
     assert step3["step"] == 3 and step3["controller_error"] is not None  # the filter and the aim came back
     assert rows[1]["lr_multiplier"] / 1.25 - 1e-12 <= step3["lr_multiplier"] <= rows[1]["lr_multiplier"] * 1.25 + 1e-12
+
+
+@pytest.mark.e2e
+def test_a_step_taken_other_than_decided_is_flagged_and_measured_again(tmp_path, tiny_model_dir):
+    pytest.importorskip("trl")
+    from entropy_experiments.integrations.autopilot import EntropyAutopilot
+
+    trainer = _trainer(tmp_path, tiny_model_dir, steps=2, save_strategy="no")
+    pilot = EntropyAutopilot(trainer, **PILOT)
+    again = Remeasured(pilot)
+    for callback in (pilot, HalvesTheLr(), again):
+        trainer.add_callback(callback)
+    trainer.train()
+    rows = [r for r in pilot.rows if "realised" in r]
+    assert len(rows) == 2 and len(again.rows) == 2
+    for row, scored_again in zip(rows, again.rows, strict=True):
+        assert not row["step_ok"] and not row["realised_before_step"]
+        assert any("differs from the predicted AdamW step" in w for w in row["warnings"])
+        for key in AFTER_STEP:  # the realised change of the step really taken, not of the one decided
+            assert row[key] == pytest.approx(scored_again[key], rel=1e-9, abs=1e-12), key
+        assert row["realised"] != pytest.approx(row["measured_change"], rel=1e-3)
 
 
 def test_a_misspelt_option_is_one_line_naming_the_closest(tmp_path, tiny_model_dir):

@@ -17,7 +17,8 @@ At each probed step (every = 1 by default), right before `optimizer.step()`:
 4. every param group's lr is multiplied by m for this step (the scheduler's value is put back right after it);
    right after the step the term m·κ·‖Δθ_next‖·u is added to the parameters, outside AdamW's moments.
 
-After the step the row is checked as the `trainer_step` callback checks it: `realised` and `first_order_z` grade
+After the step the row is checked as the `trainer_step` callback checks it (its `realised` is the measurement made before the
+step in 3., wherever torch took that step to float rounding): `realised` and `first_order_z` grade
 the first-order prediction on E (the step really taken, term included), not the controller. The controller's
 own error is the next row's `controller_error`: that step's fresh Ĥ minus the target the previous decision
 aimed at. The state (m, the filter, the target's start) is stored in the trainer's state (`trainer_state.json`
@@ -54,7 +55,8 @@ from entropy_experiments.integrations.live_state import untouched
 from entropy_experiments.integrations.steered_step import (
     SteerablePass,
     add_to_parameters,
-    measured_change,
+    change_of,
+    measurement,
     remembered,
     steerable_prediction,
     steered,
@@ -140,9 +142,11 @@ class EntropyAutopilot(EntropyProbeCallback):
         H_target = self.track.h0 if self.hold_initial else self.target(pending.step, self.track.h0)
         gap = self.track.gap_to(None if self.hold_initial else H_target)
         term = steerable.term_effect(config)
+        measured = {}  # (m, κ) → its measurement: the chosen step's is its realised change (step_ok)
         if self.steer_on == MEASURED:
             def measure(m: float, kappa: float) -> Estimate:
-                return measured_change(config, self.policy, steerable, m, kappa, self.dist)
+                measured[m, kappa] = measurement(config, self.policy, steerable, m, kappa, self.dist)
+                return change_of(measured[m, kappa])
             started = time.perf_counter()
             decision = decide_measured(self.rule, gap=gap, previous=self.multiplier, term=term, measure=measure)
             measuring = time.perf_counter() - started
@@ -155,6 +159,7 @@ class EntropyAutopilot(EntropyProbeCallback):
         self.direction = remembered(self.direction, steerable.X_hat, DIRECTION_MEMORY)
         filtered = self.track.entropy
         return steered(config, steerable, decision.multiplier, decision.term,
+                       measured.get((decision.multiplier, decision.term)),
                        lr_multiplier=decision.multiplier, entropy_term=decision.term, H_target=H_target,
                        H_filtered=filtered.value, H_filtered_se=filtered.se, gap=gap.value, gap_se=gap.se,
                        wanted=decision.wanted, measured_change=decision.predicted if decision.predicted_se is not None else None,

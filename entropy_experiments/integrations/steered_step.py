@@ -32,6 +32,7 @@ from torch import Tensor
 
 from entropy_experiments.config import ProbeConfig
 from entropy_experiments.data.batch import Batch
+from entropy_experiments.estimators.delta_h import DeltaH
 from entropy_experiments.estimators.entropy_gradient import sampler_weights
 from entropy_experiments.estimators.jackknife import entropy_with_se, se_E
 from entropy_experiments.estimators.update_direction import named_norm
@@ -182,21 +183,27 @@ def displacement(steerable: SteerablePass, multiplier: float, kappa: float) -> d
     return {n: m * s + term[n].to(s) if n in term else m * s for n, s in steerable.pending.next_step.step.items()}
 
 
-def measured_change(config: ProbeConfig, policy: Policy, steerable: SteerablePass, multiplier: float, kappa: float,
-                    dist: DistContext = SINGLE) -> Estimate:
-    """ΔĤ ± SE on E of the step at (m, κ), measured before it is taken: E scored at θ + Δθ(m, κ) by SNIS, as
+def measurement(config: ProbeConfig, policy: Policy, steerable: SteerablePass, multiplier: float, kappa: float,
+                dist: DistContext = SINGLE) -> DeltaH:
+    """ΔĤ on E of the step at (m, κ), measured before it is taken: E scored at θ + Δθ(m, κ) by SNIS, as
     `realised` is after the step. It holds the step's curvature, which δ and e (first order) miss at a large
     lr: AdamW's first step, whose every coordinate moves by the lr, lowers the entropy where δ says ≈ 0."""
     pending = steerable.pending
     weights = None if pending.weights is None else pending.weights.numpy()
-    row = ranks.measured_on_shares(config, policy.engine, pending.E, displacement(steerable, multiplier, kappa),
-                                   base=pending.scores, sampler_weights=weights, dist=dist).rows[0]
+    return ranks.measured_on_shares(config, policy.engine, pending.E, displacement(steerable, multiplier, kappa),
+                                    base=pending.scores, sampler_weights=weights, dist=dist)
+
+
+def change_of(measured: DeltaH) -> Estimate:
+    """ΔĤ ± SE of a measurement (NaN where it has none)."""
+    row = measured.rows[0]
     return Estimate(*(math.nan if row[k] is None else float(row[k]) for k in ("deltaH_true", "se")))
 
 
 def steered(config: ProbeConfig, steerable: SteerablePass, multiplier: float, kappa: float,
-            **extra) -> PendingTrainerStep:
-    """The prediction of the step taken at (m, κ): pieces, displacement, δH_next and SE_E of m·(Δθ + κ‖Δθ‖u)."""
+            measured: DeltaH | None = None, **extra) -> PendingTrainerStep:
+    """The prediction of the step taken at (m, κ): pieces, displacement, δH_next and SE_E of m·(Δθ + κ‖Δθ‖u),
+    with that step's measurement on E where it was made (`measurement`), and `extra` row fields."""
     pending, m = steerable.pending, float(multiplier)
     a, r = pending.pieces
     if kappa and steerable.term_pieces is not None:
@@ -206,7 +213,7 @@ def steered(config: ProbeConfig, steerable: SteerablePass, multiplier: float, ka
     value, se = pieces_estimate(config, pending, pieces)
     upcoming = NextStep(step, tuple(m * lr for lr in pending.next_step.lrs))
     return dataclasses.replace(pending, pieces=pieces, next_step=upcoming, delta_h_next=value, se_E=se,
-                               extra={**pending.extra, **extra})
+                               measured=measured, extra={**pending.extra, **extra})
 
 
 @torch.no_grad()

@@ -13,6 +13,8 @@ Right before `optimizer.step()` (after gradient clipping; parameters θ, the tra
 After the step (parameters θ'):
 
     realised   Ĥ(θ') − Ĥ(θ) on the SAME E by SNIS (log w = ℓ(θ') − ℓ(θ)) with its jackknife SE
+               (the autopilot measures E at θ + Δθ before the step it takes: where θ' is that to float rounding,
+               that measurement is `realised`)
     residual   realised − δH_next, ONE jackknife over the E units (both share E): what first order misses
     step_error max |θ' − θ − Δθ_next|: the prediction's step against the one torch took (float rounding)
 
@@ -35,6 +37,7 @@ from torch import Tensor
 from entropy_experiments.config import ProbeConfig
 from entropy_experiments.data.batch import Batch
 from entropy_experiments.errors import ConfigError
+from entropy_experiments.estimators.delta_h import DeltaH
 from entropy_experiments.estimators.entropy_gradient import coefficients, sampler_weights
 from entropy_experiments.estimators.jackknife import entropy_with_se, se_E
 from entropy_experiments.estimators.paired import paired_residual
@@ -94,6 +97,7 @@ class PendingTrainerStep:
     seconds: float
     warnings: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # further row fields (the autopilot's)
+    measured: DeltaH | None = None  # ΔĤ on E at θ + Δθ_next, measured before the step (the autopilot's)
 
     def prediction(self) -> dict:
         """The row's numbers known before the step."""
@@ -156,25 +160,42 @@ def predict_on_E(config: ProbeConfig, policy: Policy, E: Batch, step: int, t0: f
 def check_trainer_step(config: ProbeConfig, policy: Policy, pending: PendingTrainerStep,
                        dist: DistContext | None = None) -> dict:
     """The row of one probed step: the prediction, the realised change on the same E, the residual (each rank
-    scores its share of E at θ', `ranks.measured_on_shares`)."""
+    scores its share of E at θ', `ranks.measured_on_shares`). Where the step taken is the predicted one to
+    float rounding (`step_ok`) and E was already measured at θ + Δθ_next before the step (`pending.measured`),
+    that measurement is the realised change: E scored again at θ' would give it to rounding."""
     t0 = time.perf_counter()
     named = named_params(policy)
     delta = {n: p.detach() - pending.theta[n] for n, p in named.items()}
-    normalize = config.estimator.normalize
-    weights = None if pending.weights is None else pending.weights.numpy()
-    with parameters_set_to(named, pending.theta):
-        realised = ranks.measured_on_shares(config, policy.engine, pending.E, delta, base=pending.scores,
-                                            sampler_weights=weights,
-                                            dist=ranks.current() if dist is None else dist)
-    per, true = realised.per_sequence[1.0], realised.rows[0]
-    residual = paired_residual(per["logw"], per["h_new"], realised.h, realised.T, pending.pieces[0].numpy(),
-                               pending.pieces[1].numpy(), 1.0, normalize=normalize,
-                               units=pending.scores.unit_of_sequence, sampler_weights=weights)
     step_error = max((float((delta[n] - pending.next_step.step[n].to(delta[n])).abs().max()) for n in delta),
                      default=0.0)
-    warnings = list(pending.warnings)
     largest = max((float(s.abs().max()) for s in pending.next_step.step.values()), default=0.0)
     step_ok = step_agrees(step_error, largest, max((float(t.abs().max()) for t in pending.theta.values()), default=0.0))
+    weights = None if pending.weights is None else pending.weights.numpy()
+    before_step = step_ok and pending.measured is not None
+    if before_step:
+        realised = pending.measured
+    else:
+        with parameters_set_to(named, pending.theta):
+            realised = ranks.measured_on_shares(config, policy.engine, pending.E, delta, base=pending.scores,
+                                                sampler_weights=weights,
+                                                dist=ranks.current() if dist is None else dist)
+    per, true = realised.per_sequence[1.0], realised.rows[0]
+    residual = paired_residual(per["logw"], per["h_new"], realised.h, realised.T, pending.pieces[0].numpy(),
+                               pending.pieces[1].numpy(), 1.0, normalize=config.estimator.normalize,
+                               units=pending.scores.unit_of_sequence, sampler_weights=weights)
+    return {**pending.prediction(), "realised": true["deltaH_true"], "realised_se": true["se"],
+            "realised_before_step": before_step, "ess_frac": true["ess_frac"],
+            "first_order_residual": residual.value, "first_order_residual_se": residual.se,
+            "first_order_z": residual.value / residual.se if residual.se else None, "step_error": step_error,
+            "step_ok": step_ok, "n_E": len(pending.scores.unit_of_sequence),
+            "seconds": pending.seconds + time.perf_counter() - t0,
+            "warnings": step_warnings(pending, delta, step_error, largest, step_ok)}
+
+
+def step_warnings(pending: PendingTrainerStep, delta: dict[str, Tensor], step_error: float, largest: float,
+                  step_ok: bool) -> list[str]:
+    """The prediction's warnings, and those of a step taken other than predicted or not taken at all."""
+    warnings = list(pending.warnings)
     if not step_ok:
         warnings.append(f"step {pending.step}: the step taken differs from the predicted AdamW step by {step_error:.3g} "
                         f"(largest predicted change {largest:.3g}): another callback changed `.grad` or the lr "
@@ -182,10 +203,4 @@ def check_trainer_step(config: ProbeConfig, policy: Policy, pending: PendingTrai
     if all(not torch.any(d != 0) for d in delta.values()):
         warnings.append(f"step {pending.step}: the trainer's step left the adapter unchanged (Δθ = 0, a skipped "
                         "step or an lr of 0): the prediction and the realised change are 0")
-    return {**pending.prediction(), "realised": true["deltaH_true"], "realised_se": true["se"],
-            "ess_frac": true["ess_frac"], "first_order_residual": residual.value,
-            "first_order_residual_se": residual.se,
-            "first_order_z": residual.value / residual.se if residual.se else None, "step_error": step_error,
-            "step_ok": step_ok,
-            "n_E": len(pending.scores.unit_of_sequence),
-            "seconds": pending.seconds + time.perf_counter() - t0, "warnings": warnings}
+    return warnings
