@@ -17,9 +17,9 @@ At each probed step (every = 1 by default), right before `optimizer.step()`:
 4. every param group's lr is multiplied by m for this step (the scheduler's value is put back right after it);
    right after the step the term m·κ·‖Δθ_next‖·u is added to the parameters, outside AdamW's moments.
 
-After the step the row is checked as the `trainer_step` callback checks it (its `realised` is the measurement made before the
-step in 3., wherever torch took that step to float rounding): `realised` and `first_order_z` grade
-the first-order prediction on E (the step really taken, term included), not the controller. The controller's
+After the step the row is checked as the `trainer_step` callback checks it; its `realised` is the measurement
+made in 3. of the step taken, wherever torch took that step to float rounding. `realised` and `first_order_z`
+grade the first-order prediction on E (the step really taken, term included), not the controller. The controller's
 own error is the next row's `controller_error`: that step's fresh Ĥ minus the target the previous decision
 aimed at. The state (m, the filter, the target's start) is stored in the trainer's state (`trainer_state.json`
 of every checkpoint, key `entropy_autopilot`) and restored when training resumes.

@@ -185,9 +185,10 @@ def displacement(steerable: SteerablePass, multiplier: float, kappa: float) -> d
 
 def measurement(config: ProbeConfig, policy: Policy, steerable: SteerablePass, multiplier: float, kappa: float,
                 dist: DistContext = SINGLE) -> DeltaH:
-    """ΔĤ on E of the step at (m, κ), measured before it is taken: E scored at θ + Δθ(m, κ) by SNIS, as
-    `realised` is after the step. It holds the step's curvature, which δ and e (first order) miss at a large
-    lr: AdamW's first step, whose every coordinate moves by the lr, lowers the entropy where δ says ≈ 0."""
+    """ΔĤ on E of the step at (m, κ), measured before it is taken: E scored at θ + Δθ(m, κ) by SNIS. It holds
+    the step's curvature, which δ and e (first order) miss at a large lr: AdamW's first step, whose every
+    coordinate moves by the lr, lowers the entropy where δ says ≈ 0. The chosen step's measurement is its
+    `realised` change where torch takes that step to float rounding (`trainer_step.check_trainer_step`)."""
     pending = steerable.pending
     weights = None if pending.weights is None else pending.weights.numpy()
     return ranks.measured_on_shares(config, policy.engine, pending.E, displacement(steerable, multiplier, kappa),
