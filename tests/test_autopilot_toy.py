@@ -5,7 +5,7 @@ step the exact entropy and the exact expected reward are enumerated (no probe co
 
 - uncontrolled, the entropy collapses (rms |H − H₀| over 12 steps 0.54) while the reward climbs +0.45;
 - `EntropyAutopilot(trainer, target="initial")` holds it (examples/entropy_autopilot.py over trainer seeds 0–15:
-  rms 0.12–0.24 at these defaults; seed 0: rms 0.14 and 0.85× the uncontrolled run's reward gain);
+  rms 0.10–0.24 at these defaults; seed 0: rms 0.14 and 0.85× the uncontrolled run's reward gain);
 - at lr 2e-4 (no entropy problem) it never acts: m stays 1 and no term is added.
 
 The bounds below sit between the measured spread and the failure they guard against (the autopilot off or

@@ -50,16 +50,16 @@ KEY = "EntropyAutopilot"
 INITIAL = "initial"
 NO_LIMIT = "none"
 # A clear departure, beyond the budget by CLEAR·z noise SDs, may cut the lr at max_rate_clear per step: pure
-# noise at the target crosses 3 SDs in 0.27 % of decisions where it crosses 2 in 4.6 % (two-sided normal), so a
-# fast cut answers a real fall (AdamW's first step at a large lr) and almost never noise.
-CLEAR = 1.5
+# noise at the target crosses 4 SDs in 0.006 % of decisions where it crosses 2 in 4.6 % (two-sided normal), so a
+# fast cut answers a real fall (AdamW's first step at a large lr) and almost never noise, even at a small budget.
+CLEAR = 2.0
 
 
 @dataclass(frozen=True)
 class AutopilotRule:
     """The control law's settings (module docstring)."""
 
-    budget: float = 0.05           # nats/token: the departure from the target tolerated without acting
+    budget: float = 0.02           # nats/token: the departure from the target tolerated without acting
     z: float = 2.0                 # the departure must exceed the budget by z noise SDs
     gain: float = 1.0              # share of the predicted excess closed per acting step
     max_term: float = 2.0          # |κ| bound: the term's displacement relative to the trainer's step (0: off)
