@@ -1,7 +1,7 @@
 """Entropy control in real TRL GRPO runs: no control, TRL's adaptive entropy bonus, and `EntropyAutopilot`.
 
     OMP_NUM_THREADS=1 .venv/bin/python examples/entropy_autopilot.py --world toy [--steps 12] [--lr 2e-2]
-        [--seeds 0,1,2,3] [--arms none,trl_default,trl_tuned,autopilot] [--tuned-delta 0.05] [--world-seed 2]
+        [--seeds 0,1,2,3] [--arms none,trl_default,trl_tuned,autopilot[,oracle]] [--tuned-delta 0.05] [--world-seed 2]
         [--plot docs/entropy_autopilot.png] [--json out.json]
     OMP_NUM_THREADS=2 .venv/bin/python examples/entropy_autopilot.py --world embedded --steps 8 --lr 5e-4 --seeds 0
 
@@ -16,7 +16,10 @@ Worlds:
               realised changes; the reward is TRL's logged mean reward.
 
 Arms (same seed, same model): none; TRL's `use_adaptive_entropy` at its default δ (0.005) and at --tuned-delta,
-both with the target H₀; `EntropyAutopilot(trainer, target="initial")` at its defaults. Prints per arm the rms
+both with the target H₀; `EntropyAutopilot(trainer, target="initial")` at its defaults; in the toy world only and
+on request, "oracle" (testing/oracle_hold.py): after every step the exact entropy put back on H₀ along the exact
+entropy gradient made orthogonal to the exact reward gradient, the reward a direction controller with perfect
+information keeps. Prints per arm the rms
 deviation of H from H₀ over the steps, the reward gain, the lr multiplier's mean, the steps with an entropy
 term, and the wall time; draws entropy and reward per step (one panel each, all arms) to --plot.
 """
@@ -37,6 +40,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TRL_DEFAULT_DELTA = 0.005
 ARMS = ("none", "trl_default", "trl_tuned", "autopilot")
+TOY_ONLY = ("oracle",)  # needs the exact gradients only the enumerable world has
 EMBEDDED = {"prompts_per_step": 2, "G": 4, "max_new": 16, "B_E": 16}
 
 
@@ -66,6 +70,10 @@ def toy_arm(arm: str, model_dir: Path, out: Path, args, seed: int, H0: float) ->
     pilot = EntropyAutopilot(trainer, target="initial", seed=seed, **args.options) if arm == "autopilot" else None
     if pilot is not None:
         trainer.add_callback(pilot)
+    if arm == "oracle":
+        from entropy_experiments.testing.oracle_hold import OracleHold
+
+        trainer.add_callback(OracleHold(trainer))
     t0 = time.perf_counter()
     trainer.train()
     return {"arm": arm, "seed": seed, "H": meter.H, "R": meter.R, "wall": time.perf_counter() - t0,
@@ -189,8 +197,6 @@ def run_all(args, tmp: Path) -> tuple[list[dict], list[dict]]:
     for seed in (int(s) for s in args.seeds.split(",")):
         H0 = initial_entropy(args.world, model_dir, tmp, args, seed)
         for arm in args.arms.split(","):
-            if arm not in ARMS:
-                sys.exit(f"error: --arms: unknown arm {arm!r} (valid: {', '.join(ARMS)})")
             runs.append(arm_of(arm, model_dir, tmp / f"{arm}{seed}", args, seed, H0))
             summaries.append(summary(runs[-1], args.world))
             print(json.dumps(summaries[-1]), flush=True)
@@ -214,6 +220,12 @@ def main(argv=None) -> int:
     parser.add_argument("--options", type=json.loads, default={},
                         help='the autopilot\'s keywords as JSON, e.g. \'{"budget": 0.05}\' (default: its defaults)')
     args = parser.parse_args(argv)
+    valid = ARMS + (TOY_ONLY if args.world == "toy" else ())
+    unknown = [arm for arm in args.arms.split(",") if arm not in valid]
+    if unknown:
+        print(f"error: --arms: unknown arm {unknown[0]!r} in the {args.world} world (valid: {', '.join(valid)})",
+              file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         runs, summaries = run_all(args, Path(tmp))

@@ -21,15 +21,32 @@ def _example():
     return module
 
 
-def test_the_arms_run_and_summarise(tmp_path, capsys):
+def test_the_arms_run_and_summarise(tmp_path, capsys, monkeypatch):
     pytest.importorskip("trl")
     ex = _example()
     assert ex.main(["--world", "toy", "--steps", "3", "--seeds", "0", "--arms", "none,trl_tuned,autopilot"]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("| ")]
     assert [line.split("|")[1].strip() for line in lines] == ["arm", "none", "trl_tuned", "autopilot"]
-    with pytest.raises(SystemExit, match="unknown arm 'pid'"):
-        ex.main(["--world", "toy", "--steps", "1", "--seeds", "0", "--arms", "pid"])
+    assert ex.main(["--world", "toy", "--steps", "1", "--seeds", "0", "--arms", "pid"]) == 2
+    assert "unknown arm 'pid'" in capsys.readouterr().err
+    # the oracle needs the exact gradients of the enumerable world: refused on the embedded model, before any run
+    monkeypatch.setattr(ex, "run_all", lambda *args: pytest.fail("a run started"))
+    assert ex.main(["--world", "embedded", "--steps", "1", "--seeds", "0", "--arms", "none,oracle"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown arm 'oracle' in the embedded world" in err
+
+
+def test_the_oracle_arm_holds_the_exact_entropy(tmp_path, capsys):
+    pytest.importorskip("trl")
+    import json
+
+    out = tmp_path / "runs.json"
+    assert _example().main(["--world", "toy", "--steps", "2", "--seeds", "0", "--arms", "none,oracle",
+                            "--json", str(out)]) == 0
+    free, held = json.loads(out.read_text())["runs"]
+    assert held["arm"] == "oracle" and free["H"][0] == held["H"][0]
+    assert all(abs(h - held["H"][0]) < 1e-4 for h in held["H"][1:]) and abs(free["H"][-1] - free["H"][0]) > 0.05
 
 
 def test_the_yardstick_is_the_exact_entropy(tmp_path):
