@@ -19,9 +19,9 @@ Arms (same seed, same model): none; TRL's `use_adaptive_entropy` at its default 
 both with the target H₀; `EntropyAutopilot(trainer, target="initial")` at its defaults; in the toy world only and
 on request, "oracle" (testing/oracle_hold.py): after every step the exact entropy put back on H₀ along the exact
 entropy gradient made orthogonal to the exact reward gradient, the reward a direction controller with perfect
-information keeps. Prints per arm the rms
-deviation of H from H₀ over the steps, the reward gain, the lr multiplier's mean, the steps with an entropy
-term, and the wall time; draws entropy and reward per step (one panel each, all arms) to --plot.
+information keeps. Prints per arm the rms deviation of H from H₀ over the steps, the reward gain, the lr
+multiplier's mean, the steps with an entropy term, and the wall time; draws entropy and reward per step (one
+panel each, all arms) to --plot.
 """
 
 from __future__ import annotations
