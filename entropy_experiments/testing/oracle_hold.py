@@ -13,12 +13,15 @@ by correcting the trainer's step can hope to keep in this world (examples/entrop
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import Tensor
 from transformers import TrainerCallback
 
 from entropy_experiments.testing.enumerable_world import PROMPTS, exact_sums
 
+log = logging.getLogger("entropy_experiments.oracle")
 FIRST_TRY, GROWTH, FARTHEST, HALVINGS = 0.02, 1.3, 50.0, 25  # the line search's scan (parameter-norm units)
 
 
@@ -35,15 +38,13 @@ def held_direction(grad_H: list[Tensor], grad_R: list[Tensor], precondition: lis
 def adamw_preconditioner(optimizer, params: list[Tensor]) -> list[Tensor]:
     """1/(√v̂ + ε) of the step just taken (v̂ the bias-corrected second moment), float64."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
-    out = []
+    wanted, by_id = {id(p) for p in params}, {}
     for group in inner.param_groups:
         beta2, eps = group["betas"][1], group["eps"]
-        for p in group["params"]:
-            if any(p is q for q in params):
-                state = inner.state[p]
-                v_hat = state["exp_avg_sq"].double() / (1 - beta2 ** int(state["step"]))
-                out.append((id(p), 1 / (v_hat.sqrt() + eps)))
-    by_id = dict(out)
+        for p in (q for q in group["params"] if id(q) in wanted):
+            state = inner.state[p]
+            v_hat = state["exp_avg_sq"].double() / (1 - beta2 ** int(state["step"]))
+            by_id[id(p)] = 1 / (v_hat.sqrt() + eps)
     return [by_id[id(p)] for p in params]
 
 
@@ -88,8 +89,9 @@ class OracleHold(TrainerCallback):
                 p.copy_(b + c * t.to(p.dtype))
             return float(self.exact(model)[0]) - self.H0
 
-        side = 1.0 if off(0.0) < 0 else -1.0
-        low, c, closest = 0.0, FIRST_TRY, (abs(off(0.0)), 0.0)
+        start = off(0.0)
+        side = 1.0 if start < 0 else -1.0
+        low, c, closest = 0.0, FIRST_TRY, (abs(start), 0.0)
         while c <= FARTHEST:
             gap = side * off(c)
             closest = min(closest, (abs(gap), c))
@@ -101,6 +103,8 @@ class OracleHold(TrainerCallback):
                 off(high)
                 return high
             low, c = c, c * GROWTH
+        log.warning("oracle: no step up to %g along d reaches H0 = %.4f; the closest leaves H %.4f off",
+                    FARTHEST, self.H0, closest[0])
         off(closest[1])
         return closest[1]
 
