@@ -1,8 +1,8 @@
 """Entropy control in real TRL GRPO runs: no control, TRL's adaptive entropy bonus, and `EntropyAutopilot`.
 
     OMP_NUM_THREADS=1 .venv/bin/python examples/entropy_autopilot.py --world toy [--steps 12] [--lr 2e-2]
-        [--seeds 0,1,2,3] [--arms none,trl_default,trl_tuned,autopilot[,oracle]] [--tuned-delta 0.05] [--world-seed 2]
-        [--plot docs/entropy_autopilot.png] [--json out.json]
+        [--seeds 0,1,2,3] [--arms none,trl_default,trl_tuned,autopilot[,oracle]] [--tuned-delta 0.05]
+        [--world-seed 2 | --world-seed 0,1,2,...] [--plot docs/entropy_autopilot.png] [--json out.json]
     OMP_NUM_THREADS=2 .venv/bin/python examples/entropy_autopilot.py --world embedded --steps 8 --lr 5e-4 --seeds 0
 
 Worlds:
@@ -20,8 +20,9 @@ both with the target H₀; `EntropyAutopilot(trainer, target="initial")` at its 
 on request, "oracle" (testing/oracle_hold.py): after every step the exact entropy put back on H₀ along the exact
 entropy gradient made orthogonal to the exact reward gradient, the reward a direction controller with perfect
 information keeps. Prints per arm the rms deviation of H from H₀ over the steps, the reward gain, the lr
-multiplier's mean, the steps with an entropy term, and the wall time; draws entropy and reward per step (one
-panel each, all arms) to --plot.
+multiplier's mean, the steps with an entropy term, and the wall time, then each arm's ratios to no control (and
+to the TRL arm at --tuned-delta) per world; draws entropy and reward per step (one panel each, all arms, the
+first world and seed) to --plot. Several --world-seed values survey several enumerable worlds in one run.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def embedded_arm(arm: str, model_dir: Path, out: Path, args, seed: int, H0: floa
 
 
 def summary(run: dict, world: str) -> dict:
-    """rms |H − H₀| over the steps, the reward gain, Σ‖Δθ‖ and the autopilot's levers."""
+    """rms |H − H₀| over the steps, the reward gain, Σ‖Δθ‖ and the autopilot's levers (and the run's world)."""
     H, R, rows = run["H"], run["R"], run["rows"]
     rms = math.sqrt(sum((h - H[0]) ** 2 for h in H[1:]) / max(len(H) - 1, 1))
     if world == "toy":
@@ -126,7 +127,7 @@ def summary(run: dict, world: str) -> dict:
     else:  # TRL's logged reward is noisy per step: the mean of the last three against the first three
         gain = sum(R[-3:]) / len(R[-3:]) - sum(R[:3]) / len(R[:3])
     multipliers = [r.get("lr_multiplier", 1.0) for r in rows] or [1.0]
-    return {"arm": run["arm"], "seed": run["seed"], "rms": rms, "gain": gain, "H_end": H[-1],
+    return {"world": run.get("world"), "arm": run["arm"], "seed": run["seed"], "rms": rms, "gain": gain, "H_end": H[-1],
             "m_mean": sum(multipliers) / len(multipliers), "terms": sum(bool(r.get("entropy_term")) for r in rows),
             "step_norm": sum(r.get("step_norm", 0.0) for r in rows), "wall": run["wall"]}
 
@@ -146,6 +147,27 @@ def table(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def ratios(summaries: list[dict]) -> str:
+    """Per world and arm, the means over the seeds as ratios: rms to no control's and to trl_tuned's, reward gain
+    to no control's (a ratio is left blank where its reference arm did not run)."""
+    lines = ["| world | arm | rms / none's | rms / trl_tuned's | reward gain / none's |", "|---|---|---|---|---|"]
+    for world in dict.fromkeys(s["world"] for s in summaries):
+        mean = {}
+        for arm in dict.fromkeys(s["arm"] for s in summaries if s["world"] == world):
+            rows = [s for s in summaries if s["world"] == world and s["arm"] == arm]
+            mean[arm] = {k: sum(r[k] for r in rows) / len(rows) for k in ("rms", "gain")}
+        for arm in mean:
+            lines.append(f"| {'embedded' if world is None else world} | {arm} | {ratio(mean, arm, 'rms', 'none')} "
+                         f"| {ratio(mean, arm, 'rms', 'trl_tuned')} | {ratio(mean, arm, 'gain', 'none')} |")
+    return "\n".join(lines)
+
+
+def ratio(mean: dict, arm: str, key: str, reference: str) -> str:
+    """mean[arm][key] / mean[reference][key] to 2 decimals; blank for the reference itself or where it is absent."""
+    ref = mean.get(reference, {}).get(key)
+    return "" if ref is None or arm == reference or ref == 0 else f"{mean[arm][key] / ref:.2f}"
+
+
 def plot(runs: list[dict], path: Path, world: str) -> None:
     """Entropy and reward against the step, one panel each, every arm of the first seed."""
     import matplotlib
@@ -154,8 +176,8 @@ def plot(runs: list[dict], path: Path, world: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    seed = runs[0]["seed"]
-    for run in (r for r in runs if r["seed"] == seed):
+    first = runs[0]["world"], runs[0]["seed"]
+    for run in (r for r in runs if (r["world"], r["seed"]) == first):
         axes[0].plot(range(len(run["H"])), run["H"], marker=".", label=run["arm"])
         offset = 0 if world == "toy" else 1
         axes[1].plot(range(offset, len(run["R"]) + offset), run["R"], marker=".", label=run["arm"])
@@ -185,22 +207,33 @@ def initial_entropy(world: str, model_dir: Path, tmp: Path, args, seed: int) -> 
 
 
 def run_all(args, tmp: Path) -> tuple[list[dict], list[dict]]:
-    if args.world == "toy":
-        from entropy_experiments.testing.enumerable_world import world_model
-
-        model_dir, arm_of = world_model(tmp / "toy", args.world_seed), toy_arm
-    else:
-        from entropy_experiments.models.embedded import ensure_embedded_model
-
-        model_dir, arm_of = ensure_embedded_model(), embedded_arm
+    """Every arm for every trainer seed, in every world asked for (the toy's --world-seed values; the embedded
+    model is one world)."""
     runs, summaries = [], []
-    for seed in (int(s) for s in args.seeds.split(",")):
-        H0 = initial_entropy(args.world, model_dir, tmp, args, seed)
-        for arm in args.arms.split(","):
-            runs.append(arm_of(arm, model_dir, tmp / f"{arm}{seed}", args, seed, H0))
-            summaries.append(summary(runs[-1], args.world))
-            print(json.dumps(summaries[-1]), flush=True)
+    for world in args.world_seed or [None]:
+        if args.world == "toy":
+            from entropy_experiments.testing.enumerable_world import world_model
+
+            model_dir, arm_of = world_model(tmp / f"toy{world}", world), toy_arm
+        else:
+            from entropy_experiments.models.embedded import ensure_embedded_model
+
+            model_dir, arm_of = ensure_embedded_model(), embedded_arm
+        for seed in (int(s) for s in args.seeds.split(",")):
+            H0 = initial_entropy(args.world, model_dir, tmp, args, seed)
+            for arm in args.arms.split(","):
+                runs.append({"world": world, **arm_of(arm, model_dir, tmp / f"{arm}{world}_{seed}", args, seed, H0)})
+                summaries.append(summary(runs[-1], args.world))
+                print(json.dumps(summaries[-1]), flush=True)
     return runs, summaries
+
+
+def world_seeds(text: str) -> list[int]:
+    """--world-seed: one seed or a comma-separated list (argparse reports a bad one in one line, exit 2)."""
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a seed or a comma-separated list of seeds: {text!r}") from None
 
 
 def main(argv=None) -> int:
@@ -208,8 +241,9 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", choices=("toy", "embedded"), default="toy")
-    parser.add_argument("--world-seed", type=int, default=WORLD_SEED,
-                        help="toy: the seed of the toy model's initial weights (another enumerable world)")
+    parser.add_argument("--world-seed", type=world_seeds, default=None,
+                        help=f"toy: the seed of the toy model's initial weights, another enumerable world (default "
+                             f"{WORLD_SEED}); several, comma-separated, survey several worlds")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--lr", type=float, default=2e-2)
     parser.add_argument("--seeds", default="0,1,2,3", help="trainer seeds; the arms share each")
@@ -220,6 +254,12 @@ def main(argv=None) -> int:
     parser.add_argument("--options", type=json.loads, default={},
                         help='the autopilot\'s keywords as JSON, e.g. \'{"budget": 0.05}\' (default: its defaults)')
     args = parser.parse_args(argv)
+    if args.world != "toy" and args.world_seed is not None:
+        print(f"error: --world-seed: the {args.world} world is one model; --world-seed builds enumerable worlds "
+              f"(--world toy)", file=sys.stderr)
+        return 2
+    if args.world == "toy" and args.world_seed is None:
+        args.world_seed = [WORLD_SEED]
     valid = ARMS + (TOY_ONLY if args.world == "toy" else ())
     unknown = [arm for arm in args.arms.split(",") if arm not in valid]
     if unknown:
@@ -229,7 +269,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         runs, summaries = run_all(args, Path(tmp))
-    print(table(summaries))
+    for world in dict.fromkeys(s["world"] for s in summaries):
+        if world is not None:
+            print(f"world {world}:")
+        print(table([s for s in summaries if s["world"] == world]))
+    print(ratios(summaries))
     print(f"{args.world}: lr {args.lr}, {args.steps} steps, seeds {args.seeds}; {time.perf_counter() - t0:.0f} s")
     if args.plot:
         plot(runs, Path(args.plot), args.world)

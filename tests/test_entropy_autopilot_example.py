@@ -1,6 +1,6 @@
 """examples/entropy_autopilot.py: a 3-step smoke of its arms in the enumerable world, whose yardstick is exact
 (the enumerated entropy against torch's Categorical on the untouched base model, one prompt, one-token
-responses summed by hand), and its table and bad-arm message."""
+responses summed by hand), its tables (the ratios recomputed from the runs) and its one-line refusals."""
 
 from __future__ import annotations
 
@@ -23,11 +23,25 @@ def _example():
 
 def test_the_arms_run_and_summarise(tmp_path, capsys, monkeypatch):
     pytest.importorskip("trl")
+    import json
+
     ex = _example()
-    assert ex.main(["--world", "toy", "--steps", "3", "--seeds", "0", "--arms", "none,trl_tuned,autopilot"]) == 0
+    runs = tmp_path / "runs.json"
+    assert ex.main(["--world", "toy", "--steps", "3", "--seeds", "0", "--arms", "none,trl_tuned,autopilot",
+                    "--json", str(runs)]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("| ")]
-    assert [line.split("|")[1].strip() for line in lines] == ["arm", "none", "trl_tuned", "autopilot"]
+    assert [line.split("|")[1].strip() for line in lines[:4]] == ["arm", "none", "trl_tuned", "autopilot"]
+    # the ratios, recomputed here from the runs' exact paths
+    rms, gain = {}, {}
+    for run in json.loads(runs.read_text())["runs"]:
+        H, R = run["H"], run["R"]
+        rms[run["arm"]] = math.sqrt(sum((h - H[0]) ** 2 for h in H[1:]) / (len(H) - 1))
+        gain[run["arm"]] = R[-1] - R[0]
+    row = next(line for line in lines if line.startswith("| 2 | autopilot |"))
+    assert [c.strip() for c in row.split("|")[3:6]] == [f"{rms['autopilot'] / rms['none']:.2f}",
+                                                        f"{rms['autopilot'] / rms['trl_tuned']:.2f}",
+                                                        f"{gain['autopilot'] / gain['none']:.2f}"]
     assert ex.main(["--world", "toy", "--steps", "1", "--seeds", "0", "--arms", "pid"]) == 2
     assert "unknown arm 'pid'" in capsys.readouterr().err
     # the oracle needs the exact gradients of the enumerable world: refused on the embedded model, before any run
@@ -35,6 +49,13 @@ def test_the_arms_run_and_summarise(tmp_path, capsys, monkeypatch):
     assert ex.main(["--world", "embedded", "--steps", "1", "--seeds", "0", "--arms", "none,oracle"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown arm 'oracle' in the embedded world" in err
+    # so is a world seed for the one embedded model, and a seed that is not one
+    assert ex.main(["--world", "embedded", "--world-seed", "3", "--seeds", "0", "--arms", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--world-seed" in err
+    with pytest.raises(SystemExit) as exit_:
+        ex.main(["--world", "toy", "--world-seed", "0,x", "--arms", "none"])
+    assert exit_.value.code == 2 and "not a seed or a comma-separated list of seeds: '0,x'" in capsys.readouterr().err
 
 
 def test_the_oracle_arm_holds_the_exact_entropy(tmp_path, capsys):
@@ -78,7 +99,7 @@ def test_the_yardstick_is_the_exact_entropy(tmp_path):
 
 
 def test_another_world_is_another_model(tmp_path):
-    """--world-seed builds the toy model from that seed: the run's exact H₀ is that world's, not the default's."""
+    """--world-seed builds the toy model from each seed asked for: each run's exact H₀ is its world's."""
     pytest.importorskip("trl")
     import json
 
@@ -93,8 +114,10 @@ def test_another_world_is_another_model(tmp_path):
         return world.exact_entropy_and_reward(model, AutoTokenizer.from_pretrained(model_dir))[0]
 
     out = tmp_path / "runs.json"
-    assert _example().main(["--world", "toy", "--world-seed", "0", "--steps", "1", "--seeds", "0", "--arms", "none",
-                            "--json", str(out)]) == 0
-    H0 = json.loads(out.read_text())["runs"][0]["H"][0]
-    assert H0 == pytest.approx(exact_H0(0), rel=1e-6)
+    assert _example().main(["--world", "toy", "--world-seed", f"0,{world.WORLD_SEED}", "--steps", "1", "--seeds", "0",
+                            "--arms", "none", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [run["world"] for run in runs] == [0, world.WORLD_SEED]
+    for run in runs:
+        assert run["H"][0] == pytest.approx(exact_H0(run["world"]), rel=1e-6)
     assert abs(exact_H0(0) - exact_H0(world.WORLD_SEED)) > 0.1
