@@ -132,15 +132,23 @@ def summary(run: dict, world: str) -> dict:
             "step_norm": sum(r.get("step_norm", 0.0) for r in rows), "wall": run["wall"]}
 
 
+def arm_means(summaries: list[dict]) -> dict[str, dict[str, float]]:
+    """{arm: its means over the seeds} of one world's summaries, the arms in the order they ran."""
+    keys = ("rms", "gain", "H_end", "m_mean", "terms", "wall")
+    means = {}
+    for arm in dict.fromkeys(s["arm"] for s in summaries):
+        rows = [s for s in summaries if s["arm"] == arm]
+        means[arm] = {k: sum(r[k] for r in rows) / len(rows) for k in keys}
+    return means
+
+
 def table(summaries: list[dict]) -> str:
-    """Means over the seeds per arm as a Markdown table (rms per seed in brackets)."""
+    """Means over the seeds per arm (one world) as a Markdown table (rms per seed in brackets)."""
     head = ("| arm | rms \\|H − H₀\\| (per seed) | reward gain | H end | mean lr multiplier | steps with a term "
             "| wall s / run |")
     lines = [head, "|---|---|---|---|---|---|---|"]
-    for arm in dict.fromkeys(s["arm"] for s in summaries):
-        rows = [s for s in summaries if s["arm"] == arm]
-        mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("rms", "gain", "H_end", "m_mean", "terms", "wall")}
-        per_seed = ", ".join(f"{r['rms']:.2f}" for r in rows)
+    for arm, mean in arm_means(summaries).items():
+        per_seed = ", ".join(f"{r['rms']:.2f}" for r in summaries if r["arm"] == arm)
         lines.append(f"| {arm} | {mean['rms']:.3f} ({per_seed}) "
                      f"| {mean['gain']:+.3f} | {mean['H_end']:.3f} | {mean['m_mean']:.2f} | {mean['terms']:.1f} "
                      f"| {mean['wall']:.1f} |")
@@ -152,10 +160,7 @@ def ratios(summaries: list[dict]) -> str:
     to no control's (a ratio is left blank where its reference arm did not run)."""
     lines = ["| world | arm | rms / none's | rms / trl_tuned's | reward gain / none's |", "|---|---|---|---|---|"]
     for world in dict.fromkeys(s["world"] for s in summaries):
-        mean = {}
-        for arm in dict.fromkeys(s["arm"] for s in summaries if s["world"] == world):
-            rows = [s for s in summaries if s["world"] == world and s["arm"] == arm]
-            mean[arm] = {k: sum(r[k] for r in rows) / len(rows) for k in ("rms", "gain")}
+        mean = arm_means([s for s in summaries if s["world"] == world])
         for arm in mean:
             lines.append(f"| {'embedded' if world is None else world} | {arm} | {ratio(mean, arm, 'rms', 'none')} "
                          f"| {ratio(mean, arm, 'rms', 'trl_tuned')} | {ratio(mean, arm, 'gain', 'none')} |")
@@ -169,7 +174,7 @@ def ratio(mean: dict, arm: str, key: str, reference: str) -> str:
 
 
 def plot(runs: list[dict], path: Path, world: str) -> None:
-    """Entropy and reward against the step, one panel each, every arm of the first seed."""
+    """Entropy and reward against the step, one panel each, every arm of the first world and seed."""
     import matplotlib
 
     matplotlib.use("Agg")
